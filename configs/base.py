@@ -1,0 +1,67 @@
+"""Base config: every key dist_keras reads, with its default.
+
+Experiment configs import this and override a few keys. The returned
+ConfigDict is locked (an unknown key is an error) and type-safe (assigning a
+string to an int key is an error), including `--config.KEY=VALUE` overrides.
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """Returns the locked base config."""
+  c = ml_collections.ConfigDict()
+
+  c.runtime = ml_collections.ConfigDict()
+  # auto | mirrored | one_device | multi_worker_mirrored | tpu
+  c.runtime.strategy = "auto"
+  # Logical CPU devices to split the host CPU into when there is no GPU.
+  c.runtime.num_cpu_devices = 2
+  c.runtime.tpu = "local"  # TPU name or grpc:// address; 'local' on TPU VMs.
+  c.runtime.seed = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = "longmem"  # longmem | shapes
+  c.data.data_dir = ""  # For TFDS datasets; unused by the built-in ones.
+  c.data.train_size = 16384  # Examples in the (repeated) train split.
+  c.data.eval_size = 2048  # Examples in the held-out eval split.
+  # longmem: the label is the first token mod num_classes; the rest is noise.
+  c.data.seq_len = 50
+  c.data.vocab_size = 16
+  c.data.num_classes = 4
+  # shapes: images of num_classes shapes (<= 4), image_size pixels square.
+  c.data.image_size = 32
+  c.data.noise = 0.1
+  c.data.shuffle_buffer = 4096
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "sequence_classifier"  # sequence_classifier | cnn
+  c.model.cell = "lstm"  # lstm | gru | simple_rnn (sequence_classifier)
+  c.model.embed_dim = 32
+  c.model.units = 64
+  c.model.num_layers = 1
+  # Chrono gate-bias initialisation (Tallec & Ollivier 2018) for LSTM/GRU.
+  c.model.chrono_init = True
+  c.model.filters = (32, 64)  # cnn: one conv block per entry.
+  c.model.dense_units = 64  # cnn: hidden dense layer.
+
+  c.train = ml_collections.ConfigDict()
+  c.train.optimizer = "adam"  # sgd | adam | adamw | rmsprop
+  c.train.learning_rate = 3e-3
+  # Clip the global gradient norm (after the all-reduce); 0 disables.
+  c.train.global_clipnorm = 1.0
+  c.train.global_batch_size = 256
+  c.train.steps = 300
+  c.train.log_every = 25
+  c.train.checkpoint_every = 100
+  c.train.max_checkpoints = 3
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every = 100  # 0: only at the end.
+  c.eval.steps = 0  # 0: the whole eval split.
+
+  c.log = ml_collections.ConfigDict()
+  c.log.tensorboard = True
+  c.log.progress = True  # One line per train.log_every steps on the chief.
+
+  c.lock()
+  return c

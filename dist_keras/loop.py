@@ -1,0 +1,346 @@
+"""The distributed training loop: `strategy.run` steps, eval, checkpoints.
+
+Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy
+(keras-team/keras#20585), so dist_keras owns its loop: the same code runs on
+one device, N local replicas, N workers and TPU cores.
+"""
+import dataclasses
+import os
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dist_keras import data as data_lib
+from dist_keras import models, sync, workdir as workdir_lib
+from dist_keras.errors import UserError
+from dist_keras.summaries import Summaries
+
+OPTIMIZERS = {
+    "sgd": keras.optimizers.SGD,
+    "adam": keras.optimizers.Adam,
+    "adamw": keras.optimizers.AdamW,
+    "rmsprop": keras.optimizers.RMSprop,
+}
+_SUM = tf.distribute.ReduceOp.SUM
+
+
+def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
+  """The optimizer `train_cfg.optimizer` names, at `train_cfg.learning_rate`."""
+  if train_cfg.optimizer not in OPTIMIZERS:
+    raise UserError(f"train.optimizer={train_cfg.optimizer!r} is not one of "
+                    f"{', '.join(OPTIMIZERS)}; pick one of those.")
+  if not train_cfg.learning_rate > 0:
+    raise UserError(f"train.learning_rate={train_cfg.learning_rate} must be "
+                    "> 0.")
+  return OPTIMIZERS[train_cfg.optimizer](learning_rate=train_cfg.learning_rate)
+
+
+def build_in_scope(strategy, config, spec):
+  """Model and optimizer with every variable created in `strategy.scope()`."""
+  with strategy.scope():
+    model = models.build(config.model, spec)
+    optimizer = make_optimizer(config.train)
+    # Slots must exist before tracing: creating them inside a replica
+    # function is not allowed under a strategy.
+    optimizer.build(model.trainable_variables)
+  sync.disable_optimizer_allreduce(optimizer)
+  return model, optimizer
+
+
+def _sparse_ce(labels, logits):
+  return keras.losses.sparse_categorical_crossentropy(labels, logits,
+                                                      from_logits=True)
+
+
+def _num_correct(labels, logits):
+  predicted = tf.argmax(logits, axis=-1, output_type=labels.dtype)
+  return tf.reduce_sum(tf.cast(predicted == labels, tf.float32))
+
+
+def make_train_step(strategy, model, optimizer, global_batch_size: int,
+                    global_clipnorm: float = 0.0):
+  """A tf.function running one step on every replica.
+
+  Returns a function `(distributed_iterator) -> {'loss', 'correct'}` whose
+  values are already reduced over all replicas.
+  """
+  variables = model.trainable_variables
+
+  def replica_step(inputs, labels):
+    with tf.GradientTape() as tape:
+      logits = model(inputs, training=True)
+      # Divide by the GLOBAL batch: the SUM all-reduce then yields the
+      # gradient of the global mean loss, whatever the replica count.
+      loss = tf.nn.compute_average_loss(
+          _sparse_ce(labels, logits), global_batch_size=global_batch_size)
+      if model.losses:
+        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+    grads = sync.all_reduce_gradients(tape.gradient(loss, variables))
+    if global_clipnorm > 0:  # On the global gradient, after the reduction.
+      grads, _ = tf.clip_by_global_norm(grads, global_clipnorm)
+    optimizer.apply_gradients(zip(grads, variables))
+    return loss, _num_correct(labels, logits)
+
+  @tf.function
+  def train_step(iterator):
+    loss, correct = strategy.run(replica_step, args=next(iterator))
+    return {"loss": strategy.reduce(_SUM, loss, axis=None),
+            "correct": strategy.reduce(_SUM, correct, axis=None)}
+
+  return train_step
+
+
+def make_eval_pass(strategy, model):
+  """A tf.function `(distributed_dataset) -> [loss_sum, correct, examples]`."""
+
+  def replica_step(inputs, labels):
+    logits = model(inputs, training=False)
+    return tf.stack([tf.reduce_sum(_sparse_ce(labels, logits)),
+                     _num_correct(labels, logits),
+                     tf.cast(tf.size(labels), tf.float32)])
+
+  @tf.function
+  def eval_pass(dataset):
+    totals = tf.zeros([3])
+    for batch in dataset:
+      totals += strategy.reduce(_SUM, strategy.run(replica_step, args=batch),
+                                axis=None)
+    return totals
+
+  return eval_pass
+
+
+def evaluate(eval_pass, dataset) -> dict:
+  """Runs one eval pass; returns accuracy, loss and the examples seen."""
+  loss_sum, correct, examples = eval_pass(dataset).numpy()
+  examples = max(examples, 1.0)
+  return {"accuracy": float(correct / examples),
+          "loss": float(loss_sum / examples), "examples": int(examples)}
+
+
+def is_chief(strategy) -> bool:
+  """Whether this process writes summaries, checkpoints and files."""
+  try:
+    return bool(strategy.extended.should_checkpoint)
+  except (AttributeError, NotImplementedError):
+    return True
+
+
+@dataclasses.dataclass
+class Throughput:
+  """Wall-clock step timing that leaves out the first (tracing) interval."""
+  examples_per_step: int
+  seconds: float = 0.0
+  steps: int = 0
+  warmup_done: bool = False
+
+  def add(self, steps: int, seconds: float) -> bool:
+    """Counts an interval; returns False for the warm-up one (not counted)."""
+    if not self.warmup_done:
+      self.warmup_done = True
+      return False
+    self.seconds += seconds
+    self.steps += steps
+    return True
+
+  @property
+  def step_seconds(self) -> float | None:
+    return self.seconds / self.steps if self.steps else None
+
+  @property
+  def examples_per_sec(self) -> float | None:
+    return self.examples_per_step / self.step_seconds if self.steps else None
+
+
+def _eta(seconds: float | None) -> str:
+  if seconds is None:
+    return "--:--"
+  minutes, secs = divmod(int(seconds), 60)
+  return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+def _check_train_cfg(train_cfg, eval_cfg):
+  for key in ("steps", "global_batch_size", "log_every", "checkpoint_every"):
+    if getattr(train_cfg, key) < 1:
+      raise UserError(f"train.{key}={getattr(train_cfg, key)} must be >= 1.")
+  for key in ("every", "steps"):
+    if getattr(eval_cfg, key) < 0:
+      raise UserError(f"eval.{key}={getattr(eval_cfg, key)} must be >= 0.")
+
+
+class Trainer:
+  """One training run of `config` into `workdir` under `strategy`."""
+
+  def __init__(self, config, workdir: str, strategy):
+    _check_train_cfg(config.train, config.eval)
+    self.config, self.workdir, self.strategy = config, workdir, strategy
+    self.replicas = strategy.num_replicas_in_sync
+    self.chief = is_chief(strategy)
+    spec = data_lib.input_spec(config.data)
+    data_lib.per_replica_batch_size(config.train.global_batch_size,
+                                    self.replicas)
+    keras.utils.set_random_seed(config.runtime.seed)
+    self.model, self.optimizer = build_in_scope(strategy, config, spec)
+    self.checkpoint = tf.train.Checkpoint(model=self.model,
+                                          optimizer=self.optimizer)
+    self.manager = tf.train.CheckpointManager(
+        self.checkpoint, os.path.join(workdir, workdir_lib.CHECKPOINTS),
+        max_to_keep=config.train.max_checkpoints)
+    self.summaries = Summaries(workdir, self.chief and config.log.tensorboard)
+
+  @property
+  def step(self) -> int:
+    return int(self.optimizer.iterations.numpy())
+
+  def log(self, message: str) -> None:
+    if self.chief and self.config.log.progress:
+      print(message, flush=True)
+
+  def restore(self) -> int:
+    """Restores the latest checkpoint, if any; returns the step reached."""
+    latest = self.manager.latest_checkpoint
+    if latest:
+      self.checkpoint.restore(latest).assert_existing_objects_matched()
+      self.log(f"resumed from {latest} at step {self.step}")
+    return self.step
+
+  def datasets(self):
+    cfg, seed = self.config, self.config.runtime.seed
+    train = data_lib.distribute(self.strategy, cfg.data, "train",
+                                cfg.train.global_batch_size, seed)
+    evals = data_lib.distribute(self.strategy, cfg.data, "eval",
+                                cfg.train.global_batch_size, seed,
+                                steps=cfg.eval.steps)
+    return train, evals
+
+  def run(self) -> dict:
+    """Trains to `train.steps`, evaluating and checkpointing on the way."""
+    cfg = self.config
+    if self.chief:
+      workdir_lib.write_json(self.workdir, workdir_lib.CONFIG_JSON,
+                             cfg.to_dict())
+    self.summaries.config(cfg.to_dict())
+    self.restore()
+    train_ds, eval_ds = self.datasets()
+    train_step = make_train_step(self.strategy, self.model, self.optimizer,
+                                 cfg.train.global_batch_size,
+                                 cfg.train.global_clipnorm)
+    eval_pass = make_eval_pass(self.strategy, self.model)
+    throughput = Throughput(cfg.train.global_batch_size)
+    last = self._train_loop(train_step, iter(train_ds), eval_pass, eval_ds,
+                            throughput)
+    final_eval = evaluate(eval_pass, eval_ds)
+    self._log_eval(final_eval)
+    self.manager.save(checkpoint_number=self.step)
+    return self._finish(last, final_eval, throughput)
+
+  def _train_loop(self, train_step, iterator, eval_pass, eval_ds, throughput):
+    cfg = self.config.train
+    last = {"loss": None, "accuracy": None}
+    window = _Window()
+    while self.step < cfg.steps:
+      out = train_step(iterator)
+      window.add(out["loss"].numpy(), out["correct"].numpy())
+      step = self.step
+      if step % cfg.log_every == 0 or step == cfg.steps:
+        last = self._log_train(step, window, throughput)
+        window = _Window()
+      window.pause()  # Checkpoints and eval are not train-step time.
+      if step % cfg.checkpoint_every == 0 and step < cfg.steps:
+        self.manager.save(checkpoint_number=step)
+      if self.config.eval.every and step % self.config.eval.every == 0 \
+          and step < cfg.steps:
+        self._log_eval(evaluate(eval_pass, eval_ds))
+      window.resume()
+    return last
+
+  def _log_train(self, step, window, throughput) -> dict:
+    cfg = self.config.train
+    seconds = window.elapsed()
+    loss = window.loss_sum / window.steps
+    accuracy = window.correct / (window.steps * cfg.global_batch_size)
+    if not np.isfinite(loss):
+      raise UserError(f"loss is {loss} at step {step}; lower "
+                      "train.learning_rate or set train.global_clipnorm.")
+    values = {"loss": loss, "accuracy": accuracy,
+              "learning_rate": float(np.asarray(self.optimizer.learning_rate))}
+    if throughput.add(window.steps, seconds):
+      step_s = seconds / window.steps
+      eps = cfg.global_batch_size / step_s
+      values.update({"perf/step_ms": 1e3 * step_s,
+                     "perf/examples_per_sec": eps,
+                     "perf/examples_per_sec_per_replica": eps / self.replicas})
+    self.summaries.scalars(step, values)
+    remaining = (cfg.steps - step) * (throughput.step_seconds
+                                      or seconds / window.steps)
+    rate = values.get("perf/examples_per_sec")
+    self.log(f"step {step:>{len(str(cfg.steps))}}/{cfg.steps}  "
+             f"loss {loss:.4f}  acc {accuracy:.3f}  "
+             + (f"{rate:,.0f} ex/s  " if rate else "(warm-up)  ")
+             + f"ETA {_eta(remaining)}")
+    return values
+
+  def _log_eval(self, result: dict) -> None:
+    self.summaries.scalars(self.step, {"eval/accuracy": result["accuracy"],
+                                       "eval/loss": result["loss"]})
+    self.log(f"eval at step {self.step}: accuracy {result['accuracy']:.4f}  "
+             f"loss {result['loss']:.4f}  ({result['examples']} examples)")
+
+  def _finish(self, last, final_eval, throughput) -> dict:
+    summary = {
+        "strategy": type(self.strategy).__name__,
+        "replicas": self.replicas,
+        "steps": self.step,
+        "global_batch_size": self.config.train.global_batch_size,
+        "train_loss": last.get("loss"),
+        "train_accuracy": last.get("accuracy"),
+        "eval_accuracy": final_eval["accuracy"],
+        "eval_loss": final_eval["loss"],
+        "eval_examples": final_eval["examples"],
+        "examples_per_sec": throughput.examples_per_sec,
+        "examples_per_sec_per_replica": (
+            throughput.examples_per_sec / self.replicas
+            if throughput.examples_per_sec else None),
+        # Measured by the sync breakdown (issue #3); None until then.
+        "sync_fraction": None,
+        "gradient_bytes": sync.gradient_bytes(self.model.trainable_variables),
+    }
+    self.summaries.flush()
+    if self.chief:
+      workdir_lib.save_model(self.workdir, self.model)
+      workdir_lib.write_json(self.workdir, workdir_lib.SUMMARY_JSON, summary)
+    return summary
+
+
+class _Window:
+  """Sums over the steps since the last log line."""
+
+  def __init__(self):
+    self.loss_sum, self.correct, self.steps = 0.0, 0.0, 0
+    self._seconds = 0.0
+    self._start = time.perf_counter()
+
+  def pause(self):
+    self._seconds += time.perf_counter() - self._start
+
+  def resume(self):
+    self._start = time.perf_counter()
+
+  def add(self, loss, correct):
+    self.loss_sum += float(loss)
+    self.correct += float(correct)
+    self.steps += 1
+
+  def elapsed(self) -> float:
+    return self._seconds + time.perf_counter() - self._start
+
+
+def train(config, workdir: str, strategy) -> dict:
+  """Trains `config` under `strategy` into `workdir`; returns summary.json."""
+  trainer = Trainer(config, workdir, strategy)
+  try:
+    return trainer.run()
+  finally:
+    trainer.summaries.close()

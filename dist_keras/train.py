@@ -1,0 +1,101 @@
+"""Trains a Keras model data-parallel under tf.distribute.
+
+  python -m dist_keras.train --config=configs/NAME.py --workdir=DIR \
+      [--config.train.steps=500 ...]
+
+With no flags: the default config (configs/lstm_longmem.py) into a fresh
+runs/<timestamp> folder. Exit codes: 0 done, 2 a bad value (fix the
+command), 1 an unexpected error (rerun with --verbose for the traceback).
+"""
+import os
+import sys
+
+# Quiet TensorFlow's C++ start-up chatter (oneDNN, CPU feature lines) before
+# it is imported; real errors still print. An explicit setting wins.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# Configs import `configs.base`: make the checkout's configs/ importable
+# wherever the command is started from.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+  sys.path.insert(1, _REPO)
+
+import datetime  # pylint: disable=g-import-not-at-top
+import traceback
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from dist_keras import errors
+
+DEFAULT_CONFIG = os.path.join(_REPO, "configs", "lstm_longmem.py")
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", DEFAULT_CONFIG, "Config file: configs/NAME.py[:ARG]; override "
+    "keys with --config.SECTION.KEY=VALUE.", lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Run folder (config.json, summary.json, model.keras, "
+    "checkpoints/, TensorBoard events). Default: runs/<timestamp>.")
+_VERBOSE = flags.DEFINE_bool("verbose", False,
+                             "Print tracebacks and TensorFlow's log lines.")
+
+
+def default_workdir() -> str:
+  return os.path.join("runs", datetime.datetime.now().strftime(
+      "%Y%m%d-%H%M%S"))
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    raise errors.UserError(f"unexpected arguments {argv[1:]}; options are "
+                           "--config, --workdir, --config.KEY=VALUE.")
+  if not _VERBOSE.value:
+    logging.set_verbosity(logging.WARNING)  # tf.distribute's INFO chatter.
+  config = _CONFIG.value
+  workdir = _WORKDIR.value or default_workdir()
+  try:
+    sys.exit(_train(config, workdir))
+  except errors.UserError as e:
+    _fail(e, e.exit_code)
+  except Exception as e:  # pylint: disable=broad-except
+    _fail(e, errors.EXIT_UNEXPECTED)
+
+
+def _train(config, workdir: str) -> int:
+  # Order matters: the strategy (which splits the CPU into logical devices)
+  # comes before anything else initialises TensorFlow.
+  from dist_keras import loop, strategy as strategy_lib, workdir as wd_lib  # pylint: disable=g-import-not-at-top
+  strategy = strategy_lib.get_strategy(config.runtime)
+  wd_lib.prepare(workdir)
+  chief = loop.is_chief(strategy)
+  if chief:
+    print(f"dist_keras: {type(strategy).__name__} with "
+          f"{strategy.num_replicas_in_sync} replica(s); workdir {workdir}\n"
+          f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
+  summary = loop.train(config, workdir, strategy)
+  if chief:
+    print(f"done: {summary['steps']} steps, eval accuracy "
+          f"{summary['eval_accuracy']:.4f}; results in "
+          f"{os.path.join(workdir, wd_lib.SUMMARY_JSON)}\n"
+          f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
+  return 0
+
+
+def _fail(error: Exception, code: int) -> None:
+  if _VERBOSE.value:
+    traceback.print_exc()
+  message = str(error).splitlines()[0] if str(error) else type(error).__name__
+  if code == errors.EXIT_UNEXPECTED:
+    message = (f"{type(error).__name__}: {message} (unexpected; rerun with "
+               "--verbose for the traceback)")
+  print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def run() -> None:
+  """Console-script entry point (`dist-keras-train`)."""
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,49 @@
+"""The run's folder: what is written there, atomically, and by whom.
+
+Only the chief writes. Files appear whole or not at all (write to a
+temporary name, then rename), so a crash never leaves half a summary.json.
+Paths go through tf.io.gfile so a gs:// workdir works too.
+"""
+import json
+import os
+
+import tensorflow as tf
+
+from dist_keras.errors import UserError
+
+CONFIG_JSON = "config.json"
+SUMMARY_JSON = "summary.json"
+MODEL_FILE = "model.keras"
+CHECKPOINTS = "checkpoints"
+
+
+def prepare(workdir: str) -> None:
+  """Creates `workdir` or raises UserError saying why it cannot be used."""
+  try:
+    tf.io.gfile.makedirs(workdir)
+    probe = os.path.join(workdir, ".write_test")
+    with tf.io.gfile.GFile(probe, "w") as f:
+      f.write("ok")
+    tf.io.gfile.remove(probe)
+  except (tf.errors.OpError, OSError) as e:
+    raise UserError(f"--workdir={workdir} is not writable ({type(e).__name__})"
+                    "; pass a folder you can write to.") from e
+
+
+def write_json(workdir: str, name: str, data: dict) -> str:
+  """Writes `data` as `workdir/name`, atomically; returns the path."""
+  path = os.path.join(workdir, name)
+  tmp = path + ".tmp"
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+  return path
+
+
+def save_model(workdir: str, model) -> str:
+  """Saves `model` as `workdir/model.keras`, atomically; returns the path."""
+  path = os.path.join(workdir, MODEL_FILE)
+  tmp = os.path.join(workdir, "model.tmp.keras")  # Keras wants .keras.
+  model.save(tmp)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+  return path
