@@ -7,6 +7,7 @@ one device, N local replicas, N workers and TPU cores.
 import dataclasses
 import os
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -24,6 +25,11 @@ OPTIMIZERS = {
     "rmsprop": keras.optimizers.RMSprop,
 }
 _SUM = tf.distribute.ReduceOp.SUM
+
+# Iterating a distributed dataset inside tf.function reads its options in
+# graph mode, which warns on every eval trace; the behaviour is intended.
+warnings.filterwarnings(
+    "ignore", message="To make it possible to preserve tf.data options")
 
 
 def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
@@ -265,7 +271,8 @@ class Trainer:
       raise UserError(f"loss is {loss} at step {step}; lower "
                       "train.learning_rate or set train.global_clipnorm.")
     values = {"loss": loss, "accuracy": accuracy,
-              "learning_rate": float(np.asarray(self.optimizer.learning_rate))}
+              "learning_rate": float(
+                  keras.ops.convert_to_numpy(self.optimizer.learning_rate))}
     if throughput.add(window.steps, seconds):
       step_s = seconds / window.steps
       eps = cfg.global_batch_size / step_s

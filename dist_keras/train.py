@@ -26,7 +26,7 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dist_keras import errors
+from dist_keras import errors, quiet
 
 DEFAULT_CONFIG = os.path.join(_REPO, "configs", "lstm_longmem.py")
 
@@ -64,6 +64,8 @@ def main(argv) -> None:
 def _train(config, workdir: str) -> int:
   # Order matters: the strategy (which splits the CPU into logical devices)
   # comes before anything else initialises TensorFlow.
+  with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
   from dist_keras import loop, strategy as strategy_lib, workdir as wd_lib  # pylint: disable=g-import-not-at-top
   strategy = strategy_lib.get_strategy(config.runtime)
   wd_lib.prepare(workdir)

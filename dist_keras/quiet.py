@@ -1,0 +1,42 @@
+"""Keeps TensorFlow's start-up chatter off the user's terminal.
+
+TensorFlow's C++ runtime prints INFO lines (oneDNN, CPU features) to fd 2
+while it is imported, before TF_CPP_MIN_LOG_LEVEL can take effect. oneDNN
+must stay on (off makes the CNN 1.5-3.6x slower here), so instead the
+known start-up lines are filtered; anything else written meanwhile is
+passed through unchanged.
+"""
+import contextlib
+import os
+import sys
+import tempfile
+
+NOISE = (
+    "All log messages before absl::InitializeLog()",
+    "port.cc:",  # oneDNN custom operations are on ...
+    "cpu_feature_guard.cc:",
+    "To enable the following instructions:",
+)
+
+
+@contextlib.contextmanager
+def startup_lines_filtered(enabled: bool = True):
+  """Captures fd 2 in the block and replays all but the `NOISE` lines."""
+  if not enabled:
+    yield
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile(mode="w+b") as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      yield
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      for line in captured.read().decode(errors="replace").splitlines(True):
+        if not any(pattern in line for pattern in NOISE):
+          sys.stderr.write(line)
+      sys.stderr.flush()

@@ -1,0 +1,28 @@
+"""Test set-up: 2 logical CPU devices for every in-process test.
+
+The split must happen before TensorFlow initialises, hence at import time.
+In-process tests keep to ONE replica count (2): two MirroredStrategy objects
+over different device counts in one process break collectives ("joining a
+group with size 4, but that group has size 2"). Other counts run in
+subprocesses (tests/helpers.py).
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from dist_keras import strategy  # pylint: disable=g-import-not-at-top
+
+strategy.split_cpu(2)
+
+
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+@pytest.fixture(scope="session")
+def mirrored():
+  """MirroredStrategy over the 2 logical CPU devices (one per session)."""
+  return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

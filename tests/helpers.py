@@ -1,0 +1,55 @@
+"""Shared test helpers: tiny configs, subprocess runs, event-file reading."""
+import glob
+import os
+import subprocess
+import sys
+
+from tensorboard.backend.event_processing import event_accumulator
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(name: str = "lstm_longmem"):
+  """A config `name` shrunk to run in seconds."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  c = importlib.import_module(f"configs.{name}").get_config()
+  c.data.train_size, c.data.eval_size = 512, 128
+  c.data.seq_len = 12
+  c.data.image_size = 16
+  c.model.units, c.model.embed_dim = 16, 8
+  c.model.filters, c.model.dense_units = (8,), 16
+  c.train.global_batch_size = 32
+  c.train.steps = 8
+  c.train.log_every = 4
+  c.train.checkpoint_every = 4
+  c.eval.every = 4
+  c.log.progress = False
+  return c
+
+
+def run_module(args, timeout=300, env=None):
+  """Runs `python -m dist_keras.train ARGS` (or another -m module) from REPO."""
+  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=full_env,
+                        capture_output=True, text=True, timeout=timeout,
+                        check=False)
+
+
+def scalar_tags(logdir: str) -> dict:
+  """{tag: [(step, value), ...]} of every scalar under `logdir`."""
+  acc = event_accumulator.EventAccumulator(
+      logdir, size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  out = {}
+  for tag in acc.Tags()["tensors"]:
+    events = acc.Tensors(tag)
+    if events and events[0].tensor_proto.dtype != 7:  # not DT_STRING
+      from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+      out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                  for e in events]
+  return out
+
+
+def event_files(root: str) -> list[str]:
+  return glob.glob(os.path.join(root, "**", "events.out.tfevents.*"),
+                   recursive=True)

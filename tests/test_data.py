@@ -1,0 +1,103 @@
+"""Built-in datasets: deterministic, disjoint splits, exact sharding."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import helpers
+from dist_keras import data
+from dist_keras.data import synthetic
+from dist_keras.errors import UserError
+
+
+def _examples(ds, n=None):
+  xs, ys = [], []
+  for x, y in (ds.take(n) if n else ds).as_numpy_iterator():
+    xs.append(x)
+    ys.append(y)
+  return np.stack(xs), np.array(ys)
+
+
+def test_longmem_label_is_first_token_and_rest_is_noise():
+  c = helpers.tiny_config("lstm_longmem").data
+  x, y = _examples(synthetic.longmem(c, "train", seed=0))
+  assert x.shape == (c.train_size, c.seq_len) and x.dtype == np.int32
+  np.testing.assert_array_equal(y, x[:, 0] % c.num_classes)
+  assert set(np.unique(x[:, 1:])) == set(range(c.vocab_size))
+
+
+@pytest.mark.parametrize("builder", [synthetic.longmem, synthetic.shapes])
+def test_deterministic_from_seed(builder):
+  c = helpers.tiny_config("cnn_shapes").data
+  a, _ = _examples(builder(c, "train", seed=3), 16)
+  b, _ = _examples(builder(c, "train", seed=3), 16)
+  other, _ = _examples(builder(c, "train", seed=4), 16)
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, other)
+
+
+@pytest.mark.parametrize("builder", [synthetic.longmem, synthetic.shapes])
+def test_train_and_eval_splits_are_disjoint(builder):
+  c = helpers.tiny_config("cnn_shapes").data
+  train, _ = _examples(builder(c, "train", seed=0))
+  evals, _ = _examples(builder(c, "eval", seed=0))
+  train_rows = {row.tobytes() for row in train}
+  assert not any(row.tobytes() in train_rows for row in evals)
+  assert len(evals) == c.eval_size
+
+
+def test_shapes_images_are_balanced_and_in_range():
+  c = helpers.tiny_config("cnn_shapes").data
+  c.image_size, c.train_size = 32, 400
+  x, y = _examples(synthetic.shapes(c, "train", seed=0))
+  assert x.shape == (400, 32, 32, 1) and x.dtype == np.float32
+  assert 0.0 <= x.min() and x.max() <= 1.0
+  counts = np.bincount(y, minlength=c.num_classes)
+  assert counts.min() > 60, counts  # ~100 each of 4 classes.
+  # A square of the same size covers more pixels than a cross.
+  assert x[y == 0].mean() > x[y == 3].mean()
+
+
+def test_sharding_by_input_pipeline_covers_the_split_exactly_once():
+  c = helpers.tiny_config("lstm_longmem").data
+  whole = set(synthetic.indices(c, "eval").as_numpy_iterator())
+  shards = [
+      list(synthetic.indices(c, "eval", tf.distribute.InputContext(
+          num_input_pipelines=3, input_pipeline_id=i)).as_numpy_iterator())
+      for i in range(3)
+  ]
+  seen = [i for shard in shards for i in shard]
+  assert len(seen) == len(set(seen)) == len(whole)
+  assert set(seen) == whole
+
+
+def test_per_replica_batches_have_static_shape():
+  c = helpers.tiny_config("lstm_longmem")
+  ctx = tf.distribute.InputContext(num_input_pipelines=1,
+                                   input_pipeline_id=0,
+                                   num_replicas_in_sync=4)
+  ds = data.dataset_fn(c.data, "train", 32, seed=0)(ctx)
+  assert ds.element_spec[0].shape.as_list() == [8, c.data.seq_len]
+  assert ds.element_spec[1].shape.as_list() == [8]
+
+
+def test_eval_steps_limits_global_batches():
+  c = helpers.tiny_config("lstm_longmem")
+  ctx = tf.distribute.InputContext(1, 0, num_replicas_in_sync=2)
+  ds = data.dataset_fn(c.data, "eval", 32, seed=0, steps=2)(ctx)
+  assert sum(1 for _ in ds) == 4  # 2 global batches = 4 per-replica ones.
+
+
+def test_batch_not_divisible_by_replicas_names_both_numbers():
+  with pytest.raises(UserError, match=r"global_batch_size=30 .* 4 replicas"):
+    data.per_replica_batch_size(30, 4)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("name", "mnist_typo", "data.name='mnist_typo' is not one of longmem"),
+    ("num_classes", 7, "data.num_classes=7 for shapes must be 1..4"),
+])
+def test_bad_data_settings_are_refused(key, value, message):
+  c = helpers.tiny_config("cnn_shapes").data
+  setattr(c, key, value)
+  with pytest.raises(UserError, match=message):
+    data.input_spec(c)

@@ -1,0 +1,124 @@
+"""The distributed loop on 2 logical CPU replicas, in process."""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import helpers
+from dist_keras import loop, workdir as workdir_lib
+
+CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
+                 "perf/examples_per_sec", "perf/examples_per_sec_per_replica",
+                 "eval/accuracy", "eval/loss"}
+
+
+@pytest.mark.parametrize("config_name", ["lstm_longmem", "cnn_shapes"])
+def test_train_writes_the_workdir_contract(tmp_path, mirrored, config_name):
+  workdir = str(tmp_path)
+  summary = loop.train(helpers.tiny_config(config_name), workdir, mirrored)
+  for name in ("config.json", "summary.json", "model.keras", "checkpoints"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  on_disk = json.load(open(os.path.join(workdir, "summary.json")))
+  assert on_disk == json.loads(json.dumps(summary))
+  assert on_disk["strategy"] == "MirroredStrategy"
+  assert on_disk["replicas"] == 2 and on_disk["steps"] == 8
+  assert 0.0 <= on_disk["eval_accuracy"] <= 1.0
+  assert on_disk["eval_examples"] == 128
+  assert on_disk["examples_per_sec"] > 0
+  config = json.load(open(os.path.join(workdir, "config.json")))
+  assert config["train"]["steps"] == 8
+  assert not [f for f in os.listdir(workdir) if "tmp" in f]
+
+
+def test_summaries_carry_the_contract_tags(tmp_path, mirrored):
+  loop.train(helpers.tiny_config(), str(tmp_path), mirrored)
+  tags = helpers.scalar_tags(str(tmp_path))
+  assert CONTRACT_TAGS <= set(tags), CONTRACT_TAGS - set(tags)
+  assert [s for s, _ in tags["loss"]] == [4, 8]
+  # The first interval includes tracing: perf/* leaves it out.
+  assert [s for s, _ in tags["perf/step_ms"]] == [8]
+  eps = dict(tags["perf/examples_per_sec"])[8]
+  per_replica = dict(tags["perf/examples_per_sec_per_replica"])[8]
+  assert per_replica == pytest.approx(eps / 2, rel=1e-5)
+  assert dict(tags["learning_rate"])[8] == pytest.approx(3e-3)
+
+
+def test_config_text_summary(tmp_path, mirrored):
+  loop.train(helpers.tiny_config(), str(tmp_path), mirrored)
+  texts = []
+  for path in helpers.event_files(str(tmp_path)):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      texts += [v.tensor.string_val[0].decode() for v in event.summary.value
+                if v.tag == "config"]
+  assert texts and '"global_batch_size": 32' in texts[0]
+
+
+def test_replica_variables_stay_identical(tmp_path, mirrored):
+  trainer = loop.Trainer(helpers.tiny_config(), str(tmp_path), mirrored)
+  trainer.run()
+  for variable in trainer.model.weights + trainer.optimizer.variables:
+    copies = mirrored.experimental_local_results(variable.value)
+    assert len(copies) == 2, variable.path
+    np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy(),
+                                  err_msg=variable.path)
+
+
+def test_restart_resumes_from_latest_checkpoint(tmp_path, mirrored, capsys):
+  c = helpers.tiny_config()
+  c.log.progress = True
+  loop.train(c, str(tmp_path), mirrored)
+  first = json.load(open(os.path.join(tmp_path, "summary.json")))
+  c.train.steps = 12
+  summary = loop.train(c, str(tmp_path), mirrored)
+  out = capsys.readouterr().out
+  assert "at step 8" in out and "resumed" in out
+  assert summary["steps"] == 12 and first["steps"] == 8
+  steps = sorted(int(p.split("-")[-1].split(".")[0]) for p in
+                 tf.io.gfile.glob(os.path.join(tmp_path, "checkpoints",
+                                               "ckpt-*.index")))
+  assert steps[-1] == 12
+
+
+def test_only_the_chief_writes(tmp_path, mirrored, monkeypatch):
+  monkeypatch.setattr(loop, "is_chief", lambda strategy: False)
+  loop.train(helpers.tiny_config(), str(tmp_path), mirrored)
+  assert not helpers.event_files(str(tmp_path))
+  for name in ("summary.json", "model.keras", "config.json"):
+    assert not os.path.exists(os.path.join(tmp_path, name)), name
+
+
+def test_progress_lines_show_step_loss_throughput_and_eta(
+    tmp_path, mirrored, capsys):
+  c = helpers.tiny_config()
+  c.log.progress = True
+  loop.train(c, str(tmp_path), mirrored)
+  lines = capsys.readouterr().out.splitlines()
+  step_lines = [l for l in lines if l.startswith("step")]
+  assert len(step_lines) == 2
+  assert "warm-up" in step_lines[0]
+  assert all(k in step_lines[1] for k in ("8/8", "loss", "ex/s", "ETA"))
+  assert any(l.startswith("eval at step 8") for l in lines)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("steps", 0, "train.steps=0 must be >= 1"),
+    ("global_batch_size", 31, "global_batch_size=31 is not divisible by the 2"),
+    ("learning_rate", -1.0, "learning_rate=-1.0 must be > 0"),
+    ("optimizer", "lbfgs", "train.optimizer='lbfgs' is not one of sgd"),
+])
+def test_bad_train_settings_fail_before_writing(tmp_path, mirrored, key, value,
+                                                message):
+  c = helpers.tiny_config()
+  setattr(c.train, key, value)
+  with pytest.raises(ValueError, match=message):
+    loop.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)
+
+
+def test_workdir_that_cannot_be_written_is_refused(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises(ValueError, match="is not writable"):
+    workdir_lib.prepare(str(blocker / "run"))
