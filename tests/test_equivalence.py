@@ -1,0 +1,54 @@
+"""Gradient aggregation is exact: N replicas == one device, to 1e-5.
+
+Each replica count runs in its own process (collectives cannot mix group
+sizes in one process); the runs go in parallel to save wall time.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import helpers
+
+RUNS = {"one_device": ("one_device", 1), "mirrored_1": ("mirrored", 1),
+        "mirrored_2": ("mirrored", 2), "mirrored_4": ("mirrored", 4)}
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+  out = tmp_path_factory.mktemp("weights")
+  procs = {}
+  for name, (strategy, devices) in RUNS.items():
+    procs[name] = subprocess.Popen(
+        [sys.executable, os.path.join(helpers.REPO, "tests", "train_weights.py"),
+         f"--strategy={strategy}", f"--devices={devices}",
+         f"--out={out / name}.npz"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  result = {}
+  for name, proc in procs.items():
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, f"{name} failed:\n{log[-3000:]}"
+    result[name] = dict(np.load(out / f"{name}.npz"))
+  return result
+
+
+@pytest.mark.parametrize("run", ["mirrored_1", "mirrored_2", "mirrored_4"])
+@pytest.mark.parametrize("model", ["lstm_longmem", "cnn_shapes"])
+def test_replicas_match_one_device(weights, run, model):
+  reference = {k: v for k, v in weights["one_device"].items()
+               if k.startswith(model)}
+  assert reference
+  for key, expected in reference.items():
+    np.testing.assert_allclose(weights[run][key], expected, rtol=0, atol=1e-5,
+                               err_msg=f"{run} {key}")
+
+
+def test_training_moved_every_weight_far_beyond_the_tolerance(weights):
+  """Guards the test above against comparing (nearly) untrained weights."""
+  ref = weights["one_device"]
+  for key in [k for k in ref if not k.startswith("initial/")]:
+    moved = np.abs(ref[key] - ref[f"initial/{key}"]).max()
+    assert moved > 1e-4, f"{key} moved only {moved}"  # 10x the tolerance
