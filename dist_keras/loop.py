@@ -187,6 +187,11 @@ class Trainer:
     spec = data_lib.input_spec(config.data)
     data_lib.per_replica_batch_size(config.train.global_batch_size,
                                     self.replicas)
+    # Validate everything before anything is written.
+    models.check(config.model, spec)
+    make_optimizer(config.train)
+    if self.chief:
+      workdir_lib.prepare(workdir)
     keras.utils.set_random_seed(config.runtime.seed)
     self.model, self.optimizer = build_in_scope(strategy, config, spec)
     self.checkpoint = tf.train.Checkpoint(model=self.model,

@@ -46,15 +46,13 @@ def default_workdir() -> str:
 
 
 def main(argv) -> None:
-  if len(argv) > 1:
-    raise errors.UserError(f"unexpected arguments {argv[1:]}; options are "
-                           "--config, --workdir, --config.KEY=VALUE.")
   if not _VERBOSE.value:
     logging.set_verbosity(logging.WARNING)  # tf.distribute's INFO chatter.
-  config = _CONFIG.value
-  workdir = _WORKDIR.value or default_workdir()
   try:
-    sys.exit(_train(config, workdir))
+    if len(argv) > 1:
+      raise errors.UserError(f"unexpected arguments {argv[1:]}; the options "
+                             "are --config, --workdir, --config.KEY=VALUE.")
+    sys.exit(_train(_CONFIG.value, _WORKDIR.value or default_workdir()))
   except errors.UserError as e:
     _fail(e, e.exit_code)
   except Exception as e:  # pylint: disable=broad-except
@@ -68,7 +66,6 @@ def _train(config, workdir: str) -> int:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
   from dist_keras import loop, strategy as strategy_lib, workdir as wd_lib  # pylint: disable=g-import-not-at-top
   strategy = strategy_lib.get_strategy(config.runtime)
-  wd_lib.prepare(workdir)
   chief = loop.is_chief(strategy)
   if chief:
     print(f"dist_keras: {type(strategy).__name__} with "

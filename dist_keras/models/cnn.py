@@ -9,11 +9,18 @@ import keras
 from dist_keras.errors import UserError
 
 
-def build(model_cfg, input_spec) -> keras.Model:
-  """Builds the CNN; one block of two 3x3 convs + 2x2 pool per filter count."""
+def check(model_cfg, input_spec) -> None:
+  """Raises UserError for inputs or filters this model cannot take."""
   if len(input_spec.shape) != 3:
     raise UserError("model.name='cnn' needs image inputs; use it with "
                     "data.name=shapes.")
+  if not model_cfg.filters or min(model_cfg.filters) < 1:
+    raise UserError(f"model.filters={tuple(model_cfg.filters)} needs one or "
+                    "more positive filter counts.")
+
+
+def build(model_cfg, input_spec) -> keras.Model:
+  """Builds the CNN; one block of two 3x3 convs + 2x2 pool per filter count."""
   inputs = keras.Input(input_spec.shape, dtype="float32", name="image")
   x = inputs
   for i, filters in enumerate(model_cfg.filters):

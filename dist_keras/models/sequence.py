@@ -52,14 +52,21 @@ class ChronoBias(keras.initializers.Initializer):
             "max_timescale": self.max_timescale, "seed": self.seed}
 
 
-def build(model_cfg, input_spec) -> keras.Model:
-  """Builds the classifier; `model_cfg.cell` picks the recurrent layer."""
+def check(model_cfg, input_spec) -> None:
+  """Raises UserError for a cell or input this model cannot take."""
   if model_cfg.cell not in CELLS:
     raise UserError(f"model.cell={model_cfg.cell!r} is not one of "
                     f"{', '.join(CELLS)}; pick one of those.")
   if not input_spec.vocab_size:
     raise UserError("model.name='sequence_classifier' needs token inputs; "
                     "use it with data.name=longmem.")
+  if model_cfg.num_layers < 1 or model_cfg.units < 1:
+    raise UserError(f"model.num_layers={model_cfg.num_layers} and "
+                    f"model.units={model_cfg.units} must be >= 1.")
+
+
+def build(model_cfg, input_spec) -> keras.Model:
+  """Builds the classifier; `model_cfg.cell` picks the recurrent layer."""
   seq_len = input_spec.shape[0]
   inputs = keras.Input(input_spec.shape, dtype="int32", name="tokens")
   x = keras.layers.Embedding(input_spec.vocab_size, model_cfg.embed_dim,

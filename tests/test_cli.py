@@ -1,0 +1,104 @@
+"""`python -m dist_keras.train` as a user runs it: output, files, errors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+
+TINY = ["--config.data.train_size=256", "--config.data.eval_size=64",
+        "--config.data.seq_len=8", "--config.model.units=8",
+        "--config.train.global_batch_size=32", "--config.train.steps=4",
+        "--config.train.log_every=2", "--config.eval.every=0"]
+
+
+def _train(*args):
+  return helpers.run_module(["-m", "dist_keras.train", *args])
+
+
+def _run_in(cwd, args):
+  """Runs the trainer from another folder, as an installed user would."""
+  return subprocess.run([sys.executable, "-m", "dist_keras.train", *args],
+                        cwd=cwd, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, PYTHONPATH=helpers.REPO),
+                        check=False)
+
+
+def test_run_prints_progress_and_where_tensorboard_logs_are(tmp_path):
+  workdir = str(tmp_path / "run")
+  result = _train(f"--workdir={workdir}", *TINY)
+  assert result.returncode == 0, result.stderr
+  assert f"tensorboard --logdir {workdir}" in result.stdout
+  assert "MirroredStrategy with 2 replica(s)" in result.stdout
+  assert "step 4/4" in result.stdout and "eval accuracy" in result.stdout
+  # TensorFlow's start-up lines are filtered from stderr.
+  assert "oneDNN" not in result.stderr and "cpu_feature" not in result.stderr
+  summary = json.load(open(os.path.join(workdir, "summary.json")))
+  assert summary["steps"] == 4 and summary["replicas"] == 2
+
+
+def test_no_workdir_means_a_fresh_timestamped_run_folder(tmp_path):
+  result = _run_in(str(tmp_path), TINY)
+  assert result.returncode == 0, result.stderr
+  (run,) = os.listdir(tmp_path / "runs")
+  assert os.path.exists(tmp_path / "runs" / run / "summary.json")
+  assert f"--logdir {os.path.join('runs', run)}" in result.stdout
+
+
+def test_other_configs_load_by_path(tmp_path):
+  result = _train("--config=configs/cnn_shapes.py",
+                  f"--workdir={tmp_path}", "--config.data.image_size=16",
+                  "--config.model.filters=(8,)", *TINY)
+  assert result.returncode == 0, result.stderr
+  config = json.load(open(tmp_path / "config.json"))
+  assert config["model"]["name"] == "cnn"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.runtime.strategy=nccl",
+     "runtime.strategy='nccl' is not one of auto, mirrored, one_device"),
+    ("--config.train.global_batch_size=33",
+     "train.global_batch_size=33 is not divisible by the 2 replicas; use a "
+     "multiple of 2."),
+    ("--config.runtime.num_cpu_devices=0",
+     "runtime.num_cpu_devices=0 must be >= 1."),
+    ("--config.data.name=imagenet", "data.name='imagenet' is not one of"),
+    ("--config.train.learning_rate=0", "train.learning_rate=0.0 must be > 0."),
+])
+def test_bad_values_exit_2_with_one_line_and_write_nothing(tmp_path, override,
+                                                           message):
+  workdir = tmp_path / "run"
+  result = _train(f"--workdir={workdir}", *TINY, override)
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith("dist_keras: error: ") and message in lines[0]
+  assert "Traceback" not in result.stderr
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.train.stepz=3", "stepz"),
+    ("--config.train.steps=many", "steps"),
+])
+def test_unknown_keys_and_wrong_types_are_flag_errors(tmp_path, override,
+                                                      message):
+  result = _train(f"--workdir={tmp_path / 'run'}", override)
+  assert result.returncode != 0
+  assert message in result.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+  result = _train(f"--workdir={tmp_path}", "--verbose",
+                  "--config.runtime.strategy=nccl")
+  assert result.returncode == 2 and "Traceback" in result.stderr
+
+
+def test_importing_without_tensorflow_names_the_extras():
+  result = helpers.run_module([
+      "-c", "import sys; sys.modules['tensorflow'] = None; import dist_keras"])
+  assert result.returncode != 0
+  assert "dist-keras[cpu]" in result.stderr and "[tpu]" in result.stderr

@@ -1,0 +1,70 @@
+"""Gradient synchronisation: the Keras hook and the explicit all-reduce."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dist_keras import loop, sync
+
+
+@pytest.mark.parametrize("name", sorted(loop.OPTIMIZERS))
+def test_keras_still_has_the_hook_we_disable(name):
+  """Fails loudly if a Keras release moves the optimizer's all-reduce."""
+  optimizer = loop.OPTIMIZERS[name]()
+  assert callable(getattr(optimizer, sync._KERAS_HOOK))  # pylint: disable=protected-access
+  sync.disable_optimizer_allreduce(optimizer)
+  pairs = [(tf.ones([2]), "v")]
+  assert getattr(optimizer, sync._KERAS_HOOK)(pairs) == pairs  # pylint: disable=protected-access
+
+
+def test_a_keras_without_the_hook_is_refused():
+  class NoHook:
+    pass
+  with pytest.raises(RuntimeError, match="dist_keras needs updating"):
+    sync.disable_optimizer_allreduce(NoHook())
+
+
+def test_all_reduce_sums_dense_sparse_and_keeps_none(mirrored):
+  def replica_fn():
+    r = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+                tf.float32)
+    dense = tf.fill([2, 3], r + 1.0)
+    sparse = tf.IndexedSlices(values=tf.fill([1, 3], r + 1.0),
+                              indices=tf.constant([1]),
+                              dense_shape=tf.constant([4, 3]))
+    return sync.all_reduce_gradients([dense, None, sparse])
+
+  dense, none, sparse = mirrored.run(replica_fn)
+  assert none is None
+  for value in mirrored.experimental_local_results(dense):
+    np.testing.assert_array_equal(value, np.full([2, 3], 3.0))  # 1 + 2
+  expected = np.zeros([4, 3])
+  expected[1] = 3.0
+  for value in mirrored.experimental_local_results(sparse):
+    np.testing.assert_array_equal(value, expected)
+
+
+def test_optimizer_applies_exactly_the_reduced_gradient(mirrored):
+  """With the hook off, a step moves each replica by the gradient given."""
+  with mirrored.scope():
+    var = keras.Variable(np.zeros(3, np.float32))
+    optimizer = keras.optimizers.SGD(learning_rate=1.0)
+    optimizer.build([var])
+  sync.disable_optimizer_allreduce(optimizer)
+
+  @tf.function
+  def step():
+    def replica_fn():
+      grads = sync.all_reduce_gradients([tf.ones([3])])
+      optimizer.apply_gradients(zip(grads, [var]))
+    mirrored.run(replica_fn)
+
+  step()
+  # Summed once over 2 replicas: -2. Summed twice (Keras again) would be -4.
+  for value in mirrored.experimental_local_results(var.value):
+    np.testing.assert_array_equal(value, [-2.0, -2.0, -2.0])
+
+
+def test_gradient_bytes_counts_every_trainable_float():
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+  assert sync.gradient_bytes(model.trainable_variables) == (4 * 3 + 3) * 4
