@@ -199,6 +199,8 @@ class Trainer:
     self.manager = tf.train.CheckpointManager(
         self.checkpoint, os.path.join(workdir, workdir_lib.CHECKPOINTS),
         max_to_keep=config.train.max_checkpoints)
+    # Restore before writing anything: a refused workdir stays untouched.
+    self.restore()
     self.summaries = Summaries(workdir, self.chief and config.log.tensorboard)
 
   @property
@@ -213,7 +215,13 @@ class Trainer:
     """Restores the latest checkpoint, if any; returns the step reached."""
     latest = self.manager.latest_checkpoint
     if latest:
-      self.checkpoint.restore(latest).assert_existing_objects_matched()
+      try:
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
+      except (AssertionError, ValueError, tf.errors.OpError) as e:
+        raise UserError(
+            f"--workdir={self.workdir} holds a checkpoint ({latest}) made by "
+            "a different model or optimizer; resume it with the config.json "
+            "saved there, or pass a new --workdir.") from e
       self.log(f"resumed from {latest} at step {self.step}")
     return self.step
 
@@ -233,7 +241,6 @@ class Trainer:
       workdir_lib.write_json(self.workdir, workdir_lib.CONFIG_JSON,
                              cfg.to_dict())
     self.summaries.config(cfg.to_dict())
-    self.restore()
     train_ds, eval_ds = self.datasets()
     train_step = make_train_step(self.strategy, self.model, self.optimizer,
                                  cfg.train.global_batch_size,

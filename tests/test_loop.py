@@ -122,3 +122,19 @@ def test_workdir_that_cannot_be_written_is_refused(tmp_path):
   blocker.write_text("x")
   with pytest.raises(ValueError, match="is not writable"):
     workdir_lib.prepare(str(blocker / "run"))
+
+
+def test_checkpoint_of_another_model_is_refused_not_overwritten(tmp_path,
+                                                                mirrored):
+  loop.train(helpers.tiny_config(), str(tmp_path), mirrored)
+  before = sorted(os.listdir(tmp_path / "checkpoints"))
+  config_json = (tmp_path / "config.json").read_text()
+  events = helpers.event_files(str(tmp_path))
+  other = helpers.tiny_config()
+  other.model.cell = "simple_rnn"
+  with pytest.raises(ValueError, match="holds a checkpoint .* made by a "
+                     "different model"):
+    loop.train(other, str(tmp_path), mirrored)
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == before
+  assert (tmp_path / "config.json").read_text() == config_json
+  assert helpers.event_files(str(tmp_path)) == events
