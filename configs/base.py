@@ -50,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Clip the global gradient norm (after the all-reduce); 0 disables.
   c.train.global_clipnorm = 1.0
   c.train.global_batch_size = 256
-  c.train.steps = 300
+  c.train.steps = 800
   c.train.log_every = 25
   c.train.checkpoint_every = 100
   c.train.max_checkpoints = 3

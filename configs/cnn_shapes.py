@@ -10,6 +10,7 @@ def get_config():
   c = base.get_config()
   c.data.name = "shapes"
   c.model.name = "cnn"
+  c.model.filters = (16, 32)
   c.train.learning_rate = 1e-3
-  c.train.steps = 300
+  c.train.steps = 400
   return c

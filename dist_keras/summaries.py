@@ -5,6 +5,8 @@ Every other worker gets a no-op writer, so callers never branch on the role.
 import json
 
 import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
 
 
 class Summaries:
@@ -34,3 +36,20 @@ class Summaries:
 
   def close(self) -> None:
     self._writer.close()
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+  """{tag: [(step, value), ...]} of every scalar summary in `logdir`.
+
+  For tools and tests: reads the event files back as TensorBoard does.
+  """
+  acc = event_accumulator.EventAccumulator(
+      logdir, size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  scalars = {}
+  for tag in acc.Tags()["tensors"]:
+    events = acc.Tensors(tag)
+    values = [tensor_util.make_ndarray(e.tensor_proto) for e in events]
+    if values and values[0].dtype.kind in "fiu":  # Not the config text.
+      scalars[tag] = [(e.step, float(v)) for e, v in zip(events, values)]
+  return scalars

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from tensorboard.backend.event_processing import event_accumulator
+from dist_keras import summaries
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,17 +37,7 @@ def run_module(args, timeout=300, env=None):
 
 def scalar_tags(logdir: str) -> dict:
   """{tag: [(step, value), ...]} of every scalar under `logdir`."""
-  acc = event_accumulator.EventAccumulator(
-      logdir, size_guidance={event_accumulator.TENSORS: 0})
-  acc.Reload()
-  out = {}
-  for tag in acc.Tags()["tensors"]:
-    events = acc.Tensors(tag)
-    if events and events[0].tensor_proto.dtype != 7:  # not DT_STRING
-      from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
-      out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
-                  for e in events]
-  return out
+  return summaries.read_scalars(logdir)
 
 
 def event_files(root: str) -> list[str]:
