@@ -1,7 +1,11 @@
 """A vanilla SimpleRNN on the default long-memory task, for contrast.
 
 Run:    python -m dist_keras.train --config=configs/rnn_longmem.py
-Result: see the README configs table (measured on the 2-core CPU machine).
+Result: 2 logical CPU replicas on the 2-core CPU machine: 800 steps in
+        17-25 s, eval accuracy 1.000 for seeds 0, 1, 2 (95% at ~100 steps,
+        faster than the LSTM at T=50). With --config.data.seq_len=200 it
+        stays at chance (0.247 after 1,000 steps, seed 0) while the LSTM
+        reaches 0.998: see tools/longmem_contrast.py and the README.
 """
 from configs import lstm_longmem
 

@@ -18,7 +18,11 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-summaries = None  # dist_keras.summaries, imported quietly in main().
+
+from dist_keras import quiet  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+with quiet.startup_lines_filtered():
+  from dist_keras import summaries  # pylint: disable=g-import-not-at-top
 
 
 def parse_args(argv=None):
@@ -63,10 +67,7 @@ def run_one(cell, seq_len, seed, args, root) -> dict:
 
 def main(argv=None):
   args = parse_args(argv)
-  from dist_keras import quiet  # pylint: disable=g-import-not-at-top
-  with quiet.startup_lines_filtered():
-    global summaries  # pylint: disable=global-statement
-    from dist_keras import summaries  # pylint: disable=g-import-not-at-top,redefined-outer-name
+
   rows = []
   print(f"{'cell':<11} {'T':>4} {'seed':>4} {'steps to ' + str(args.target):>14}"
         f" {'final acc':>9} {'wall s':>7} {'ex/s':>7}", flush=True)
