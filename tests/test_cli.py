@@ -102,3 +102,14 @@ def test_importing_without_tensorflow_names_the_extras():
       "-c", "import sys; sys.modules['tensorflow'] = None; import dist_keras"])
   assert result.returncode != 0
   assert "dist-keras[cpu]" in result.stderr and "[tpu]" in result.stderr
+
+
+def test_console_script_is_the_same_entry_point(tmp_path):
+  script = os.path.join(os.path.dirname(sys.executable), "dist-keras-train")
+  assert os.path.exists(script), "pip install -e . installs dist-keras-train"
+  result = subprocess.run([script, f"--workdir={tmp_path / 'run'}",
+                           "--config.runtime.strategy=bogus"],
+                          capture_output=True, text=True, timeout=120,
+                          check=False)
+  assert result.returncode == 2
+  assert "runtime.strategy='bogus'" in result.stderr
