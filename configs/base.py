@@ -62,6 +62,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.log = ml_collections.ConfigDict()
   c.log.tensorboard = True
   c.log.progress = True  # One line per train.log_every steps on the chief.
+  # Split logged steps into input wait / compute / straggler / all-reduce.
+  c.log.sync_timing = True
 
   c.lock()
   return c

@@ -66,15 +66,21 @@ def _num_correct(labels, logits):
 
 
 def make_train_step(strategy, model, optimizer, global_batch_size: int,
-                    global_clipnorm: float = 0.0):
+                    global_clipnorm: float = 0.0, timed: bool = False):
   """A tf.function running one step on every replica.
 
-  Returns a function `(distributed_iterator) -> {'loss', 'correct'}` whose
-  values are already reduced over all replicas.
+  Returns a function `(distributed_iterator) -> dict` with 'loss' and
+  'correct' already reduced over all replicas. With `timed`, the step is
+  instrumented with in-graph stamps (sync.STAMPS) and the dict also holds
+  'step_start', 'inputs_ready' and per-replica 'stamps' for sync.breakdown.
   """
   variables = model.trainable_variables
+  clock = sync.make_clock(strategy) if timed else None
 
-  def replica_step(inputs, labels):
+  def replica_step(inputs, labels, inputs_ready=None):
+    if timed:
+      start = sync.stamp_after([inputs, labels, inputs_ready], clock)
+      inputs, labels = sync.after_stamp(start, (inputs, labels))
     with tf.GradientTape() as tape:
       logits = model(inputs, training=True)
       # Divide by the GLOBAL batch: the SUM all-reduce then yields the
@@ -83,17 +89,46 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
           _sparse_ce(labels, logits), global_batch_size=global_batch_size)
       if model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-    grads = sync.all_reduce_gradients(tape.gradient(loss, variables))
+    grads = tape.gradient(loss, variables)
+    if timed:
+      grads_ready = sync.stamp_after(grads, clock)
+      grads = sync.after_stamp(grads_ready, grads)
+    grads = sync.all_reduce_gradients(grads)
+    if timed:
+      reduced = sync.stamp_after(grads, clock)
+      grads = sync.after_stamp(reduced, grads)
     if global_clipnorm > 0:  # On the global gradient, after the reduction.
       grads, _ = tf.clip_by_global_norm(grads, global_clipnorm)
     optimizer.apply_gradients(zip(grads, variables))
-    return loss, _num_correct(labels, logits)
+    correct = _num_correct(labels, logits)
+    if not timed:
+      return loss, correct, ()
+    # Reading every variable orders the last stamp after all their updates.
+    end = sync.stamp_after([tf.identity(v.value) for v in variables], clock)
+    return loss, correct, tf.stack([start, grads_ready, reduced, end])
 
   @tf.function
   def train_step(iterator):
-    loss, correct = strategy.run(replica_step, args=next(iterator))
-    return {"loss": strategy.reduce(_SUM, loss, axis=None),
-            "correct": strategy.reduce(_SUM, correct, axis=None)}
+    out = {}
+    if timed:
+      out["step_start"] = tf.timestamp()
+      with tf.control_dependencies([out["step_start"]]):
+        batch = next(iterator)
+      out["inputs_ready"] = sync.stamp_after(
+          [strategy.experimental_local_results(t)
+           for t in tf.nest.flatten(batch)])
+      # Replicas start after this stamp; otherwise, with every core busy
+      # computing, TensorFlow may run it late and inflate the input wait.
+      kwargs = {"inputs_ready": out["inputs_ready"]}
+    else:
+      batch, kwargs = next(iterator), {}
+    loss, correct, stamps = strategy.run(replica_step, args=batch,
+                                         kwargs=kwargs)
+    out["loss"] = strategy.reduce(_SUM, loss, axis=None)
+    out["correct"] = strategy.reduce(_SUM, correct, axis=None)
+    if timed:
+      out["stamps"] = tf.stack(strategy.experimental_local_results(stamps))
+    return out
 
   return train_step
 
@@ -241,40 +276,55 @@ class Trainer:
       workdir_lib.write_json(self.workdir, workdir_lib.CONFIG_JSON,
                              cfg.to_dict())
     self.summaries.config(cfg.to_dict())
+    self.summaries.sync_layout()
     train_ds, eval_ds = self.datasets()
-    train_step = make_train_step(self.strategy, self.model, self.optimizer,
-                                 cfg.train.global_batch_size,
-                                 cfg.train.global_clipnorm)
+    steps = {timed: make_train_step(
+        self.strategy, self.model, self.optimizer,
+        cfg.train.global_batch_size, cfg.train.global_clipnorm, timed=timed)
+             for timed in (False, True)}
     eval_pass = make_eval_pass(self.strategy, self.model)
     throughput = Throughput(cfg.train.global_batch_size)
-    last = self._train_loop(train_step, iter(train_ds), eval_pass, eval_ds,
-                            throughput)
+    sync_log = sync.SyncLog()
+    last = self._train_loop(steps, iter(train_ds), (eval_pass, eval_ds),
+                            throughput, sync_log)
     final_eval = evaluate(eval_pass, eval_ds)
     self._log_eval(final_eval)
     self.manager.save(checkpoint_number=self.step)
-    return self._finish(last, final_eval, throughput)
+    return self._finish(last, final_eval, throughput, sync_log)
 
-  def _train_loop(self, train_step, iterator, eval_pass, eval_ds, throughput):
+  def _timed(self, step: int) -> bool:
+    """Whether `step` is instrumented: the logged ones, and step 1 to warm
+    the instrumented function up (its breakdown is discarded)."""
+    cfg = self.config.train
+    return self.config.log.sync_timing and (
+        step == 1 or step % cfg.log_every == 0 or step == cfg.steps)
+
+  def _train_loop(self, steps, iterator, evals, throughput, sync_log):
     cfg = self.config.train
     last = {"loss": None, "accuracy": None}
     window = _Window()
     while self.step < cfg.steps:
-      out = train_step(iterator)
+      timed = self._timed(self.step + 1)
+      out = steps[timed](iterator)
       window.add(out["loss"].numpy(), out["correct"].numpy())
       step = self.step
+      if timed and step > 1:
+        window.breakdown = sync.breakdown(out["step_start"].numpy(),
+                                          out["inputs_ready"].numpy(),
+                                          out["stamps"].numpy())
       if step % cfg.log_every == 0 or step == cfg.steps:
-        last = self._log_train(step, window, throughput)
+        last = self._log_train(step, window, throughput, sync_log)
         window = _Window()
       window.pause()  # Checkpoints and eval are not train-step time.
       if step % cfg.checkpoint_every == 0 and step < cfg.steps:
         self.manager.save(checkpoint_number=step)
       if self.config.eval.every and step % self.config.eval.every == 0 \
           and step < cfg.steps:
-        self._log_eval(evaluate(eval_pass, eval_ds))
+        self._log_eval(evaluate(*evals))
       window.resume()
     return last
 
-  def _log_train(self, step, window, throughput) -> dict:
+  def _log_train(self, step, window, throughput, sync_log) -> dict:
     cfg = self.config.train
     seconds = window.elapsed()
     loss = window.loss_sum / window.steps
@@ -291,6 +341,8 @@ class Trainer:
       values.update({"perf/step_ms": 1e3 * step_s,
                      "perf/examples_per_sec": eps,
                      "perf/examples_per_sec_per_replica": eps / self.replicas})
+      if window.breakdown:
+        values.update(sync_log.add(window.breakdown))
     self.summaries.scalars(step, values)
     remaining = (cfg.steps - step) * (throughput.step_seconds
                                       or seconds / window.steps)
@@ -307,7 +359,8 @@ class Trainer:
     self.log(f"eval at step {self.step}: accuracy {result['accuracy']:.4f}  "
              f"loss {result['loss']:.4f}  ({result['examples']} examples)")
 
-  def _finish(self, last, final_eval, throughput) -> dict:
+  def _finish(self, last, final_eval, throughput, sync_log) -> dict:
+    means = sync_log.means()
     summary = {
         "strategy": type(self.strategy).__name__,
         "replicas": self.replicas,
@@ -322,9 +375,10 @@ class Trainer:
         "examples_per_sec_per_replica": (
             throughput.examples_per_sec / self.replicas
             if throughput.examples_per_sec else None),
-        # Measured by the sync breakdown (issue #3); None until then.
-        "sync_fraction": None,
         "gradient_bytes": sync.gradient_bytes(self.model.trainable_variables),
+        # Means over the instrumented steps (None with log.sync_timing off).
+        "sync_fraction": means.get("fraction"),
+        **{k: means.get(k) for k in (*sync.SyncLog.COMPONENTS, "step_ms")},
     }
     self.summaries.flush()
     if self.chief:
@@ -338,6 +392,7 @@ class _Window:
 
   def __init__(self):
     self.loss_sum, self.correct, self.steps = 0.0, 0.0, 0
+    self.breakdown = None  # sync.breakdown of the window's timed step.
     self._seconds = 0.0
     self._start = time.perf_counter()
 

@@ -6,6 +6,8 @@ import json
 
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.custom_scalar import summary as custom_scalar
 from tensorboard.util import tensor_util
 
 
@@ -30,6 +32,23 @@ class Summaries:
     text = "```\n" + json.dumps(config_dict, indent=2, sort_keys=True) + "\n```"
     with self._writer.as_default(step=step):
       tf.summary.text("config", text)
+
+  def sync_layout(self) -> None:
+    """A Custom Scalars layout that draws the step breakdown as one chart."""
+    def chart(title, regex):
+      return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=[regex]))
+    layout = layout_pb2.Layout(category=[layout_pb2.Category(
+        title="sync: where a step's time goes",
+        chart=[
+            chart("step breakdown (ms, mean over replicas)",
+                  r"^sync/(input_wait|compute|straggler|allreduce|step)_ms$"),
+            chart("synchronisation share of the step", r"^sync/fraction$"),
+            chart("compute per replica (ms)", r"^sync_replica/.*/compute_ms$"),
+            chart("throughput (examples/s)", r"^perf/examples_per_sec"),
+        ])])
+    with self._writer.as_default(step=0):
+      tf.summary.experimental.write_raw_pb(
+          custom_scalar.pb(layout).SerializeToString(), step=0)
 
   def flush(self) -> None:
     self._writer.flush()
