@@ -64,6 +64,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.log.progress = True  # One line per train.log_every steps on the chief.
   # Split logged steps into input wait / compute / straggler / all-reduce.
   c.log.sync_timing = True
+  # "START,STOP": TF profiler trace of those train steps into the workdir
+  # (TensorBoard's Profile tab; tools/profile_collectives.py). START >= 2.
+  c.log.profile_steps = ""
+  # After training: all-reduce microbenchmark + alpha-beta fit, and the same
+  # step timed with no communication (0 steps: skip both).
+  c.log.calibration_steps = 20
 
   c.lock()
   return c

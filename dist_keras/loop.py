@@ -4,6 +4,7 @@ Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy
 (keras-team/keras#20585), so dist_keras owns its loop: the same code runs on
 one device, N local replicas, N workers and TPU cores.
 """
+import contextlib
 import dataclasses
 import os
 import time
@@ -13,8 +14,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from dist_keras import calibration
 from dist_keras import data as data_lib
-from dist_keras import models, sync, workdir as workdir_lib
+from dist_keras import models, step as step_lib, sync, workdir as workdir_lib
 from dist_keras.errors import UserError
 from dist_keras.summaries import Summaries
 
@@ -55,16 +57,6 @@ def build_in_scope(strategy, config, spec):
   return model, optimizer
 
 
-def _sparse_ce(labels, logits):
-  return keras.losses.sparse_categorical_crossentropy(labels, logits,
-                                                      from_logits=True)
-
-
-def _num_correct(labels, logits):
-  predicted = tf.argmax(logits, axis=-1, output_type=labels.dtype)
-  return tf.reduce_sum(tf.cast(predicted == labels, tf.float32))
-
-
 def make_train_step(strategy, model, optimizer, global_batch_size: int,
                     global_clipnorm: float = 0.0, timed: bool = False):
   """A tf.function running one step on every replica.
@@ -81,15 +73,8 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
     if timed:
       start = sync.stamp_after([inputs, labels, inputs_ready], clock)
       inputs, labels = sync.after_stamp(start, (inputs, labels))
-    with tf.GradientTape() as tape:
-      logits = model(inputs, training=True)
-      # Divide by the GLOBAL batch: the SUM all-reduce then yields the
-      # gradient of the global mean loss, whatever the replica count.
-      loss = tf.nn.compute_average_loss(
-          _sparse_ce(labels, logits), global_batch_size=global_batch_size)
-      if model.losses:
-        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-    grads = tape.gradient(loss, variables)
+    loss, logits, grads = step_lib.loss_and_grads(model, inputs, labels,
+                                                  global_batch_size)
     if timed:
       grads_ready = sync.stamp_after(grads, clock)
       grads = sync.after_stamp(grads_ready, grads)
@@ -100,7 +85,7 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
     if global_clipnorm > 0:  # On the global gradient, after the reduction.
       grads, _ = tf.clip_by_global_norm(grads, global_clipnorm)
     optimizer.apply_gradients(zip(grads, variables))
-    correct = _num_correct(labels, logits)
+    correct = step_lib.num_correct(labels, logits)
     if not timed:
       return loss, correct, ()
     # Reading every variable orders the last stamp after all their updates.
@@ -138,8 +123,8 @@ def make_eval_pass(strategy, model):
 
   def replica_step(inputs, labels):
     logits = model(inputs, training=False)
-    return tf.stack([tf.reduce_sum(_sparse_ce(labels, logits)),
-                     _num_correct(labels, logits),
+    return tf.stack([tf.reduce_sum(step_lib.sparse_ce(labels, logits)),
+                     step_lib.num_correct(labels, logits),
                      tf.cast(tf.size(labels), tf.float32)])
 
   @tf.function
@@ -224,6 +209,7 @@ class Trainer:
                                     self.replicas)
     # Validate everything before anything is written.
     models.check(config.model, spec)
+    parse_profile_steps(config.log.profile_steps)
     make_optimizer(config.train)
     if self.chief:
       workdir_lib.prepare(workdir)
@@ -285,12 +271,39 @@ class Trainer:
     eval_pass = make_eval_pass(self.strategy, self.model)
     throughput = Throughput(cfg.train.global_batch_size)
     sync_log = sync.SyncLog()
-    last = self._train_loop(steps, iter(train_ds), (eval_pass, eval_ds),
+    iterator = iter(train_ds)
+    last = self._train_loop(steps, iterator, (eval_pass, eval_ds),
                             throughput, sync_log)
     final_eval = evaluate(eval_pass, eval_ds)
     self._log_eval(final_eval)
     self.manager.save(checkpoint_number=self.step)
-    return self._finish(last, final_eval, throughput, sync_log)
+    calibrated = self._calibrate(iterator, throughput, sync_log)
+    return self._finish(last, final_eval, throughput, sync_log, calibrated)
+
+  def _calibrate(self, iterator, throughput, sync_log) -> dict:
+    """The no-communication baseline and the all-reduce model check."""
+    steps = self.config.log.calibration_steps
+    if not steps or not throughput.step_seconds:
+      return {}
+    real_ms = 1e3 * throughput.step_seconds
+    ideal_ms = calibration.no_communication_step_ms(
+        self.strategy, self.model, iterator,
+        self.config.train.global_batch_size, steps)
+    grad_bytes = sync.gradient_bytes(self.model.trainable_variables)
+    measured = sync_log.means().get("allreduce_ms")
+    out = {"ideal_step_ms": ideal_ms, "ideal_speedup": real_ms / ideal_ms,
+           **calibration.allreduce_model_check(self.strategy, grad_bytes,
+                                               measured)}
+    self.log(f"step {real_ms:.1f} ms; with free communication (no all-reduce,"
+             f" no update) {ideal_ms:.1f} ms: ideal speedup "
+             f"x{out['ideal_speedup']:.2f}")
+    if measured is not None and self.replicas > 1:
+      self.log(f"all-reduce of {grad_bytes:,} gradient bytes: measured "
+               f"{measured:.2f} ms, alpha-beta model "
+               f"{out['allreduce_predicted_ms']:.2f} ms (alpha "
+               f"{out['allreduce_alpha_us']:.0f} us, bus bandwidth "
+               f"{out['allreduce_bandwidth_GBps']:.2f} GB/s)")
+    return out
 
   def _timed(self, step: int) -> bool:
     """Whether `step` is instrumented: the logged ones, and step 1 to warm
@@ -303,9 +316,12 @@ class Trainer:
     cfg = self.config.train
     last = {"loss": None, "accuracy": None}
     window = _Window()
+    profiler = _Profiler(self.config.log.profile_steps, self.workdir,
+                         self.chief)
     while self.step < cfg.steps:
       timed = self._timed(self.step + 1)
-      out = steps[timed](iterator)
+      with profiler.step(self.step + 1):
+        out = steps[timed](iterator)
       window.add(out["loss"].numpy(), out["correct"].numpy())
       step = self.step
       if timed and step > 1:
@@ -341,8 +357,8 @@ class Trainer:
       values.update({"perf/step_ms": 1e3 * step_s,
                      "perf/examples_per_sec": eps,
                      "perf/examples_per_sec_per_replica": eps / self.replicas})
-      if window.breakdown:
-        values.update(sync_log.add(window.breakdown))
+    if window.breakdown:  # Its function was warmed up at step 1.
+      values.update(sync_log.add(window.breakdown))
     self.summaries.scalars(step, values)
     remaining = (cfg.steps - step) * (throughput.step_seconds
                                       or seconds / window.steps)
@@ -359,7 +375,8 @@ class Trainer:
     self.log(f"eval at step {self.step}: accuracy {result['accuracy']:.4f}  "
              f"loss {result['loss']:.4f}  ({result['examples']} examples)")
 
-  def _finish(self, last, final_eval, throughput, sync_log) -> dict:
+  def _finish(self, last, final_eval, throughput, sync_log,
+              calibrated) -> dict:
     means = sync_log.means()
     summary = {
         "strategy": type(self.strategy).__name__,
@@ -379,12 +396,54 @@ class Trainer:
         # Means over the instrumented steps (None with log.sync_timing off).
         "sync_fraction": means.get("fraction"),
         **{k: means.get(k) for k in (*sync.SyncLog.COMPONENTS, "step_ms")},
+        "ideal_step_ms": None, "ideal_speedup": None,
+        **calibrated,
     }
     self.summaries.flush()
     if self.chief:
       workdir_lib.save_model(self.workdir, self.model)
       workdir_lib.write_json(self.workdir, workdir_lib.SUMMARY_JSON, summary)
     return summary
+
+
+class _Profiler:
+  """TF profiler trace of train steps START..STOP on the chief.
+
+  Each step is marked (`Trace(step_num=...)`) so tools/profile_collectives.py
+  can tie collectives to steps; the trace stops one step after STOP because
+  the last step's collective events are written just after it returns.
+  """
+
+  def __init__(self, spec: str, logdir: str, chief: bool):
+    self.start, self.stop = parse_profile_steps(spec)
+    self.logdir, self.enabled, self.active = logdir, chief and self.start, False
+
+  def step(self, step: int):
+    if not self.enabled:
+      return contextlib.nullcontext()
+    if step == self.start:
+      tf.profiler.experimental.start(self.logdir)
+      self.active = True
+    elif self.active and step == self.stop + 2:
+      tf.profiler.experimental.stop()
+      self.active = False
+    if self.active and step <= self.stop:
+      return tf.profiler.experimental.Trace("train", step_num=step, _r=1)
+    return contextlib.nullcontext()
+
+
+def parse_profile_steps(spec: str) -> tuple[int, int]:
+  """'START,STOP' -> (START, STOP); '' -> (0, 0). Raises UserError."""
+  if not spec:
+    return 0, 0
+  try:
+    start, stop = (int(x) for x in spec.split(","))
+  except ValueError:
+    start = stop = -1
+  if not 2 <= start <= stop:
+    raise UserError(f"log.profile_steps={spec!r} must be 'START,STOP' with "
+                    "2 <= START <= STOP (step 1 traces the function).")
+  return start, stop
 
 
 class _Window:

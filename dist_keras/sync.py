@@ -113,7 +113,8 @@ def breakdown(step_start: float, inputs_ready: float, stamps) -> dict:
     stamps: [replicas, 4] array of STAMPS per replica, in seconds.
 
   Returns:
-    Milliseconds (mean and max over replicas) and `fraction`, the share of
+    Milliseconds (mean and max over replicas; per replica, the four parts
+    add up to its step time exactly) and `fraction`, the share of
     the step spent synchronising (all-reduce + straggler wait). Straggler
     wait is how long a replica with its gradients ready waits for the last
     replica's; all-reduce is what remains of the reduction after that. The
@@ -124,11 +125,14 @@ def breakdown(step_start: float, inputs_ready: float, stamps) -> dict:
   start, ready, reduced, end = stamps.T
   last_ready = ready.max()
   per_replica = {
+      # Until the replica holds its batch: the host's wait for the next
+      # distributed batch plus handing it to the replica.
+      "input_wait_ms": np.maximum(start - step_start, 0.0),
       "compute_ms": (ready - start) + (end - reduced),
       "straggler_ms": last_ready - ready,
       "allreduce_ms": np.maximum(reduced - last_ready, 0.0),
   }
-  out = {"input_wait_ms": 1e3 * (inputs_ready - step_start),
+  out = {"batch_ready_ms": 1e3 * (inputs_ready - step_start),
          "step_ms": 1e3 * (end.max() - step_start)}
   for name, values in per_replica.items():
     out[name] = 1e3 * float(values.mean())

@@ -24,6 +24,7 @@ def tiny_config(name: str = "lstm_longmem"):
   c.train.checkpoint_every = 4
   c.eval.every = 4
   c.log.progress = False
+  c.log.calibration_steps = 0  # tests/test_loop.py covers it on its own.
   return c
 
 

@@ -138,3 +138,71 @@ def test_checkpoint_of_another_model_is_refused_not_overwritten(tmp_path,
   assert sorted(os.listdir(tmp_path / "checkpoints")) == before
   assert (tmp_path / "config.json").read_text() == config_json
   assert helpers.event_files(str(tmp_path)) == events
+
+
+SYNC_TAGS = ["sync/input_wait_ms", "sync/compute_ms", "sync/allreduce_ms",
+             "sync/straggler_ms", "sync/fraction", "sync/step_ms"]
+
+
+def test_logged_steps_carry_the_sync_breakdown(tmp_path, mirrored):
+  c = helpers.tiny_config()
+  c.train.steps, c.train.log_every = 12, 4
+  summary = loop.train(c, str(tmp_path), mirrored)
+  tags = helpers.scalar_tags(str(tmp_path))
+  for tag in SYNC_TAGS:
+    # Step 4 is the first logged step after warm-up (step 1 is discarded).
+    assert [s for s, _ in tags[tag]] == [4, 8, 12], tag
+  for step in (4, 8, 12):
+    value = {t: dict(tags[t])[step] for t in SYNC_TAGS}
+    parts = sum(value[t] for t in SYNC_TAGS[:4])
+    assert parts == pytest.approx(value["sync/step_ms"], rel=0.15)
+    assert value["sync/fraction"] == pytest.approx(
+        (value["sync/allreduce_ms"] + value["sync/straggler_ms"])
+        / value["sync/step_ms"], rel=1e-5)
+  assert {"sync_replica/0/compute_ms", "sync_replica/1/compute_ms"} <= set(
+      tags)
+  assert 0 < summary["sync_fraction"] < 1
+  assert summary["compute_ms"] > 0
+
+
+def test_sync_timing_off_writes_no_sync_tags(tmp_path, mirrored):
+  c = helpers.tiny_config()
+  c.log.sync_timing = False
+  summary = loop.train(c, str(tmp_path), mirrored)
+  assert not [t for t in helpers.scalar_tags(str(tmp_path))
+              if t.startswith("sync")]
+  assert summary["sync_fraction"] is None
+
+
+def test_calibration_adds_the_ideal_step_and_the_allreduce_model(
+    tmp_path, mirrored, capsys):
+  c = helpers.tiny_config()
+  c.log.calibration_steps, c.log.progress = 3, True
+  summary = loop.train(c, str(tmp_path), mirrored)
+  assert summary["ideal_step_ms"] > 0
+  assert summary["ideal_speedup"] == pytest.approx(
+      1e3 * 32 / summary["examples_per_sec"] / summary["ideal_step_ms"])
+  assert summary["allreduce_predicted_ms"] > 0
+  assert summary["allreduce_bandwidth_GBps"] > 0
+  out = capsys.readouterr().out
+  assert "with free communication" in out and "alpha-beta model" in out
+
+
+def test_profile_steps_write_a_trace_of_marked_steps(tmp_path, mirrored):
+  from dist_keras import trace  # pylint: disable=g-import-not-at-top
+  c = helpers.tiny_config()
+  c.train.steps, c.log.profile_steps = 8, "3,5"
+  loop.train(c, str(tmp_path), mirrored)
+  (path,) = trace.find_traces(str(tmp_path))
+  result = trace.collective_ms_per_step(path)
+  assert result["step_nums"] == [3, 4, 5]
+  assert result["executions"] >= 3 * 2
+
+
+@pytest.mark.parametrize("spec", ["1,4", "5,3", "a,b", "7"])
+def test_bad_profile_steps_are_refused(tmp_path, mirrored, spec):
+  c = helpers.tiny_config()
+  c.log.profile_steps = spec
+  with pytest.raises(ValueError, match="log.profile_steps="):
+    loop.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)

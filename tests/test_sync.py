@@ -68,3 +68,30 @@ def test_optimizer_applies_exactly_the_reduced_gradient(mirrored):
 def test_gradient_bytes_counts_every_trainable_float():
   model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
   assert sync.gradient_bytes(model.trainable_variables) == (4 * 3 + 3) * 4
+
+
+def test_breakdown_splits_a_step_exactly():
+  # Replica 0 has gradients at 10 ms, replica 1 at 14 ms; both reduced at 15.
+  stamps = 1e-3 * np.array([[1.0, 10.0, 15.0, 16.0],
+                            [1.0, 14.0, 15.0, 16.5]])
+  b = sync.breakdown(0.0, 0.0008, stamps)
+  assert b["batch_ready_ms"] == pytest.approx(0.8)
+  assert b["input_wait_ms"] == pytest.approx(1.0)
+  assert b["step_ms"] == pytest.approx(16.5)
+  assert b["per_replica_compute_ms"] == pytest.approx([10.0, 14.5])
+  assert b["compute_ms"] == pytest.approx(12.25)
+  assert b["straggler_ms"] == pytest.approx(2.0)  # (4 + 0) / 2
+  assert b["straggler_max_ms"] == pytest.approx(4.0)
+  assert b["allreduce_ms"] == pytest.approx(1.0)
+  assert b["fraction"] == pytest.approx(3.0 / 16.5)
+
+
+def test_sync_log_means_and_tags():
+  log = sync.SyncLog()
+  assert log.means() == {}
+  stamps = 1e-3 * np.array([[0.0, 2.0, 3.0, 4.0]])
+  tags = log.add(sync.breakdown(0.0, 0.0, stamps))
+  assert tags["sync/allreduce_ms"] == pytest.approx(1.0)
+  assert tags["sync_replica/0/compute_ms"] == pytest.approx(3.0)
+  log.add(sync.breakdown(0.0, 0.0, 2 * stamps))
+  assert log.means()["compute_ms"] == pytest.approx(4.5)

@@ -1,0 +1,68 @@
+"""The all-reduce share grows with replicas, and vanishes with one.
+
+Each replica count runs as its own process (the CLI, as a user runs it) on
+an LSTM with >= 4 MB of gradients; the sync/* tags are read back from the
+event files.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import helpers
+
+BIG_LSTM = ["--config.data.seq_len=12", "--config.data.train_size=512",
+            "--config.data.eval_size=64", "--config.model.units=512",
+            "--config.train.global_batch_size=32", "--config.train.steps=40",
+            "--config.train.log_every=4", "--config.eval.every=0",
+            "--config.log.progress=False"]
+
+
+def _run(workdir, *overrides):
+  result = helpers.run_module(["-m", "dist_keras.train", f"--workdir={workdir}",
+                               *BIG_LSTM, *overrides])
+  assert result.returncode == 0, result.stderr[-3000:]
+  tags = helpers.scalar_tags(str(workdir))
+  summary = json.load(open(os.path.join(workdir, "summary.json")))
+  return tags, summary
+
+
+def _median(tags, tag):
+  return float(np.median([v for _, v in tags[tag]]))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("sync")
+  return {
+      1: _run(root / "one", "--config.runtime.strategy=one_device"),
+      2: _run(root / "two", "--config.runtime.num_cpu_devices=2"),
+      4: _run(root / "four", "--config.runtime.num_cpu_devices=4"),
+  }
+
+
+def test_the_model_has_at_least_4_mb_of_gradients(runs):
+  assert runs[2][1]["gradient_bytes"] >= 4 * 2**20
+
+
+def test_one_replica_spends_nothing_on_all_reduce(runs):
+  tags, _ = runs[1]
+  assert _median(tags, "sync/allreduce_ms") < 0.2
+  assert _median(tags, "sync/straggler_ms") == 0.0
+
+
+def test_four_replicas_all_reduce_longer_than_two(runs):
+  two = _median(runs[2][0], "sync/allreduce_ms")
+  four = _median(runs[4][0], "sync/allreduce_ms")
+  print(f"all-reduce ms: 2 replicas {two:.2f}, 4 replicas {four:.2f}")
+  assert four > 1.3 * two > 0
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_parts_add_up_to_the_step(runs, replicas):
+  tags, _ = runs[replicas]
+  for step, total in tags["sync/step_ms"]:
+    parts = sum(dict(tags[f"sync/{p}_ms"])[step] for p in
+                ("input_wait", "compute", "straggler", "allreduce"))
+    assert parts == pytest.approx(total, rel=0.15), step

@@ -1,0 +1,159 @@
+"""Collective ms per step from a run's profiler trace, beside its sync scalars.
+
+An independent cross-check of the loop's own all-reduce timing: reads the
+TensorFlow profiler trace(s) a run wrote with
+--config.log.profile_steps=START,STOP and prints, per trace, the time the
+replicas spent in collective ops per step (split into waiting for the last
+replica and the reduction after everyone arrived), then the run's
+`sync/allreduce_ms` and `sync/straggler_ms` TensorBoard scalars over the same
+steps, and their ratio to the trace's figures.
+
+  python tools/profile_collectives.py --workdir runs/20261129-231659
+
+Exit 2: no trace under --workdir.
+"""
+import argparse
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from dist_keras import quiet  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+with quiet.startup_lines_filtered():
+  from dist_keras import summaries, trace  # pylint: disable=g-import-not-at-top
+
+# {scalar tag: [(the trace figure it is compared with, its label)]}: what
+# the loop's scalars include is its own definition, so both candidates show.
+COMPARISONS = {
+    "sync/allreduce_ms": [("ms_per_step", "collective ms incl. wait"),
+                          ("after_arrival_ms_per_step", "after-arrival ms")],
+    "sync/straggler_ms": [("arrival_spread_ms_per_step", "arrival spread"),
+                          ("wait_ms_per_step", "mean wait")],
+}
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--workdir", required=True,
+                 help="The run's --workdir (holds plugins/profile/).")
+  p.add_argument("--num_steps", type=int,
+                 help="Divide by this many steps instead of counting the "
+                      "trace's step markers.")
+  p.add_argument("--json", action="store_true",
+                 help="Print the parsed figures as JSON instead.")
+  return p.parse_args(argv)
+
+
+def profiled_range(result: dict, workdir: str):
+  """(first, last) profiled step: the trace's markers, else config.json."""
+  if result["step_nums"]:
+    return result["step_nums"][0], result["step_nums"][-1]
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      start, stop = json.load(f)["log"]["profile_steps"].split(",")
+    return int(start), int(stop)
+  except (OSError, KeyError, TypeError, ValueError):
+    return None
+
+
+def scalar_over(points, steps_range):
+  """(mean value, note) of a scalar over the profiled steps.
+
+  Scalars are logged every train.log_every steps, each averaging the steps
+  since the previous point; with no point inside the range, the first one
+  after it covers the profiled steps.
+  """
+  if steps_range is None:
+    return (sum(v for _, v in points) / len(points),
+            f"all {len(points)} points: profiled steps unknown")
+  first, last = steps_range
+  inside = [v for s, v in points if first <= s <= last]
+  if inside:
+    return sum(inside) / len(inside), f"{len(inside)} point(s) in range"
+  after = [(s, v) for s, v in points if s > last]
+  if after:
+    return after[0][1], f"logged at step {after[0][0]}, after the range"
+  return None, "no point at or after the profiled steps"
+
+
+def _ms(value) -> str:
+  return "n/a" if value is None else f"{value:.3f}"
+
+
+def print_trace(result: dict) -> None:
+  ops = ", ".join(f"{n} {t}" for t, n in sorted(result["op_types"].items()))
+  steps = {trace.GIVEN: "given by --num_steps",
+           trace.FUNCTION_RUNS: "one per function run: no step markers"
+          }.get(result["step_source"], "")
+  if result["step_nums"]:
+    steps = (f"step markers {result['step_nums'][0]}-"
+             f"{result['step_nums'][-1]}")
+  print(f"trace {result['trace']}")
+  print(f"  {result['replicas']} replicas; {ops or 'no collective ops'}; "
+        f"{result['steps']} steps ({steps})")
+  for key, note in (("incomplete", "all-reduce(s) cut off by the profiler"),
+                    ("outside_steps", "execution(s) outside the steps, "
+                                      "left out")):
+    if result[key]:
+      print(f"  note: {result[key]} {note}")
+  if result["dropped_steps"]:
+    print(f"  note: steps {result['dropped_steps']} left out: their "
+          "all-reduce was cut off by the profiler's stop")
+  rows = (("collective ms per step, mean over replicas", "ms_per_step"),
+          ("  waiting for the last replica to arrive", "wait_ms_per_step"),
+          ("  after all replicas arrived", "after_arrival_ms_per_step"),
+          ("arrival spread (last - first replica) ms/step",
+           "arrival_spread_ms_per_step"))
+  for label, key in rows:
+    print(f"  {label:<47} {_ms(result[key]):>9}")
+  if result["step_ms"] and result["ms_per_step"] is not None:
+    print(f"  {'step wall time (step markers) ms':<47} "
+          f"{_ms(result['step_ms']):>9}  (collective "
+          f"{result['ms_per_step'] / result['step_ms']:.1%}, after arrival "
+          f"{result['after_arrival_ms_per_step'] / result['step_ms']:.1%})")
+  for name, r in result["per_replica"].items():
+    print(f"  {name}: {_ms(r['ms_per_step'])} ms/step, of which wait "
+          f"{_ms(r['wait_ms_per_step'])} ({r['executions']} executions)")
+
+
+def print_scalars(result: dict, scalars: dict, steps_range) -> None:
+  where = (f"steps {steps_range[0]}-{steps_range[1]}" if steps_range
+           else "all steps")
+  print(f"  TensorBoard scalars over {where}:")
+  for tag, figures in COMPARISONS.items():
+    if tag not in scalars:
+      print(f"    {tag:<18} not in this workdir's scalars (this loop does "
+            "not log it); nothing to compare")
+      continue
+    value, note = scalar_over(scalars[tag], steps_range)
+    print(f"    {tag:<18} {_ms(value):>9}  ({note})")
+    for key, label in figures:
+      if value is not None and result[key]:
+        print(f"      = {value / result[key]:.2f}x the trace's {label} "
+              f"{_ms(result[key])}")
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  paths = trace.find_traces(args.workdir)
+  if not paths:
+    print(f"profile_collectives: error: no profiler trace (*.xplane.pb) under "
+          f"{args.workdir}; train with --config.log.profile_steps=START,STOP "
+          "to write one.", file=sys.stderr)
+    return 2
+  results = [trace.collective_ms_per_step(p, args.num_steps) for p in paths]
+  if args.json:
+    print(json.dumps(results, indent=2))
+    return 0
+  scalars = summaries.read_scalars(args.workdir)
+  for result in results:
+    print_trace(result)
+    print_scalars(result, scalars, profiled_range(result, args.workdir))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
