@@ -32,6 +32,8 @@ setuptools.setup(
         # tensorflow-tpu stops at 2.20; Colab TPU runtimes ship their own.
         "tpu": [f"tensorflow-tpu{_TF}"],
         "test": ["pytest", "pytest-timeout"],
+        # TensorBoard's Profile tab, for traces from log.profile_steps.
+        "profile": ["tensorboard-plugin-profile"],
     },
     entry_points={
         "console_scripts": ["dist-keras-train=dist_keras.train:run"],

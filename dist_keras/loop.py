@@ -359,6 +359,8 @@ class Trainer:
                      "perf/examples_per_sec_per_replica": eps / self.replicas})
     if window.breakdown:  # Its function was warmed up at step 1.
       values.update(sync_log.add(window.breakdown))
+      values["sync/gradient_bytes"] = sync.gradient_bytes(
+          self.model.trainable_variables)
     self.summaries.scalars(step, values)
     remaining = (cfg.steps - step) * (throughput.step_seconds
                                       or seconds / window.steps)

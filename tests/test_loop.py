@@ -161,6 +161,7 @@ def test_logged_steps_carry_the_sync_breakdown(tmp_path, mirrored):
         / value["sync/step_ms"], rel=1e-5)
   assert {"sync_replica/0/compute_ms", "sync_replica/1/compute_ms"} <= set(
       tags)
+  assert dict(tags["sync/gradient_bytes"])[4] == summary["gradient_bytes"]
   assert 0 < summary["sync_fraction"] < 1
   assert summary["compute_ms"] > 0
 
