@@ -215,6 +215,7 @@ class Trainer:
       workdir_lib.prepare(workdir)
     keras.utils.set_random_seed(config.runtime.seed)
     self.model, self.optimizer = build_in_scope(strategy, config, spec)
+    self.gradient_bytes = sync.gradient_bytes(self.model.trainable_variables)
     self.checkpoint = tf.train.Checkpoint(model=self.model,
                                           optimizer=self.optimizer)
     self.manager = tf.train.CheckpointManager(
@@ -289,16 +290,15 @@ class Trainer:
     ideal_ms = calibration.no_communication_step_ms(
         self.strategy, self.model, iterator,
         self.config.train.global_batch_size, steps)
-    grad_bytes = sync.gradient_bytes(self.model.trainable_variables)
     measured = sync_log.means().get("allreduce_ms")
     out = {"ideal_step_ms": ideal_ms, "ideal_speedup": real_ms / ideal_ms,
-           **calibration.allreduce_model_check(self.strategy, grad_bytes,
-                                               measured)}
+           **calibration.allreduce_model_check(self.strategy,
+                                               self.gradient_bytes, measured)}
     self.log(f"step {real_ms:.1f} ms; with free communication (no all-reduce,"
              f" no update) {ideal_ms:.1f} ms: ideal speedup "
              f"x{out['ideal_speedup']:.2f}")
     if measured is not None and self.replicas > 1:
-      self.log(f"all-reduce of {grad_bytes:,} gradient bytes: measured "
+      self.log(f"all-reduce of {self.gradient_bytes:,} gradient bytes: measured "
                f"{measured:.2f} ms, alpha-beta model "
                f"{out['allreduce_predicted_ms']:.2f} ms (alpha "
                f"{out['allreduce_alpha_us']:.0f} us, bus bandwidth "
@@ -359,8 +359,7 @@ class Trainer:
                      "perf/examples_per_sec_per_replica": eps / self.replicas})
     if window.breakdown:  # Its function was warmed up at step 1.
       values.update(sync_log.add(window.breakdown))
-      values["sync/gradient_bytes"] = sync.gradient_bytes(
-          self.model.trainable_variables)
+      values["sync/gradient_bytes"] = self.gradient_bytes
     self.summaries.scalars(step, values)
     remaining = (cfg.steps - step) * (throughput.step_seconds
                                       or seconds / window.steps)
@@ -394,7 +393,7 @@ class Trainer:
         "examples_per_sec_per_replica": (
             throughput.examples_per_sec / self.replicas
             if throughput.examples_per_sec else None),
-        "gradient_bytes": sync.gradient_bytes(self.model.trainable_variables),
+        "gradient_bytes": self.gradient_bytes,
         # Means over the instrumented steps (None with log.sync_timing off).
         "sync_fraction": means.get("fraction"),
         **{k: means.get(k) for k in (*sync.SyncLog.COMPONENTS, "step_ms")},
