@@ -273,8 +273,9 @@ class Trainer:
     throughput = Throughput(cfg.train.global_batch_size)
     sync_log = sync.SyncLog()
     iterator = iter(train_ds)
-    last = self._train_loop(steps, iterator, (eval_pass, eval_ds),
-                            throughput, sync_log)
+    with _Profiler(cfg.log.profile_steps, self.workdir, self.chief) as prof:
+      last = self._train_loop(steps, iterator, (eval_pass, eval_ds),
+                              throughput, sync_log, prof)
     final_eval = evaluate(eval_pass, eval_ds)
     self._log_eval(final_eval)
     self.manager.save(checkpoint_number=self.step)
@@ -312,12 +313,11 @@ class Trainer:
     return self.config.log.sync_timing and (
         step == 1 or step % cfg.log_every == 0 or step == cfg.steps)
 
-  def _train_loop(self, steps, iterator, evals, throughput, sync_log):
+  def _train_loop(self, steps, iterator, evals, throughput, sync_log,
+                  profiler):
     cfg = self.config.train
     last = {"loss": None, "accuracy": None}
     window = _Window()
-    profiler = _Profiler(self.config.log.profile_steps, self.workdir,
-                         self.chief)
     while self.step < cfg.steps:
       timed = self._timed(self.step + 1)
       with profiler.step(self.step + 1):
@@ -418,6 +418,15 @@ class _Profiler:
   def __init__(self, spec: str, logdir: str, chief: bool):
     self.start, self.stop = parse_profile_steps(spec)
     self.logdir, self.enabled, self.active = logdir, chief and self.start, False
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    """Stops a trace still running when training ends (STOP near the end)."""
+    if self.active:
+      tf.profiler.experimental.stop()
+      self.active = False
 
   def step(self, step: int):
     if not self.enabled:

@@ -207,3 +207,12 @@ def test_bad_profile_steps_are_refused(tmp_path, mirrored, spec):
   with pytest.raises(ValueError, match="log.profile_steps="):
     loop.train(c, str(tmp_path), mirrored)
   assert not os.listdir(tmp_path)
+
+
+def test_profile_window_at_the_last_steps_is_still_written(tmp_path, mirrored):
+  from dist_keras import trace  # pylint: disable=g-import-not-at-top
+  c = helpers.tiny_config()
+  c.train.steps, c.log.profile_steps = 8, "7,8"
+  loop.train(c, str(tmp_path), mirrored)
+  (path,) = trace.find_traces(str(tmp_path))
+  assert trace.collective_ms_per_step(path)["executions"] >= 2
