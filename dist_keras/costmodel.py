@@ -205,37 +205,18 @@ def _timed_allreduce(strategy, elements: int):
   which the fit would misread as link latency.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from dist_keras import sync  # pylint: disable=g-import-not-at-top
 
   def replica_fn():
     x = tf.fill([elements], 1.0)
-    with tf.control_dependencies([_available(x)]):
-      start = tf.timestamp()
-    with tf.control_dependencies([start]):
-      x = tf.identity(x)  # The all-reduce may not start before the clock.
+    start = sync.stamp_after(x)
+    x = sync.after_stamp(start, x)  # The all-reduce may not start before it.
     y = tf.distribute.get_replica_context().all_reduce(
         tf.distribute.ReduceOp.SUM, x)
-    with tf.control_dependencies([_available(y)]):
-      end = tf.timestamp()
-    return tf.stack([start, end])
+    return tf.stack([start, sync.stamp_after(y)])
 
   @tf.function
   def timed():
     return strategy.experimental_local_results(strategy.run(replica_fn))
 
   return timed
-
-
-def _available(t):
-  """Something that exists only once `t`'s values do (for the clock to wait).
-
-  Accelerator ops run asynchronously (their kernel is launched, not
-  finished, when the op completes), so on a GPU a control dependency on `t`
-  alone could read the clock too early; copying one element to the host
-  waits for the data. CPU ops are done when they complete: `t` itself will do.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  device = tf.DeviceSpec.from_string(t.device or "")
-  if device.device_type in (None, "CPU"):
-    return t
-  with tf.device(device.replace(device_type="CPU", device_index=0)):
-    return tf.identity(tf.reshape(t, [-1])[:1])

@@ -83,13 +83,28 @@ def stamp_after(tensors, clock=None):
   """
   deps = [t for t in tf.nest.flatten(tensors) if t is not None]
   if clock is None:
-    with tf.control_dependencies(deps):
+    with tf.control_dependencies([_available(t) for t in deps]):
       return tf.timestamp()
   # A data dependency on one element of each tensor: control dependencies
   # of a function call do not survive its inlining.
   firsts = [tf.cast(tf.reshape(t, [-1])[:1], tf.float64) for t in deps]
   return _timestamp_reading(clock.handle,
                             tf.concat([*firsts, tf.zeros([1], tf.float64)], 0))
+
+
+def _available(t):
+  """Something that exists only once `t`'s values do (for the clock to wait).
+
+  Accelerator ops run asynchronously (their kernel is launched, not
+  finished, when the op completes), so on a GPU a control dependency on `t`
+  alone could read the clock too early; copying one element to the host
+  waits for the data. CPU ops are done when they complete: `t` itself will do.
+  """
+  device = tf.DeviceSpec.from_string(t.device or "")
+  if device.device_type in (None, "CPU"):
+    return t
+  with tf.device(device.replace(device_type="CPU", device_index=0)):
+    return tf.identity(tf.reshape(t, [-1])[:1])
 
 
 def after_stamp(stamp, tensors):
