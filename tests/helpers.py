@@ -28,10 +28,14 @@ def tiny_config(name: str = "lstm_longmem"):
   return c
 
 
-def run_module(args, timeout=300, env=None):
-  """Runs `python -m dist_keras.train ARGS` (or another -m module) from REPO."""
-  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-  return subprocess.run([sys.executable, *args], cwd=REPO, env=full_env,
+def run_module(args, timeout=300, env=None, cwd=REPO):
+  """Runs `python ARGS` (e.g. `-m dist_keras.train ...`) from `cwd`.
+
+  The checkout stays importable from any `cwd`, as for an installed user.
+  """
+  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO,
+                  **(env or {}))
+  return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env,
                         capture_output=True, text=True, timeout=timeout,
                         check=False)
 

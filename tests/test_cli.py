@@ -18,14 +18,6 @@ def _train(*args):
   return helpers.run_module(["-m", "dist_keras.train", *args])
 
 
-def _run_in(cwd, args):
-  """Runs the trainer from another folder, as an installed user would."""
-  return subprocess.run([sys.executable, "-m", "dist_keras.train", *args],
-                        cwd=cwd, capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, PYTHONPATH=helpers.REPO),
-                        check=False)
-
-
 def test_run_prints_progress_and_where_tensorboard_logs_are(tmp_path):
   workdir = str(tmp_path / "run")
   result = _train(f"--workdir={workdir}", *TINY)
@@ -40,7 +32,8 @@ def test_run_prints_progress_and_where_tensorboard_logs_are(tmp_path):
 
 
 def test_no_workdir_means_a_fresh_timestamped_run_folder(tmp_path):
-  result = _run_in(str(tmp_path), TINY)
+  result = helpers.run_module(["-m", "dist_keras.train", *TINY],
+                              cwd=str(tmp_path))
   assert result.returncode == 0, result.stderr
   (run,) = os.listdir(tmp_path / "runs")
   assert os.path.exists(tmp_path / "runs" / run / "summary.json")
