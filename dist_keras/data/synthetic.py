@@ -4,6 +4,8 @@ Every example is a pure function of (seed, split, index) through stateless
 random ops, so a split is the same whatever the sharding, and the train and
 eval splits draw from disjoint index ranges (disjoint random streams).
 """
+import functools
+
 import tensorflow as tf
 
 from dist_keras.errors import UserError
@@ -69,22 +71,22 @@ def shapes_example(index, *, seed, image_size, num_classes, noise):
 
 def longmem(data_cfg, split, seed, input_context=None) -> tf.data.Dataset:
   """Unbatched (tokens[seq_len] int32, label int32) examples of `split`."""
-  def make(index):
-    return longmem_example(index, seed=seed, seq_len=data_cfg.seq_len,
-                           vocab_size=data_cfg.vocab_size,
-                           num_classes=data_cfg.num_classes)
-  return indices(data_cfg, split, input_context).map(
-      make, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return _generate(data_cfg, split, input_context, functools.partial(
+      longmem_example, seed=seed, seq_len=data_cfg.seq_len,
+      vocab_size=data_cfg.vocab_size, num_classes=data_cfg.num_classes))
 
 
 def shapes(data_cfg, split, seed, input_context=None) -> tf.data.Dataset:
   """Unbatched (image[S, S, 1] float32 in [0, 1], label int32) examples."""
-  def make(index):
-    return shapes_example(index, seed=seed, image_size=data_cfg.image_size,
-                          num_classes=data_cfg.num_classes,
-                          noise=data_cfg.noise)
+  return _generate(data_cfg, split, input_context, functools.partial(
+      shapes_example, seed=seed, image_size=data_cfg.image_size,
+      num_classes=data_cfg.num_classes, noise=data_cfg.noise))
+
+
+def _generate(data_cfg, split, input_context, make_example):
+  """Maps this pipeline's shard of `split`'s indices to their examples."""
   return indices(data_cfg, split, input_context).map(
-      make, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+      make_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def check(data_cfg, name):
