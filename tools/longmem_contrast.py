@@ -11,10 +11,10 @@ accuracy and its wall time. A benchmark, not a test: it prints figures.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
+
+import train_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -42,23 +42,12 @@ def parse_args(argv=None):
 def run_one(cell, seq_len, seed, args, root) -> dict:
   """Trains one configuration; returns its figures."""
   workdir = os.path.join(root, f"{cell}-T{seq_len}-s{seed}")
-  command = [
-      sys.executable, "-m", "dist_keras.train",
-      "--config=configs/lstm_longmem.py", f"--workdir={workdir}",
+  summary, seconds = train_run.train("configs/lstm_longmem.py", workdir, [
       f"--config.model.cell={cell}", f"--config.data.seq_len={seq_len}",
       f"--config.runtime.seed={seed}", f"--config.train.steps={args.steps}",
-      f"--config.eval.every={args.eval_every}", "--config.log.progress=False",
-      *args.override]
-  start = time.monotonic()
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                          check=False)
-  seconds = time.monotonic() - start
-  if result.returncode:
-    raise SystemExit(f"{cell} T={seq_len} seed={seed} failed:\n"
-                     f"{result.stderr[-2000:]}")
+      f"--config.eval.every={args.eval_every}", *args.override])
   curve = summaries.read_scalars(workdir)["eval/accuracy"]
   reached = [step for step, acc in curve if acc >= args.target]
-  summary = json.load(open(os.path.join(workdir, "summary.json")))
   return {"cell": cell, "seq_len": seq_len, "seed": seed,
           "steps_to_target": reached[0] if reached else None,
           "eval_accuracy": summary["eval_accuracy"], "wall_s": seconds,

@@ -12,13 +12,13 @@ steps alternate on the same model and data, and it prints the per-step cost
 of instrumenting and what that costs at one instrumented step per log_every.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+import train_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -26,17 +26,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def run(config, timing: bool, steps: int, extra, root, index) -> float:
   workdir = os.path.join(root, f"{'on' if timing else 'off'}-{index}")
-  command = [sys.executable, "-m", "dist_keras.train", f"--config={config}",
-             f"--workdir={workdir}", f"--config.log.sync_timing={timing}",
-             f"--config.train.steps={steps}", "--config.eval.every=0",
-             "--config.log.calibration_steps=0", "--config.log.progress=False",
-             *extra]
-  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                          check=False)
-  if result.returncode:
-    raise SystemExit(result.stderr[-2000:])
-  with open(os.path.join(workdir, "summary.json")) as f:
-    return json.load(f)["examples_per_sec"]
+  summary, _ = train_run.train(config, workdir, [
+      f"--config.log.sync_timing={timing}", f"--config.train.steps={steps}",
+      "--config.eval.every=0", *extra])
+  return summary["examples_per_sec"]
 
 
 def in_process(config_path: str, blocks: int, block_steps: int = 25):

@@ -1,0 +1,35 @@
+"""One `python -m dist_keras.train` run in a subprocess, for the benchmark tools.
+
+Calibration and progress lines are off: the tools time whole runs, and the
+post-training calibration would add seconds that are not training.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def train(config: str, workdir: str, overrides) -> tuple[dict, float]:
+  """Trains `config` (a path under the repo) into `workdir`.
+
+  Returns:
+    (summary.json as a dict, wall seconds of the whole command).
+
+  Raises:
+    SystemExit: the run failed; carries the end of its stderr.
+  """
+  command = [sys.executable, "-m", "dist_keras.train", f"--config={config}",
+             f"--workdir={workdir}", "--config.log.progress=False",
+             "--config.log.calibration_steps=0", *overrides]
+  start = time.monotonic()
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                          check=False)
+  seconds = time.monotonic() - start
+  if result.returncode:
+    raise SystemExit(f"{' '.join(overrides)} failed:\n"
+                     f"{result.stderr[-2000:]}")
+  with open(os.path.join(workdir, "summary.json")) as f:
+    return json.load(f), seconds
