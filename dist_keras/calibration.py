@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from dist_keras import costmodel
 from dist_keras import step as step_lib
+from dist_keras import sync
 
 
 def no_communication_step_ms(strategy, model, iterator, global_batch_size,
@@ -21,6 +22,7 @@ def no_communication_step_ms(strategy, model, iterator, global_batch_size,
   def replica_step(inputs, labels):
     _, _, grads = step_lib.loss_and_grads(model, inputs, labels,
                                           global_batch_size)
+    grads = sync.dense_gradients(grads)  # As the train step does.
     # Consume every gradient so none is pruned; per replica, no collective.
     return tf.add_n([tf.reduce_sum(g) for g in grads if g is not None])
 

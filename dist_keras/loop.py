@@ -75,6 +75,7 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
       inputs, labels = sync.after_stamp(start, (inputs, labels))
     loss, logits, grads = step_lib.loss_and_grads(model, inputs, labels,
                                                   global_batch_size)
+    grads = sync.dense_gradients(grads)  # Compute, not all-reduce: see there.
     if timed:
       grads_ready = sync.stamp_after(grads, clock)
       grads = sync.after_stamp(grads_ready, grads)

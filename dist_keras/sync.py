@@ -30,14 +30,26 @@ def disable_optimizer_allreduce(optimizer) -> None:
   setattr(optimizer, _KERAS_HOOK, lambda grads_and_vars: list(grads_and_vars))
 
 
+def dense_gradients(grads):
+  """Gradients as dense tensors, so one packed all-reduce carries them all.
+
+  Embedding gradients arrive as IndexedSlices; densifying one is a
+  scatter-add over every looked-up token (6,400 rows per replica for the
+  default LSTM), i.e. the end of the backward pass. The loop does it BEFORE
+  the grads-ready stamp: after it, the scatter was counted as all-reduce
+  time (measured 0.85 ms instead of 0.23 ms for a 0.18 ms collective).
+  """
+  return [tf.convert_to_tensor(g) if g is not None else None for g in grads]
+
+
 def all_reduce_gradients(grads):
   """SUM-all-reduces per-replica gradients across replicas (call in replica).
 
   Each replica's loss is already divided by the GLOBAL batch size, so the sum
-  is the gradient of the global mean loss. Embedding gradients arrive as
-  IndexedSlices; they are densified so one packed all-reduce carries all.
+  is the gradient of the global mean loss. IndexedSlices are densified
+  (dense_gradients) if the caller has not done so.
   """
-  dense = [tf.convert_to_tensor(g) if g is not None else None for g in grads]
+  dense = dense_gradients(grads)
   ctx = tf.distribute.get_replica_context()
   present = [g for g in dense if g is not None]
   reduced = iter(ctx.all_reduce(tf.distribute.ReduceOp.SUM, present))

@@ -95,3 +95,13 @@ def test_sync_log_means_and_tags():
   assert tags["sync_replica/0/compute_ms"] == pytest.approx(3.0)
   log.add(sync.breakdown(0.0, 0.0, 2 * stamps))
   assert log.means()["compute_ms"] == pytest.approx(4.5)
+
+
+def test_dense_gradients_densifies_slices_and_keeps_none():
+  sparse = tf.IndexedSlices(values=tf.ones([2, 3]), indices=tf.constant([0, 0]),
+                            dense_shape=tf.constant([4, 3]))
+  dense, none = sync.dense_gradients([sparse, None])
+  assert isinstance(dense, tf.Tensor) and none is None
+  # Repeated indices add up, as the embedding's gradient must.
+  np.testing.assert_array_equal(dense.numpy()[0], [2.0, 2.0, 2.0])
+  np.testing.assert_array_equal(dense.numpy()[1:], np.zeros([3, 3]))
