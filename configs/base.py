@@ -17,6 +17,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Logical CPU devices to split the host CPU into when there is no GPU.
   c.runtime.num_cpu_devices = 2
   c.runtime.tpu = "local"  # TPU name or grpc:// address; 'local' on TPU VMs.
+  # multi_worker_mirrored: tf.distribute.experimental.CommunicationOptions.
+  c.runtime.collective = "auto"  # auto | ring | nccl (GPUs)
+  c.runtime.bytes_per_pack = 0  # Gradient pack size for all-reduce; 0: one.
+  c.runtime.timeout_seconds = 0.0  # Per collective; 0: no timeout.
   c.runtime.seed = 0
 
   c.data = ml_collections.ConfigDict()
@@ -32,6 +36,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.image_size = 32
   c.data.noise = 0.1
   c.data.shuffle_buffer = 4096
+  # One tf.data pipeline per replica instead of per worker: a one-process run
+  # then reads exactly what N one-replica workers read (equivalence checks).
+  c.data.pipeline_per_replica = False
 
   c.model = ml_collections.ConfigDict()
   c.model.name = "sequence_classifier"  # sequence_classifier | cnn

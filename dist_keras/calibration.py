@@ -4,6 +4,7 @@ whether the measured all-reduce matches the alpha-beta model.
 Both run on the chief's strategy after the last train step, so they never
 slow training itself; `log.calibration_steps=0` skips them.
 """
+import math
 import statistics
 import time
 
@@ -12,6 +13,8 @@ import tensorflow as tf
 from dist_keras import costmodel
 from dist_keras import step as step_lib
 from dist_keras import sync
+
+_MIN_SWEEP_BYTES = 1 << 20
 
 
 def no_communication_step_ms(strategy, model, iterator, global_batch_size,
@@ -41,18 +44,28 @@ def no_communication_step_ms(strategy, model, iterator, global_batch_size,
 
 
 def allreduce_model_check(strategy, gradient_bytes: int,
-                          measured_allreduce_ms) -> dict:
+                          measured_allreduce_ms,
+                          deterministic: bool = False) -> dict:
   """Fits the ring model on this strategy; predicts the gradients' all-reduce.
 
   Messages up to 4x the gradient size are measured (enough to bracket it,
   and quick). Returns alpha, bandwidth, the prediction and its ratio to the
-  measured in-graph `sync/allreduce_ms` mean.
+  measured in-graph `sync/allreduce_ms` mean. `deterministic` (multi-worker)
+  runs every repeat: a time budget could stop workers after different
+  numbers of collectives, and the one that runs more would hang.
   """
   n = strategy.num_replicas_in_sync
   if n == 1:
     return {"allreduce_predicted_ms": 0.0}
-  fit = costmodel.calibrate(strategy, max_bytes=max(4 * gradient_bytes, 65536),
-                            repeats=10, budget_s=0.5)
+  try:
+    # At least 1 MiB: below that every point is latency, and noise on a busy
+    # host can tilt the line the wrong way (seen: a negative slope).
+    fit = costmodel.calibrate(strategy, max_bytes=max(4 * gradient_bytes,
+                                                      _MIN_SWEEP_BYTES),
+                              repeats=10,
+                              budget_s=math.inf if deterministic else 0.5)
+  except ValueError as e:  # A bad fit must not cost the finished run.
+    return {"allreduce_predicted_ms": None, "allreduce_fit_error": str(e)}
   predicted = 1e3 * costmodel.allreduce_seconds(
       n, gradient_bytes, fit["alpha_s"], fit["bandwidth_Bps"])
   return {"allreduce_alpha_us": 1e6 * fit["alpha_s"],

@@ -7,6 +7,8 @@ one device, N local replicas, N workers and TPU cores.
 import contextlib
 import dataclasses
 import os
+import shutil
+import tempfile
 import time
 import warnings
 
@@ -17,6 +19,7 @@ import tensorflow as tf
 from dist_keras import calibration
 from dist_keras import data as data_lib
 from dist_keras import models, step as step_lib, sync, workdir as workdir_lib
+from dist_keras import strategy as strategy_lib
 from dist_keras.errors import UserError
 from dist_keras.summaries import Summaries
 
@@ -155,6 +158,16 @@ def is_chief(strategy) -> bool:
     return True
 
 
+def num_workers(strategy) -> int:
+  """Processes taking part in the strategy's collectives (1 if local)."""
+  resolver = strategy.cluster_resolver  # None for single-host strategies.
+  if resolver is None:
+    return 1
+  spec = resolver.cluster_spec()
+  return max(1, sum(spec.num_tasks(job) for job in ("chief", "worker")
+                    if job in spec.jobs))
+
+
 @dataclasses.dataclass
 class Throughput:
   """Wall-clock step timing that leaves out the first (tracing) interval."""
@@ -219,9 +232,15 @@ class Trainer:
     self.gradient_bytes = sync.gradient_bytes(self.model.trainable_variables)
     self.checkpoint = tf.train.Checkpoint(model=self.model,
                                           optimizer=self.optimizer)
+    self.checkpoint_dir = os.path.join(workdir, workdir_lib.CHECKPOINTS)
+    # Every worker takes part in a save (TF's multi-worker pattern), but only
+    # the chief's lands in the workdir; the others write to a private
+    # temporary folder, deleted by close().
+    self._scratch = None if self.chief else tempfile.mkdtemp(
+        prefix="dist_keras_worker_")
     self.manager = tf.train.CheckpointManager(
-        self.checkpoint, os.path.join(workdir, workdir_lib.CHECKPOINTS),
-        max_to_keep=config.train.max_checkpoints)
+        self.checkpoint, self._scratch or self.checkpoint_dir,
+        max_to_keep=1 if self._scratch else config.train.max_checkpoints)
     # Restore before writing anything: a refused workdir stays untouched.
     self.restore()
     self.summaries = Summaries(workdir, self.chief and config.log.tensorboard)
@@ -234,9 +253,19 @@ class Trainer:
     if self.chief and self.config.log.progress:
       print(message, flush=True)
 
+  def close(self) -> None:
+    """Closes the summaries and deletes a non-chief's scratch checkpoints."""
+    self.summaries.close()
+    if self._scratch:
+      shutil.rmtree(self._scratch, ignore_errors=True)
+
   def restore(self) -> int:
-    """Restores the latest checkpoint, if any; returns the step reached."""
-    latest = self.manager.latest_checkpoint
+    """Restores the latest checkpoint, if any; returns the step reached.
+
+    Every worker reads the CHIEF's checkpoint folder, so a multi-worker
+    resume needs a workdir all workers see (shared disk or gs://).
+    """
+    latest = tf.train.latest_checkpoint(self.checkpoint_dir)
     if latest:
       try:
         self.checkpoint.restore(latest).assert_existing_objects_matched()
@@ -246,7 +275,27 @@ class Trainer:
             "a different model or optimizer; resume it with the config.json "
             "saved there, or pass a new --workdir.") from e
       self.log(f"resumed from {latest} at step {self.step}")
+    self._check_workers_agree_on_step()
     return self.step
+
+  def _check_workers_agree_on_step(self) -> None:
+    """Refuses a resume some workers cannot see (they would diverge)."""
+    if num_workers(self.strategy) <= 1:
+      return
+    step = self.step
+
+    @tf.function  # Eager collectives under MWMS are slow and warn.
+    def total_steps():
+      return self.strategy.reduce(_SUM, self.strategy.run(
+          lambda: tf.constant(step, tf.int64)), axis=None)
+
+    total = total_steps()
+    if int(total) != step * self.replicas:
+      raise UserError(
+          f"this worker is at step {step} after restoring --workdir="
+          f"{self.workdir}, but the workers disagree (sum of steps "
+          f"{int(total)}); put the workdir on storage every worker sees "
+          "(shared disk or gs://).")
 
   def datasets(self):
     cfg, seed = self.config, self.config.runtime.seed
@@ -294,12 +343,15 @@ class Trainer:
         self.config.train.global_batch_size, steps)
     measured = sync_log.means().get("allreduce_ms")
     out = {"ideal_step_ms": ideal_ms, "ideal_speedup": real_ms / ideal_ms,
-           **calibration.allreduce_model_check(self.strategy,
-                                               self.gradient_bytes, measured)}
+           **calibration.allreduce_model_check(
+               self.strategy, self.gradient_bytes, measured,
+               deterministic=num_workers(self.strategy) > 1)}
     self.log(f"step {real_ms:.1f} ms; with free communication (no all-reduce,"
              f" no update) {ideal_ms:.1f} ms: ideal speedup "
              f"x{out['ideal_speedup']:.2f}")
-    if measured is not None and self.replicas > 1:
+    if out.get("allreduce_fit_error"):
+      self.log(f"all-reduce model not fitted: {out['allreduce_fit_error']}")
+    elif measured is not None and self.replicas > 1:
       self.log(f"all-reduce of {self.gradient_bytes:,} gradient bytes: measured "
                f"{measured:.2f} ms, alpha-beta model "
                f"{out['allreduce_predicted_ms']:.2f} ms (alpha "
@@ -381,7 +433,7 @@ class Trainer:
               calibrated) -> dict:
     means = sync_log.means()
     summary = {
-        "strategy": type(self.strategy).__name__,
+        "strategy": strategy_lib.display_name(self.strategy),
         "replicas": self.replicas,
         "steps": self.step,
         "global_batch_size": self.config.train.global_batch_size,
@@ -487,4 +539,4 @@ def train(config, workdir: str, strategy) -> dict:
   try:
     return trainer.run()
   finally:
-    trainer.summaries.close()
+    trainer.close()

@@ -5,37 +5,110 @@ runtime, so `get_strategy` is called before anything else touches devices.
 """
 import tensorflow as tf
 
+from dist_keras import tfconfig
 from dist_keras.errors import UserError
 
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker_mirrored", "tpu")
-_NOT_YET = {
-    "multi_worker_mirrored": "multi-worker training (TF_CONFIG) is not built "
-                             "yet (issue #4)",
-    "tpu": "TPUStrategy is not built yet (issue #7)",
+_NOT_YET = {"tpu": "TPUStrategy is not built yet (issue #7)"}
+_COLLECTIVES = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
 }
 
 
-def get_strategy(runtime_cfg) -> tf.distribute.Strategy:
-  """Returns the strategy `runtime_cfg.strategy` names.
+def choose(name: str, cluster) -> str:
+  """The strategy to build for `runtime.strategy=name` and TF_CONFIG.
 
   Args:
-    runtime_cfg: `config.runtime` (strategy, num_cpu_devices, tpu).
+    name: `runtime.strategy`.
+    cluster: the checked TF_CONFIG (tfconfig.ClusterSpec) or None.
 
   Raises:
-    UserError: an unknown or not yet supported strategy, or a bad device count.
+    UserError: an unknown name, or a name that contradicts TF_CONFIG (a
+      cluster run as a single host would train N unsynchronised copies).
   """
-  name = runtime_cfg.strategy
   if name not in STRATEGIES:
     raise UserError(f"runtime.strategy={name!r} is not one of "
                     f"{', '.join(STRATEGIES)}; pick one of those.")
   if name in _NOT_YET:
     raise UserError(f"runtime.strategy={name!r}: {_NOT_YET[name]}; use "
-                    "runtime.strategy=auto, mirrored or one_device for now.")
+                    "runtime.strategy=auto, mirrored, one_device or "
+                    "multi_worker_mirrored for now.")
+  multi = tfconfig.is_multi_worker(cluster)
+  if name == "auto":
+    return "multi_worker_mirrored" if multi else "mirrored"
+  if name == "multi_worker_mirrored" and cluster is None:
+    raise UserError("runtime.strategy='multi_worker_mirrored' needs TF_CONFIG "
+                    "naming the cluster; set it (tools/launch_local.py does "
+                    "for local workers) or use runtime.strategy=mirrored.")
+  if multi and name != "multi_worker_mirrored":
+    raise UserError(f"TF_CONFIG names {cluster.num_workers} tasks but "
+                    f"runtime.strategy={name!r} trains on one host; use "
+                    "runtime.strategy=multi_worker_mirrored (or auto), or "
+                    "unset TF_CONFIG.")
+  return name
+
+
+def get_strategy(runtime_cfg, environ=None) -> tf.distribute.Strategy:
+  """Returns the strategy `runtime_cfg.strategy` names.
+
+  Args:
+    runtime_cfg: `config.runtime` (strategy, num_cpu_devices, collective...).
+    environ: where to read TF_CONFIG (default os.environ).
+
+  Raises:
+    UserError: an unknown or not yet supported strategy, a bad TF_CONFIG,
+      or a bad device count.
+  """
+  cluster = (tfconfig.from_env() if environ is None
+             else tfconfig.from_env(environ))
+  name = choose(runtime_cfg.strategy, cluster)
+  if name == "multi_worker_mirrored":
+    return multi_worker(runtime_cfg)
   devices = local_devices(runtime_cfg.num_cpu_devices)
   if name == "one_device":
     return tf.distribute.OneDeviceStrategy(devices[0])
-  # auto and mirrored: every local GPU, else the logical CPU devices.
+  # mirrored: every local GPU, else the logical CPU devices.
   return tf.distribute.MirroredStrategy(devices)
+
+
+def display_name(strategy) -> str:
+  """The public name of `strategy`'s class (TF's multi-worker class is
+  CollectiveAllReduceStrategy under the hood; users know the alias)."""
+  if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    return "MultiWorkerMirroredStrategy"
+  return type(strategy).__name__
+
+
+def communication_options(runtime_cfg):
+  """CommunicationOptions from `runtime.collective/bytes_per_pack/timeout`."""
+  if runtime_cfg.collective not in _COLLECTIVES:
+    raise UserError(f"runtime.collective={runtime_cfg.collective!r} is not "
+                    f"one of {', '.join(_COLLECTIVES)}; pick one of those.")
+  if runtime_cfg.bytes_per_pack < 0:
+    raise UserError(f"runtime.bytes_per_pack={runtime_cfg.bytes_per_pack} "
+                    "must be >= 0 (0: one pack).")
+  if runtime_cfg.timeout_seconds < 0:
+    raise UserError(f"runtime.timeout_seconds={runtime_cfg.timeout_seconds} "
+                    "must be >= 0 (0: no timeout).")
+  return tf.distribute.experimental.CommunicationOptions(
+      bytes_per_pack=runtime_cfg.bytes_per_pack,
+      timeout_seconds=runtime_cfg.timeout_seconds or None,
+      implementation=_COLLECTIVES[runtime_cfg.collective])
+
+
+def multi_worker(runtime_cfg) -> tf.distribute.Strategy:
+  """MultiWorkerMirroredStrategy over the TF_CONFIG cluster.
+
+  Each worker contributes its local GPUs, or ONE CPU device: TensorFlow's
+  multi-worker strategy does not split a worker's CPU, so
+  `runtime.num_cpu_devices` does not apply. Construction starts this task's
+  gRPC server and waits for every peer to come up.
+  """
+  options = communication_options(runtime_cfg)
+  return tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=options)
 
 
 def local_devices(num_cpu_devices: int) -> list[str]:

@@ -60,15 +60,19 @@ def main(argv) -> None:
 
 
 def _train(config, workdir: str) -> int:
-  # Order matters: the strategy (which splits the CPU into logical devices)
-  # comes before anything else initialises TensorFlow.
+  # Order matters: TF_CONFIG is checked before TensorFlow starts (a typo
+  # there fails now, not as a gRPC hang later), and the strategy (which
+  # splits the CPU into logical devices) comes before anything else
+  # initialises TensorFlow.
+  from dist_keras import tfconfig  # pylint: disable=g-import-not-at-top
+  tfconfig.from_env()
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
   from dist_keras import loop, strategy as strategy_lib, workdir as wd_lib  # pylint: disable=g-import-not-at-top
   strategy = strategy_lib.get_strategy(config.runtime)
   chief = loop.is_chief(strategy)
   if chief:
-    print(f"dist_keras: {type(strategy).__name__} with "
+    print(f"dist_keras: {strategy_lib.display_name(strategy)} with "
           f"{strategy.num_replicas_in_sync} replica(s); workdir {workdir}\n"
           f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
   summary = loop.train(config, workdir, strategy)

@@ -189,6 +189,24 @@ def test_calibration_adds_the_ideal_step_and_the_allreduce_model(
   assert "with free communication" in out and "alpha-beta model" in out
 
 
+def test_a_failed_allreduce_fit_does_not_cost_the_run(tmp_path, mirrored,
+                                                     monkeypatch, capsys):
+  from dist_keras import costmodel  # pylint: disable=g-import-not-at-top
+
+  def refuse(*args, **kwargs):
+    raise ValueError("all-reduce time does not grow with message size")
+
+  monkeypatch.setattr(costmodel, "fit", refuse)
+  c = helpers.tiny_config()
+  c.log.calibration_steps, c.log.progress = 2, True
+  summary = loop.train(c, str(tmp_path), mirrored)
+  assert summary["allreduce_predicted_ms"] is None
+  assert "does not grow" in summary["allreduce_fit_error"]
+  assert summary["ideal_step_ms"] > 0
+  assert (tmp_path / "summary.json").exists()
+  assert "all-reduce model not fitted" in capsys.readouterr().out
+
+
 def test_profile_steps_write_a_trace_of_marked_steps(tmp_path, mirrored):
   from dist_keras import trace  # pylint: disable=g-import-not-at-top
   c = helpers.tiny_config()

@@ -1,9 +1,11 @@
 """The strategy factory: names, devices, and its error messages."""
+import json
+
 import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import strategy
+from dist_keras import strategy, tfconfig
 from dist_keras.errors import UserError
 
 
@@ -24,10 +26,68 @@ def test_unknown_strategy_lists_the_valid_ones():
   assert "\n" not in message
 
 
-@pytest.mark.parametrize("name", ["multi_worker_mirrored", "tpu"])
-def test_not_yet_built_strategies_are_refused_clearly(name):
+def test_tpu_is_refused_clearly_until_built():
   with pytest.raises(UserError, match="not built yet"):
-    strategy.get_strategy(_runtime(strategy=name))
+    strategy.get_strategy(_runtime(strategy="tpu"), environ={})
+
+
+def _cluster(num_workers):
+  return tfconfig.parse(json.dumps({
+      "cluster": {"worker": [f"127.0.0.1:{2000 + i}"
+                             for i in range(num_workers)]},
+      "task": {"type": "worker", "index": 0}}))
+
+
+@pytest.mark.parametrize("name,workers,chosen", [
+    ("auto", None, "mirrored"),
+    ("auto", 1, "mirrored"),
+    ("auto", 2, "multi_worker_mirrored"),
+    ("multi_worker_mirrored", 1, "multi_worker_mirrored"),
+    ("multi_worker_mirrored", 3, "multi_worker_mirrored"),
+    ("mirrored", None, "mirrored"),
+    ("one_device", 1, "one_device"),
+])
+def test_choose_follows_the_name_and_tf_config(name, workers, chosen):
+  cluster = None if workers is None else _cluster(workers)
+  assert strategy.choose(name, cluster) == chosen
+
+
+def test_multi_worker_without_tf_config_is_refused():
+  with pytest.raises(UserError, match="needs TF_CONFIG naming the cluster"):
+    strategy.choose("multi_worker_mirrored", None)
+
+
+@pytest.mark.parametrize("name", ["mirrored", "one_device"])
+def test_a_single_host_strategy_with_a_cluster_tf_config_is_refused(name):
+  with pytest.raises(UserError) as e:
+    strategy.choose(name, _cluster(2))
+  assert "TF_CONFIG names 2 tasks" in str(e.value)
+  assert f"runtime.strategy={name!r}" in str(e.value)
+
+
+def test_a_bad_tf_config_is_refused_by_the_factory():
+  with pytest.raises(UserError, match="TF_CONFIG is not valid JSON"):
+    strategy.get_strategy(_runtime(), environ={"TF_CONFIG": "{nope"})
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("collective", "gloo", "runtime.collective='gloo' is not one of"),
+    ("bytes_per_pack", -1, "runtime.bytes_per_pack=-1 must be >= 0"),
+    ("timeout_seconds", -5.0, "runtime.timeout_seconds=-5.0 must be >= 0"),
+])
+def test_bad_communication_options_are_refused(key, value, message):
+  with pytest.raises(UserError, match=message.replace("(", r"\(")):
+    strategy.communication_options(_runtime(**{key: value}))
+
+
+def test_communication_options_come_from_the_config():
+  options = strategy.communication_options(_runtime(
+      collective="ring", bytes_per_pack=1 << 20, timeout_seconds=30.0))
+  assert options.bytes_per_pack == 1 << 20
+  assert options.timeout_seconds == 30.0
+  assert options.implementation == (
+      tf.distribute.experimental.CommunicationImplementation.RING)
+  assert strategy.communication_options(_runtime()).timeout_seconds is None
 
 
 def test_num_cpu_devices_must_be_positive():
@@ -36,6 +96,7 @@ def test_num_cpu_devices_must_be_positive():
 
 
 def test_more_devices_than_the_started_runtime_has_is_refused():
+  tf.config.list_logical_devices("CPU")  # Starts the runtime with 2.
   with pytest.raises(UserError, match="already started with 2 logical CPU"):
     strategy.get_strategy(_runtime(num_cpu_devices=8))
 

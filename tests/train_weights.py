@@ -2,9 +2,12 @@
 
   python tests/train_weights.py --strategy=mirrored --devices=4 --out=w.npz
 
-Run as its own process: a process can hold only one replica count.
+Run as its own process: a process can hold only one replica count. Under
+tools/launch_local.py with --strategy=multi_worker_mirrored every worker
+writes its own file: `{task}` in --out becomes its TF_CONFIG task index.
 """
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -19,12 +22,14 @@ import helpers  # pylint: disable=g-import-not-at-top
 from dist_keras import loop, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
 
-def weights_after_training(config_name, strategy):
+def weights_after_training(config_name, strategy, global_batch_size=32,
+                           pipeline_per_replica=False):
   c = helpers.tiny_config(config_name)
   c.train.optimizer, c.train.learning_rate = "sgd", 2.0
   # Small enough to clip every step: clipping must see the GLOBAL gradient.
   c.train.global_clipnorm = 0.05
-  c.train.steps, c.train.global_batch_size = 10, 32
+  c.train.steps, c.train.global_batch_size = 10, global_batch_size
+  c.data.pipeline_per_replica = pipeline_per_replica
   c.eval.every = 0
   with tempfile.TemporaryDirectory() as workdir:
     trainer = loop.Trainer(c, workdir, strategy)
@@ -40,6 +45,9 @@ def main():
   parser.add_argument("--strategy", required=True)
   parser.add_argument("--devices", type=int, required=True)
   parser.add_argument("--out", required=True)
+  parser.add_argument("--global_batch_size", type=int, default=32)
+  parser.add_argument("--pipeline_per_replica", action="store_true")
+  parser.add_argument("--models", default="lstm_longmem,cnn_shapes")
   args = parser.parse_args()
   c = helpers.tiny_config()
   c.runtime.strategy, c.runtime.num_cpu_devices = args.strategy, args.devices
@@ -47,9 +55,12 @@ def main():
   assert strategy.num_replicas_in_sync == (
       1 if args.strategy == "one_device" else args.devices)
   weights = {}
-  for name in ("lstm_longmem", "cnn_shapes"):
-    weights.update(weights_after_training(name, strategy))
-  np.savez(args.out, **weights)
+  for name in args.models.split(","):
+    weights.update(weights_after_training(name, strategy,
+                                          args.global_batch_size,
+                                          args.pipeline_per_replica))
+  task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+  np.savez(args.out.format(task=task.get("index", 0)), **weights)
 
 
 if __name__ == "__main__":

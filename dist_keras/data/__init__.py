@@ -87,6 +87,14 @@ def distribute(strategy, data_cfg, split, global_batch_size, seed, steps=0):
   """A distributed dataset of `split` for `strategy`'s replicas."""
   per_replica_batch_size(global_batch_size, strategy.num_replicas_in_sync)
   fn = dataset_fn(data_cfg, split, global_batch_size, seed, steps)
+  options = None
+  if data_cfg.pipeline_per_replica:
+    # Per-replica pipelines are built on the host; TensorFlow refuses to
+    # prefetch them to the devices itself.
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=(
+            tf.distribute.InputReplicationMode.PER_REPLICA),
+        experimental_fetch_to_device=False)
   # distribute_datasets_from_function never auto-shards: `fn` shards by
   # input_pipeline_id at the source, so every worker reads its own examples.
-  return strategy.distribute_datasets_from_function(fn)
+  return strategy.distribute_datasets_from_function(fn, options)

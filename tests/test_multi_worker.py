@@ -1,0 +1,194 @@
+"""Multi-worker training: N processes on loopback (and across two network
+namespaces) train the same weights as one process, and only the chief writes.
+
+Workers start through tools/launch_local.py, as users start them.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import helpers
+
+LAUNCHER = os.path.join(helpers.REPO, "tools", "launch_local.py")
+TRAIN_WEIGHTS = os.path.join(helpers.REPO, "tests", "train_weights.py")
+GLOBAL_BATCH = 48  # Divisible by 2 and 3 workers.
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def _launch(num_workers, command, timeout=600):
+  return subprocess.run(
+      [sys.executable, LAUNCHER, f"--num_workers={num_workers}", "--",
+       sys.executable, *command], capture_output=True, text=True,
+      timeout=timeout, env=dict(ENV, PYTHONPATH=helpers.REPO), check=False)
+
+
+def _weights_command(strategy, devices, out, *extra):
+  return [TRAIN_WEIGHTS, f"--strategy={strategy}", f"--devices={devices}",
+          f"--global_batch_size={GLOBAL_BATCH}", f"--out={out}", *extra]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+  """{(kind, workers): [weights per process]} for 2 and 3 replicas.
+
+  The reference is ONE process, MirroredStrategy over N logical CPUs with one
+  input pipeline per replica: it reads exactly the global batches N
+  one-replica workers read (each worker is one input pipeline).
+  """
+  out = tmp_path_factory.mktemp("mw")
+  procs = {}
+  for n in (2, 3):
+    procs[("workers", n)] = subprocess.Popen(
+        [sys.executable, LAUNCHER, f"--num_workers={n}", "--", sys.executable,
+         *_weights_command("multi_worker_mirrored", n,
+                           out / f"workers{n}_{{task}}.npz")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    procs[("one_process", n)] = subprocess.Popen(
+        [sys.executable, *_weights_command("mirrored", n,
+                                           out / f"one_process{n}_0.npz",
+                                           "--pipeline_per_replica")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+  result = {}
+  for (kind, n), proc in procs.items():
+    log, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, f"{kind} {n} failed:\n{log[-3000:]}"
+    files = n if kind == "workers" else 1
+    result[(kind, n)] = [dict(np.load(out / f"{kind}{n}_{i}.npz"))
+                         for i in range(files)]
+  return result
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_worker_ends_with_the_same_weights(weights, n):
+  first, *others = weights[("workers", n)]
+  assert len(others) == n - 1
+  for other in others:
+    for key, value in first.items():
+      np.testing.assert_array_equal(other[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_workers_match_one_process_with_the_same_global_batches(weights, n):
+  (reference,) = weights[("one_process", n)]
+  worker = weights[("workers", n)][0]
+  assert set(worker) == set(reference)
+  for key, expected in reference.items():
+    np.testing.assert_allclose(worker[key], expected, rtol=0, atol=1e-5,
+                               err_msg=key)
+    if not key.startswith("initial/"):  # Guard: training really moved it.
+      assert np.abs(expected - reference[f"initial/{key}"]).max() > 1e-4
+
+
+def _train_args(workdir, *extra):
+  return ["-m", "dist_keras.train", f"--workdir={workdir}",
+          "--config.train.steps=6", "--config.train.log_every=3",
+          "--config.train.checkpoint_every=3", "--config.eval.every=3",
+          "--config.data.train_size=512", "--config.data.eval_size=128",
+          "--config.data.seq_len=12", "--config.model.units=16",
+          "--config.train.global_batch_size=32",
+          "--config.log.calibration_steps=2", *extra]
+
+
+def test_only_the_chief_writes_the_workdir(tmp_path):
+  workdir = tmp_path / "run"
+  before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
+  result = _launch(2, _train_args(workdir))
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  # Progress and results are printed once, by the chief (worker 0).
+  assert "[w0] done: 6 steps" in result.stdout
+  assert "[w1] done" not in result.stdout
+  assert "[w1] step" not in result.stdout
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["strategy"] == "MultiWorkerMirroredStrategy"
+  assert summary["replicas"] == 2 and summary["steps"] == 6
+  events = helpers.event_files(str(workdir))
+  assert len(events) == 1, events  # One set of summaries.
+  names = set(os.listdir(workdir))
+  assert names == {"checkpoints", "config.json", "model.keras",
+                   "summary.json", os.path.basename(events[0])}, names
+  checkpoints = os.listdir(workdir / "checkpoints")
+  assert "checkpoint" in checkpoints and any(
+      n.startswith("ckpt-6") for n in checkpoints), checkpoints
+  # The other worker's scratch checkpoints are gone.
+  after = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
+  assert not [n for n in after - before if n.startswith("dist_keras_worker_")]
+
+
+def test_a_bad_tf_config_fails_before_tensorflow_starts(tmp_path):
+  bad = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:1"]},
+                    "task": {"type": "worker", "index": 0}})
+  result = helpers.run_module(_train_args(tmp_path / "run"), timeout=60,
+                              env={"TF_CONFIG": bad})
+  assert result.returncode == 2
+  assert "dist_keras: error: TF_CONFIG address \"127.0.0.1:1\" is both" in (
+      result.stderr)
+  assert not (tmp_path / "run").exists()
+
+
+# --- Two hosts of their own: network namespaces joined by a veth pair -------
+
+_NETNS = ("dk_host_a", "dk_host_b")
+_ADDRESSES = ("10.213.0.1", "10.213.0.2")
+
+
+def _sh(*args):
+  return subprocess.run(args, capture_output=True, text=True, check=False)
+
+
+def _make_two_hosts():
+  """Creates two namespaces with a veth pair; returns a skip reason or None."""
+  if os.geteuid() != 0:
+    return "needs root to create network namespaces"
+  if shutil.which("ip") is None:
+    return "needs iproute2's `ip`"
+  _remove_two_hosts()
+  a, b = _NETNS
+  steps = [("ip", "netns", "add", a), ("ip", "netns", "add", b),
+           ("ip", "link", "add", "dk_veth_a", "type", "veth", "peer", "name",
+            "dk_veth_b"),
+           ("ip", "link", "set", "dk_veth_a", "netns", a),
+           ("ip", "link", "set", "dk_veth_b", "netns", b)]
+  for ns, dev, addr in ((a, "dk_veth_a", _ADDRESSES[0]),
+                        (b, "dk_veth_b", _ADDRESSES[1])):
+    steps += [("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev),
+              ("ip", "-n", ns, "link", "set", dev, "up"),
+              ("ip", "-n", ns, "link", "set", "lo", "up")]
+  for step in steps:
+    result = _sh(*step)
+    if result.returncode:
+      _remove_two_hosts()
+      return f"`{' '.join(step)}` failed: {result.stderr.strip()}"
+  return None
+
+
+def _remove_two_hosts():
+  for ns in _NETNS:
+    _sh("ip", "netns", "del", ns)  # Deletes its end of the veth pair too.
+
+
+def test_two_workers_train_across_two_network_namespaces(tmp_path):
+  reason = _make_two_hosts()
+  if reason:
+    pytest.skip(reason)
+  try:
+    hosts = ",".join(f"{addr}:23456" for addr in _ADDRESSES)
+    workdir = tmp_path / "run"  # One filesystem: the "shared disk".
+    procs = [subprocess.Popen(
+        ["ip", "netns", "exec", ns, sys.executable, LAUNCHER,
+         f"--worker_hosts={hosts}", f"--task_index={i}", "--",
+         sys.executable, *_train_args(workdir)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(ENV, PYTHONPATH=helpers.REPO)) for i, ns in enumerate(_NETNS)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for i, (proc, log) in enumerate(zip(procs, logs)):
+      assert proc.returncode == 0, f"worker {i}:\n{log[-3000:]}"
+    assert "[w0] done: 6 steps" in logs[0]
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["replicas"] == 2
+  finally:
+    _remove_two_hosts()
