@@ -67,7 +67,8 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
   Returns a function `(distributed_iterator) -> dict` with 'loss' and
   'correct' already reduced over all replicas. With `timed`, the step is
   instrumented with in-graph stamps (sync.STAMPS) and the dict also holds
-  'step_start', 'inputs_ready' and per-replica 'stamps' for sync.breakdown.
+  'step_start', 'inputs_ready', per-replica 'stamps' and every replica's
+  'collective_waits' for sync.breakdown.
   """
   variables = model.trainable_variables
   clock = sync.make_clock(strategy) if timed else None
@@ -91,10 +92,11 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
     optimizer.apply_gradients(zip(grads, variables))
     correct = step_lib.num_correct(labels, logits)
     if not timed:
-      return loss, correct, ()
+      return loss, correct, (), ()
     # Reading every variable orders the last stamp after all their updates.
     end = sync.stamp_after([tf.identity(v.value) for v in variables], clock)
-    return loss, correct, tf.stack([start, grads_ready, reduced, end])
+    waits = sync.gather_collective_wait(grads_ready, reduced, end)
+    return loss, correct, tf.stack([start, grads_ready, reduced, end]), waits
 
   @tf.function
   def train_step(iterator):
@@ -111,12 +113,14 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
       kwargs = {"inputs_ready": out["inputs_ready"]}
     else:
       batch, kwargs = next(iterator), {}
-    loss, correct, stamps = strategy.run(replica_step, args=batch,
-                                         kwargs=kwargs)
+    loss, correct, stamps, waits = strategy.run(replica_step, args=batch,
+                                                kwargs=kwargs)
     out["loss"] = strategy.reduce(_SUM, loss, axis=None)
     out["correct"] = strategy.reduce(_SUM, correct, axis=None)
     if timed:
       out["stamps"] = tf.stack(strategy.experimental_local_results(stamps))
+      # The same gathered vector on every replica: take the first.
+      out["collective_waits"] = strategy.experimental_local_results(waits)[0]
     return out
 
   return train_step
@@ -380,7 +384,8 @@ class Trainer:
       if timed and step > 1:
         window.breakdown = sync.breakdown(out["step_start"].numpy(),
                                           out["inputs_ready"].numpy(),
-                                          out["stamps"].numpy())
+                                          out["stamps"].numpy(),
+                                          out["collective_waits"].numpy())
       if step % cfg.log_every == 0 or step == cfg.steps:
         last = self._log_train(step, window, throughput, sync_log)
         window = _Window()

@@ -131,33 +131,50 @@ def after_stamp(stamp, tensors):
 STAMPS = ("start", "grads_ready", "reduced", "end")
 
 
-def breakdown(step_start: float, inputs_ready: float, stamps) -> dict:
+def gather_collective_wait(grads_ready, reduced, end):
+  """Every replica's `reduced - grads_ready`, on every worker (in replica).
+
+  A duration, not a time of day, so it compares across hosts whose clocks
+  differ; gathered after the step's last stamp so it times nothing itself.
+  """
+  wait = after_stamp(end, tf.reshape(reduced - grads_ready, [1]))
+  return tf.distribute.get_replica_context().all_gather(wait, axis=0)
+
+
+def breakdown(step_start: float, inputs_ready: float, stamps,
+              collective_waits=None) -> dict:
   """Splits one step into input wait, compute, straggler wait and all-reduce.
 
   Args:
     step_start: host stamp before asking for the next distributed batch.
     inputs_ready: stamp once every replica's batch is there.
-    stamps: [replicas, 4] array of STAMPS per replica, in seconds.
+    stamps: [local replicas, 4] array of STAMPS per replica, in seconds.
+    collective_waits: `reduced - grads_ready` of EVERY replica in the job
+      (gather_collective_wait); default: the local replicas' own, which is
+      all of them on one host.
 
   Returns:
-    Milliseconds (mean and max over replicas; per replica, the four parts
-    add up to its step time exactly) and `fraction`, the share of
-    the step spent synchronising (all-reduce + straggler wait). Straggler
-    wait is how long a replica with its gradients ready waits for the last
-    replica's; all-reduce is what remains of the reduction after that. The
-    stamps come from one host clock: across workers (multi-worker) each
-    worker reports its own replicas.
+    Milliseconds (mean and max over the local replicas; per replica, the four
+    parts add up to its step time exactly) and `fraction`, the share of the
+    step spent synchronising (all-reduce + straggler wait). A replica's time
+    in the reduction is straggler wait plus all-reduce: the replica that
+    arrives last waits for no one, so its time is the all-reduce proper (the
+    shortest of all), and every other replica's excess over it is straggler
+    wait. Only durations are compared, never one host's clock with another's,
+    so the split holds across workers.
   """
   stamps = np.asarray(stamps, dtype=np.float64)
   start, ready, reduced, end = stamps.T
-  last_ready = ready.max()
+  waits = reduced - ready
+  shortest = float(np.min(waits if collective_waits is None
+                          else collective_waits))
   per_replica = {
       # Until the replica holds its batch: the host's wait for the next
       # distributed batch plus handing it to the replica.
       "input_wait_ms": np.maximum(start - step_start, 0.0),
       "compute_ms": (ready - start) + (end - reduced),
-      "straggler_ms": last_ready - ready,
-      "allreduce_ms": np.maximum(reduced - last_ready, 0.0),
+      "straggler_ms": np.maximum(waits - shortest, 0.0),
+      "allreduce_ms": np.minimum(waits, max(shortest, 0.0)),
   }
   out = {"batch_ready_ms": 1e3 * (inputs_ready - step_start),
          "step_ms": 1e3 * (end.max() - step_start)}

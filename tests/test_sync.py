@@ -86,6 +86,22 @@ def test_breakdown_splits_a_step_exactly():
   assert b["fraction"] == pytest.approx(3.0 / 16.5)
 
 
+def test_breakdown_across_workers_compares_durations_not_clocks():
+  # This worker's one replica waited 5 ms in the reduction; the job's other
+  # replica (another host, another clock) waited 1 ms: it arrived last, so
+  # 1 ms is the all-reduce and our extra 4 ms is straggler wait.
+  stamps = 1e-3 * np.array([[1.0, 10.0, 15.0, 16.0]]) + 1e6  # Any clock.
+  b = sync.breakdown(1e6, 1e6 + 0.0008, stamps, 1e-3 * np.array([5.0, 1.0]))
+  assert b["straggler_ms"] == pytest.approx(4.0)
+  assert b["allreduce_ms"] == pytest.approx(1.0)
+  assert b["input_wait_ms"] + b["compute_ms"] + b["straggler_ms"] + (
+      b["allreduce_ms"]) == pytest.approx(b["step_ms"])
+  # The last to arrive: all of its wait is all-reduce, none straggling.
+  last = sync.breakdown(1e6, 1e6, stamps, 1e-3 * np.array([5.0, 7.0]))
+  assert last["straggler_ms"] == pytest.approx(0.0, abs=1e-6)
+  assert last["allreduce_ms"] == pytest.approx(5.0)
+
+
 def test_sync_log_means_and_tags():
   log = sync.SyncLog()
   assert log.means() == {}
