@@ -14,7 +14,7 @@ from dist_keras import costmodel
 from dist_keras import step as step_lib
 from dist_keras import sync
 
-_MIN_SWEEP_BYTES = 1 << 20
+_MIN_SWEEP_BYTES = 1 << 18
 
 
 def no_communication_step_ms(strategy, model, iterator, global_batch_size,
@@ -58,8 +58,10 @@ def allreduce_model_check(strategy, gradient_bytes: int,
   if n == 1:
     return {"allreduce_predicted_ms": 0.0}
   try:
-    # At least 1 MiB: below that every point is latency, and noise on a busy
-    # host can tilt the line the wrong way (seen: a negative slope).
+    # At least 256 KiB (5 sizes): with only 1-64 KiB every point is latency,
+    # and noise on a busy host tilted the line the wrong way (a negative
+    # slope). Not much more: bandwidth per byte grows with message size on
+    # a CPU, so far larger messages make small gradients look cheaper.
     fit = costmodel.calibrate(strategy, max_bytes=max(4 * gradient_bytes,
                                                       _MIN_SWEEP_BYTES),
                               repeats=10,
