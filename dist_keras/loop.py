@@ -61,15 +61,22 @@ def build_in_scope(strategy, config, spec):
 
 
 def make_train_step(strategy, model, optimizer, global_batch_size: int,
-                    global_clipnorm: float = 0.0, timed: bool = False):
+                    global_clipnorm: float = 0.0, timed: bool = False,
+                    jit_compile: bool = False):
   """A tf.function running one step on every replica.
 
   Returns a function `(distributed_iterator) -> dict` with 'loss' and
   'correct' already reduced over all replicas. With `timed`, the step is
   instrumented with in-graph stamps (sync.STAMPS) and the dict also holds
   'step_start', 'inputs_ready', per-replica 'stamps' and every replica's
-  'collective_waits' for sync.breakdown.
+  'collective_waits' for sync.breakdown. `jit_compile` compiles each
+  replica's step (forward, backward, all-reduce, update) with XLA, as a TPU
+  compiles it; the iterator stays outside, and timing stamps cannot be
+  compiled, so it excludes `timed`.
   """
+  if timed and jit_compile:
+    raise ValueError("timed steps cannot be XLA-compiled: tf.timestamp has "
+                     "no XLA kernel; turn log.sync_timing off.")
   variables = model.trainable_variables
   clock = sync.make_clock(strategy) if timed else None
 
@@ -97,6 +104,9 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
     end = sync.stamp_after([tf.identity(v.value) for v in variables], clock)
     waits = sync.gather_collective_wait(grads_ready, reduced, end)
     return loss, correct, tf.stack([start, grads_ready, reduced, end]), waits
+
+  if jit_compile:
+    replica_step = tf.function(replica_step, jit_compile=True)
 
   @tf.function
   def train_step(iterator):
