@@ -2,14 +2,33 @@
 
 Exit codes (documented in the README):
   2   configuration or input error: permanent, fix the command and rerun.
+  3   training diverged (non-finite loss or gradients): permanent at this
+      learning rate; the last good checkpoint is kept.
   1   an unexpected error (a bug): rerun with --verbose for the traceback.
+  200 a peer worker was lost: RETRYABLE (>= 128, as Kubernetes' ExitCode
+      restart policy and tools/launch_local.py --max_restarts read it);
+      rerunning the same command resumes from the last checkpoint.
 """
 
 EXIT_CONFIG_ERROR = 2
+EXIT_DIVERGED = 3
 EXIT_UNEXPECTED = 1
+EXIT_PEER_LOST = 200
 
 
 class UserError(ValueError):
   """A bad value the user can fix; its message is one line naming the fix."""
 
   exit_code = EXIT_CONFIG_ERROR
+
+
+class Diverged(UserError):
+  """Loss or gradients became non-finite; nothing after it was saved."""
+
+  exit_code = EXIT_DIVERGED
+
+
+class PeerLost(RuntimeError):
+  """Another worker of the job stopped answering: retry the whole job."""
+
+  exit_code = EXIT_PEER_LOST

@@ -20,6 +20,7 @@ from dist_keras import calibration
 from dist_keras import data as data_lib
 from dist_keras import models, step as step_lib, sync, workdir as workdir_lib
 from dist_keras import strategy as strategy_lib
+from dist_keras import errors
 from dist_keras.errors import UserError
 from dist_keras.summaries import Summaries
 
@@ -66,7 +67,8 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
   """A tf.function running one step on every replica.
 
   Returns a function `(distributed_iterator) -> dict` with 'loss' and
-  'correct' already reduced over all replicas. With `timed`, the step is
+  'correct' already reduced over all replicas, and 'grad_norm', the global
+  norm of the all-reduced gradient. With `timed`, the step is
   instrumented with in-graph stamps (sync.STAMPS) and the dict also holds
   'step_start', 'inputs_ready', per-replica 'stamps' and every replica's
   'collective_waits' for sync.breakdown. `jit_compile` compiles each
@@ -94,16 +96,21 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
     if timed:
       reduced = sync.stamp_after(grads, clock)
       grads = sync.after_stamp(reduced, grads)
-    if global_clipnorm > 0:  # On the global gradient, after the reduction.
-      grads, _ = tf.clip_by_global_norm(grads, global_clipnorm)
+    # The global norm, after the reduction (same on every replica): also
+    # what tells the host that the gradients became non-finite.
+    grad_norm = tf.linalg.global_norm(grads)
+    if global_clipnorm > 0:
+      grads, _ = tf.clip_by_global_norm(grads, global_clipnorm,
+                                        use_norm=grad_norm)
     optimizer.apply_gradients(zip(grads, variables))
     correct = step_lib.num_correct(labels, logits)
     if not timed:
-      return loss, correct, (), ()
+      return loss, correct, grad_norm, (), ()
     # Reading every variable orders the last stamp after all their updates.
     end = sync.stamp_after([tf.identity(v.value) for v in variables], clock)
     waits = sync.gather_collective_wait(grads_ready, reduced, end)
-    return loss, correct, tf.stack([start, grads_ready, reduced, end]), waits
+    return (loss, correct, grad_norm,
+            tf.stack([start, grads_ready, reduced, end]), waits)
 
   if jit_compile:
     replica_step = tf.function(replica_step, jit_compile=True)
@@ -123,10 +130,11 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
       kwargs = {"inputs_ready": out["inputs_ready"]}
     else:
       batch, kwargs = next(iterator), {}
-    loss, correct, stamps, waits = strategy.run(replica_step, args=batch,
-                                                kwargs=kwargs)
+    loss, correct, grad_norm, stamps, waits = strategy.run(
+        replica_step, args=batch, kwargs=kwargs)
     out["loss"] = strategy.reduce(_SUM, loss, axis=None)
     out["correct"] = strategy.reduce(_SUM, correct, axis=None)
+    out["grad_norm"] = strategy.experimental_local_results(grad_norm)[0]
     if timed:
       out["stamps"] = tf.stack(strategy.experimental_local_results(stamps))
       # The same gathered vector on every replica: take the first.
@@ -391,6 +399,9 @@ class Trainer:
         out = steps[timed](iterator)
       window.add(out["loss"].numpy(), out["correct"].numpy())
       step = self.step
+      # Every step, before anything is saved: a non-finite update must never
+      # reach a checkpoint.
+      self._check_finite(step, out)
       if timed and step > 1:
         window.breakdown = sync.breakdown(out["step_start"].numpy(),
                                           out["inputs_ready"].numpy(),
@@ -408,14 +419,24 @@ class Trainer:
       window.resume()
     return last
 
+  def _check_finite(self, step: int, out: dict) -> None:
+    """Stops training at the first non-finite loss or gradient norm."""
+    loss, norm = float(out["loss"].numpy()), float(out["grad_norm"].numpy())
+    if np.isfinite(loss) and np.isfinite(norm):
+      return
+    latest = tf.train.latest_checkpoint(self.checkpoint_dir)
+    kept = (f"the last good checkpoint ({os.path.basename(latest)}) is kept"
+            if latest else "no checkpoint was saved before it")
+    raise errors.Diverged(
+        f"loss {loss} and gradient norm {norm} at step {step}: training "
+        f"diverged; {kept}. Lower train.learning_rate or set "
+        "train.global_clipnorm, then rerun to resume from it.")
+
   def _log_train(self, step, window, throughput, sync_log) -> dict:
     cfg = self.config.train
     seconds = window.elapsed()
     loss = window.loss_sum / window.steps
     accuracy = window.correct / (window.steps * cfg.global_batch_size)
-    if not np.isfinite(loss):
-      raise UserError(f"loss is {loss} at step {step}; lower "
-                      "train.learning_rate or set train.global_clipnorm.")
     values = {"loss": loss, "accuracy": accuracy,
               "learning_rate": float(
                   keras.ops.convert_to_numpy(self.optimizer.learning_rate))}

@@ -21,6 +21,8 @@ if _REPO not in sys.path:
   sys.path.insert(1, _REPO)
 
 import datetime  # pylint: disable=g-import-not-at-top
+import json
+import re
 import traceback
 
 from absl import app, flags, logging
@@ -56,6 +58,9 @@ def main(argv) -> None:
   except errors.UserError as e:
     _fail(e, e.exit_code)
   except Exception as e:  # pylint: disable=broad-except
+    lost = peer_lost(e)
+    if lost:
+      _fail(lost, lost.exit_code)
     _fail(e, errors.EXIT_UNEXPECTED)
 
 
@@ -82,6 +87,45 @@ def _train(config, workdir: str) -> int:
           f"{os.path.join(workdir, wd_lib.SUMMARY_JSON)}\n"
           f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
   return 0
+
+
+# What TensorFlow raises in a collective when a peer dies or stops
+# answering (gRPC unavailable, coordination-service heartbeat timeout).
+_PEER_ERRORS = ("UnavailableError", "AbortedError", "CancelledError",
+                "DeadlineExceededError")
+_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+def peer_lost(error: Exception):
+  """A PeerLost for a multi-worker job's lost-peer error, else None."""
+  if type(error).__name__ not in _PEER_ERRORS or not os.environ.get(
+      "TF_CONFIG"):
+    return None
+  text = str(error)
+  me = json.loads(os.environ["TF_CONFIG"]).get("task", {})
+  others = [m for m in _TASK.finditer(text)
+            if (m.group(1), int(m.group(2))) != (me.get("type"),
+                                                 me.get("index"))]
+  who = (f"task {others[0].group(1)}:{others[0].group(2)}" if others
+         else "a peer task")
+  return errors.PeerLost(
+      f"lost contact with {who} ({type(error).__name__}: {_cause(text)}); "
+      "the job "
+      "must restart: rerun it on every worker (tools/launch_local.py "
+      "--max_restarts does) to resume from the last checkpoint.")
+
+
+_BOILERPLATE = ("Graph execution error", "Detected at node", "[[",
+                "The error could be", "Additional GRPC", ":UNKNOWN")
+
+
+def _cause(text: str) -> str:
+  """The line of a TF runtime error that says what happened (not where)."""
+  for line in text.splitlines():
+    if line.strip() and not line[0].isspace() and not line.startswith(
+        _BOILERPLATE):
+      return line.strip()[:160]
+  return " ".join(text.split())[:160]
 
 
 def _fail(error: Exception, code: int) -> None:

@@ -106,3 +106,25 @@ def test_console_script_is_the_same_entry_point(tmp_path):
                           check=False)
   assert result.returncode == 2
   assert "runtime.strategy='bogus'" in result.stderr
+
+
+def test_peer_errors_become_a_retryable_peer_lost_naming_the_task(monkeypatch):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from dist_keras import errors, train  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+      "task": {"type": "worker", "index": 0}}))
+  message = ("Graph execution error:\n\nDetected at node X defined at:\n"
+             "  File a.py\n\nCollective ops is aborted by: Socket closed\n"
+             "Additional GRPC error information from remote target "
+             "/job:worker/replica:0/task:1 while calling RecvBuf:\n"
+             "\t [[{{node X}}]]")
+  lost = train.peer_lost(tf.errors.UnavailableError(None, None, message))
+  assert lost.exit_code == errors.EXIT_PEER_LOST >= 128
+  assert str(lost).startswith(
+      "lost contact with task worker:1 (UnavailableError: Collective ops is "
+      "aborted by: Socket closed)")
+  # Not a peer error, or not multi-worker: not retryable.
+  assert train.peer_lost(ValueError(message)) is None
+  monkeypatch.delenv("TF_CONFIG")
+  assert train.peer_lost(tf.errors.UnavailableError(None, None, message)) is None

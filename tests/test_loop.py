@@ -234,3 +234,30 @@ def test_profile_window_at_the_last_steps_is_still_written(tmp_path, mirrored):
   loop.train(c, str(tmp_path), mirrored)
   (path,) = trace.find_traces(str(tmp_path))
   assert trace.collective_ms_per_step(path)["executions"] >= 2
+
+
+def test_non_finite_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
+    tmp_path, mirrored):
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  c = helpers.tiny_config()
+  c.train.optimizer, c.train.learning_rate = "sgd", 1e38
+  c.train.global_clipnorm = 0.0
+  c.train.checkpoint_every, c.eval.every = 1, 0
+  with pytest.raises(errors.Diverged) as e:
+    loop.train(c, str(tmp_path), mirrored)
+  message = str(e.value)
+  bad_step = int(message.split(" at step ")[1].split(":")[0])
+  assert "training diverged" in message and "\n" not in message
+  saved = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+  if bad_step > 1:
+    # Every step before the bad one was checkpointed; the bad one never is.
+    assert saved.endswith(f"ckpt-{bad_step - 1}")
+    assert f"ckpt-{bad_step - 1}" in message
+    reader = tf.train.load_checkpoint(saved)
+    for name in reader.get_variable_to_shape_map():
+      value = reader.get_tensor(name)
+      if np.issubdtype(np.asarray(value).dtype, np.floating):
+        assert np.all(np.isfinite(value)), name
+  else:
+    assert saved is None and "no checkpoint was saved" in message
+  assert not (tmp_path / "summary.json").exists()

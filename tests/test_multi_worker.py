@@ -6,8 +6,10 @@ Workers start through tools/launch_local.py, as users start them.
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -192,3 +194,46 @@ def test_two_workers_train_across_two_network_namespaces(tmp_path):
     assert summary["replicas"] == 2
   finally:
     _remove_two_hosts()
+
+
+def test_killing_a_worker_makes_the_other_exit_retryably_naming_it(tmp_path):
+  """No launcher here: it would stop the survivor itself."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  hosts = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+  procs = []
+  for i in range(2):
+    tf_config = json.dumps({"cluster": {"worker": hosts},
+                            "task": {"type": "worker", "index": i}})
+    procs.append(subprocess.Popen(
+        [sys.executable, *_train_args(tmp_path / "run"),
+         "--config.train.steps=100000", "--config.train.log_every=5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=helpers.REPO, env=dict(ENV, TF_CONFIG=tf_config,
+                                   PYTHONPATH=helpers.REPO,
+                                   PYTHONUNBUFFERED="1")))
+  try:
+    for line in procs[0].stdout:  # Training is under way on both.
+      if line.startswith("step"):
+        break
+    procs[1].kill()
+    killed_at = time.monotonic()
+    _, stderr = procs[0].communicate(timeout=120)
+    seconds = time.monotonic() - killed_at
+  finally:
+    for p in procs:
+      p.kill()
+  assert procs[0].returncode == errors.EXIT_PEER_LOST, stderr[-2000:]
+  assert seconds < 60
+  last = stderr.strip().splitlines()[-1]
+  assert last.startswith("dist_keras: error: lost contact with task worker:1")
+  assert "rerun it on every worker" in last
+
+
+def _free_ports(n):
+  socks = [socket.socket() for _ in range(n)]
+  for s in socks:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in socks]
+  for s in socks:
+    s.close()
+  return ports
