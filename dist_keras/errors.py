@@ -5,6 +5,8 @@ Exit codes (documented in the README):
   3   training diverged (non-finite loss or gradients): permanent at this
       learning rate; the last good checkpoint is kept.
   1   an unexpected error (a bug): rerun with --verbose for the traceback.
+  143 preempted (SIGTERM): a checkpoint of the current step was saved;
+      RETRYABLE, rerunning the same command resumes from it.
   200 a peer worker was lost: RETRYABLE (>= 128, as Kubernetes' ExitCode
       restart policy and tools/launch_local.py --max_restarts read it);
       rerunning the same command resumes from the last checkpoint.
@@ -13,6 +15,7 @@ Exit codes (documented in the README):
 EXIT_CONFIG_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_UNEXPECTED = 1
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would return.
 EXIT_PEER_LOST = 200
 
 
@@ -32,3 +35,9 @@ class PeerLost(RuntimeError):
   """Another worker of the job stopped answering: retry the whole job."""
 
   exit_code = EXIT_PEER_LOST
+
+
+class Preempted(RuntimeError):
+  """SIGTERM arrived; the current step was checkpointed: retry to resume."""
+
+  exit_code = EXIT_PREEMPTED

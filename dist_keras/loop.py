@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from dist_keras import calibration
+from dist_keras import preemption
 from dist_keras import data as data_lib
 from dist_keras import models, step as step_lib, sync, workdir as workdir_lib
 from dist_keras import strategy as strategy_lib
@@ -345,9 +346,12 @@ class Trainer:
     throughput = Throughput(cfg.train.global_batch_size)
     sync_log = sync.SyncLog()
     iterator = iter(train_ds)
-    with _Profiler(cfg.log.profile_steps, self.workdir, self.chief) as prof:
+    with _Profiler(cfg.log.profile_steps, self.workdir, self.chief) as prof, \
+        preemption.StopRequest(self.strategy,
+                               num_workers(self.strategy) > 1,
+                               cfg.train.log_every) as stop:
       last = self._train_loop(steps, iterator, (eval_pass, eval_ds),
-                              throughput, sync_log, prof)
+                              throughput, sync_log, prof, stop)
     final_eval = evaluate(eval_pass, eval_ds)
     self._log_eval(final_eval)
     self.manager.save(checkpoint_number=self.step)
@@ -389,7 +393,7 @@ class Trainer:
         step == 1 or step % cfg.log_every == 0 or step == cfg.steps)
 
   def _train_loop(self, steps, iterator, evals, throughput, sync_log,
-                  profiler):
+                  profiler, stop):
     cfg = self.config.train
     last = {"loss": None, "accuracy": None}
     window = _Window()
@@ -411,6 +415,12 @@ class Trainer:
         last = self._log_train(step, window, throughput, sync_log)
         window = _Window()
       window.pause()  # Checkpoints and eval are not train-step time.
+      if stop.should_stop(step):
+        path = self.manager.save(checkpoint_number=step)
+        raise errors.Preempted(
+            f"stopped by SIGTERM after step {step}; checkpoint "
+            f"{os.path.basename(path)} saved in {self.checkpoint_dir}; rerun "
+            "the same command to resume from it.")
       if step % cfg.checkpoint_every == 0 and step < cfg.steps:
         self.manager.save(checkpoint_number=step)
       if self.config.eval.every and step % self.config.eval.every == 0 \

@@ -55,7 +55,7 @@ def main(argv) -> None:
       raise errors.UserError(f"unexpected arguments {argv[1:]}; the options "
                              "are --config, --workdir, --config.KEY=VALUE.")
     sys.exit(_train(_CONFIG.value, _WORKDIR.value or default_workdir()))
-  except errors.UserError as e:
+  except (errors.UserError, errors.Preempted) as e:
     _fail(e, e.exit_code)
   except Exception as e:  # pylint: disable=broad-except
     lost = peer_lost(e)

@@ -128,3 +128,41 @@ def test_peer_errors_become_a_retryable_peer_lost_naming_the_task(monkeypatch):
   assert train.peer_lost(ValueError(message)) is None
   monkeypatch.delenv("TF_CONFIG")
   assert train.peer_lost(tf.errors.UnavailableError(None, None, message)) is None
+
+
+def test_sigterm_checkpoints_the_current_step_exits_retryably_and_resumes(
+    tmp_path):
+  import signal  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "run"
+  args = ["-m", "dist_keras.train", f"--workdir={workdir}",
+          "--config.train.steps=100000", "--config.train.log_every=5",
+          "--config.train.checkpoint_every=100000",
+          "--config.data.seq_len=12", "--config.model.units=16",
+          "--config.log.calibration_steps=0"]
+  proc = subprocess.Popen(
+      [sys.executable, *args], cwd=helpers.REPO, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=helpers.REPO,
+               PYTHONUNBUFFERED="1"))
+  for line in proc.stdout:
+    if line.startswith("step"):
+      break
+  proc.send_signal(signal.SIGTERM)
+  start = time.monotonic()
+  _, stderr = proc.communicate(timeout=60)
+  assert time.monotonic() - start < 10
+  assert proc.returncode == errors.EXIT_PREEMPTED, stderr[-2000:]
+  last = stderr.strip().splitlines()[-1]
+  step = int(last.split("after step ")[1].split(";")[0])
+  assert f"checkpoint ckpt-{step} saved" in last
+  assert os.path.exists(f"{workdir}/checkpoints/ckpt-{step}.index")
+  assert not (workdir / "summary.json").exists()
+  # The same command (fewer steps, to finish) resumes at that step.
+  resumed = helpers.run_module(
+      [*args[:3], f"--config.train.steps={step + 5}", *args[4:]])
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert f"at step {step}" in resumed.stdout
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["steps"] == step + 5
