@@ -6,6 +6,7 @@ Workers start through tools/launch_local.py, as users start them.
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -196,8 +197,13 @@ def test_two_workers_train_across_two_network_namespaces(tmp_path):
     _remove_two_hosts()
 
 
-def test_killing_a_worker_makes_the_other_exit_retryably_naming_it(tmp_path):
-  """No launcher here: it would stop the survivor itself."""
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_lost_worker_makes_the_other_exit_retryably_naming_it(tmp_path, how):
+  """Killed (SIGKILL) or hung (SIGSTOP): the survivor must not wait forever.
+
+  No launcher here: it would stop the survivor itself. A hung peer is found
+  by TensorFlow's coordination-service heartbeat (~12 s measured).
+  """
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
   hosts = [f"127.0.0.1:{p}" for p in _free_ports(2)]
   procs = []
@@ -215,7 +221,8 @@ def test_killing_a_worker_makes_the_other_exit_retryably_naming_it(tmp_path):
     for line in procs[0].stdout:  # Training is under way on both.
       if line.startswith("step"):
         break
-    procs[1].kill()
+    os.kill(procs[1].pid, signal.SIGKILL if how == "killed"
+            else signal.SIGSTOP)
     killed_at = time.monotonic()
     _, stderr = procs[0].communicate(timeout=120)
     seconds = time.monotonic() - killed_at
