@@ -39,15 +39,34 @@ warnings.filterwarnings(
     "ignore", message="To make it possible to preserve tf.data options")
 
 
-def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
-  """The optimizer `train_cfg.optimizer` names, at `train_cfg.learning_rate`."""
+def check_optimizer(train_cfg) -> None:
+  """Raises UserError for an unknown optimizer or a non-positive rate."""
   if train_cfg.optimizer not in OPTIMIZERS:
     raise UserError(f"train.optimizer={train_cfg.optimizer!r} is not one of "
                     f"{', '.join(OPTIMIZERS)}; pick one of those.")
   if not train_cfg.learning_rate > 0:
     raise UserError(f"train.learning_rate={train_cfg.learning_rate} must be "
                     "> 0.")
+
+
+def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
+  """The optimizer `train_cfg.optimizer` names, at `train_cfg.learning_rate`."""
+  check_optimizer(train_cfg)
   return OPTIMIZERS[train_cfg.optimizer](learning_rate=train_cfg.learning_rate)
+
+
+def validate(config):
+  """Every check of `config` that needs no strategy; returns its InputSpec.
+
+  Creates no TensorFlow state, so it may run before the strategy splits the
+  CPU into logical devices.
+  """
+  _check_train_cfg(config.train, config.eval)
+  spec = data_lib.input_spec(config.data)
+  models.check(config.model, spec)
+  parse_profile_steps(config.log.profile_steps)
+  check_optimizer(config.train)
+  return spec
 
 
 def build_in_scope(strategy, config, spec):
@@ -237,17 +256,13 @@ class Trainer:
   """One training run of `config` into `workdir` under `strategy`."""
 
   def __init__(self, config, workdir: str, strategy):
-    _check_train_cfg(config.train, config.eval)
+    # Validate everything before anything is written.
+    spec = validate(config)
     self.config, self.workdir, self.strategy = config, workdir, strategy
     self.replicas = strategy.num_replicas_in_sync
     self.chief = is_chief(strategy)
-    spec = data_lib.input_spec(config.data)
     data_lib.per_replica_batch_size(config.train.global_batch_size,
                                     self.replicas)
-    # Validate everything before anything is written.
-    models.check(config.model, spec)
-    parse_profile_steps(config.log.profile_steps)
-    make_optimizer(config.train)
     if self.chief:
       workdir_lib.prepare(workdir)
     keras.utils.set_random_seed(config.runtime.seed)

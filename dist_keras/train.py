@@ -32,9 +32,34 @@ from dist_keras import errors, quiet
 
 DEFAULT_CONFIG = os.path.join(_REPO, "configs", "lstm_longmem.py")
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", DEFAULT_CONFIG, "Config file: configs/NAME.py[:ARG]; override "
-    "keys with --config.SECTION.KEY=VALUE.", lock_config=True)
+
+
+def _exit_bad_command_line(message: str) -> None:
+  """One line and exit 2: the same contract as every other bad value."""
+  print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(errors.EXIT_CONFIG_ERROR)
+
+
+def _define_config_flag():
+  # config_flags applies --config.KEY=VALUE overrides while defining the
+  # flag, so an unknown key fails here, at import, with a traceback.
+  try:
+    return config_flags.DEFINE_config_file(
+        "config", DEFAULT_CONFIG, "Config file: configs/NAME.py[:ARG]; "
+        "override keys with --config.SECTION.KEY=VALUE.", lock_config=True)
+  except (AttributeError, KeyError) as e:
+    text = str(e)
+    key = re.search(r"'(\w+)\\?'", text)
+    hint = re.search(r'Did you mean "(\w+)"', text)
+    given = [a.split("=")[0] for a in sys.argv[1:] if a.startswith(
+        "--config.") and key and f".{key.group(1)}" in a.split("=")[0]]
+    _exit_bad_command_line(
+        f"{given[0] if given else text.splitlines()[0]} names no config key"
+        + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
+        + "; every key and its default is in configs/base.py.")
+
+
+_CONFIG = _define_config_flag()
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Run folder (config.json, summary.json, model.keras, "
     "checkpoints/, TensorBoard events). Default: runs/<timestamp>.")
@@ -74,6 +99,9 @@ def _train(config, workdir: str) -> int:
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
   from dist_keras import loop, strategy as strategy_lib, workdir as wd_lib  # pylint: disable=g-import-not-at-top
+  # Config values are checked before the strategy: a typo must not cost a
+  # cluster start-up (or print a header) first.
+  loop.validate(config)
   strategy = strategy_lib.get_strategy(config.runtime)
   chief = loop.is_chief(strategy)
   if chief:
@@ -139,9 +167,32 @@ def _fail(error: Exception, code: int) -> None:
   sys.exit(code)
 
 
+def _parse_flags(argv):
+  """absl's parsing, with a wrong type or unloadable --config as one line
+  and exit 2 (absl's own handler prints two lines and exits 1)."""
+  try:
+    rest = flags.FLAGS(argv)
+    # A config that failed to load is a stand-in raising on first use.
+    _ = _CONFIG.value.runtime
+    return rest
+  except flags.Error as e:
+    if not str(e).startswith("flag --config="):
+      _exit_bad_command_line(f"{str(e).splitlines()[0]}; fix the value's "
+                             "type (see configs/base.py).")
+    _exit_bad_command_line(f"{str(e).split(':')[0][5:]} could not be loaded "
+                           "(the file or its argument); pass a config file "
+                           "such as --config=configs/lstm_longmem.py.")
+  except (OSError, ImportError, SyntaxError, AttributeError) as e:
+    given = [a for a in argv[1:] if a.startswith("--config=")]
+    _exit_bad_command_line(
+        f"{given[-1] if given else '--config'} could not be loaded "
+        f"({type(e).__name__}); pass a config file such as "
+        "--config=configs/lstm_longmem.py.")
+
+
 def run() -> None:
   """Console-script entry point (`dist-keras-train`)."""
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

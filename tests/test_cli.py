@@ -59,6 +59,17 @@ def test_other_configs_load_by_path(tmp_path):
      "runtime.num_cpu_devices=0 must be >= 1."),
     ("--config.data.name=imagenet", "data.name='imagenet' is not one of"),
     ("--config.train.learning_rate=0", "train.learning_rate=0.0 must be > 0."),
+    ("--config.train.learning_rate=-0.1",
+     "train.learning_rate=-0.1 must be > 0."),
+    ("--config.train.steps=0", "train.steps=0 must be >= 1."),
+    ("--config.train.global_batch_size=0",
+     "train.global_batch_size=0 must be >= 1."),
+    ("--config.model.name=transformer", "model.name='transformer' is not one "
+     "of"),
+    ("--config.model.cell=transformer", "model.cell='transformer'"),
+    ("--config.train.optimizer=lion", "train.optimizer='lion' is not one of"),
+    ("--config.runtime.strategy=multi_worker_mirrored",
+     "needs TF_CONFIG naming the cluster"),
 ])
 def test_bad_values_exit_2_with_one_line_and_write_nothing(tmp_path, override,
                                                            message):
@@ -73,14 +84,22 @@ def test_bad_values_exit_2_with_one_line_and_write_nothing(tmp_path, override,
 
 
 @pytest.mark.parametrize("override,message", [
-    ("--config.train.stepz=3", "stepz"),
-    ("--config.train.steps=many", "steps"),
+    ("--config.train.stepz=3",
+     "--config.train.stepz names no config key (did you mean 'steps'?)"),
+    ("--config.trian.steps=3",
+     "--config.trian.steps names no config key (did you mean 'train'?)"),
+    ("--config.train.steps=many",
+     "flag --config.train.steps=many: invalid literal for int()"),
+    ("--config=configs/nope.py",
+     "--config=configs/nope.py could not be loaded"),
 ])
-def test_unknown_keys_and_wrong_types_are_flag_errors(tmp_path, override,
-                                                      message):
+def test_unknown_keys_wrong_types_and_missing_configs_exit_2(tmp_path,
+                                                            override, message):
   result = _train(f"--workdir={tmp_path / 'run'}", override)
-  assert result.returncode != 0
-  assert message in result.stderr
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert lines == [lines[0]] and lines[0].startswith("dist_keras: error: ")
+  assert message in lines[0]
   assert not (tmp_path / "run").exists()
 
 
@@ -166,3 +185,32 @@ def test_sigterm_checkpoints_the_current_step_exits_retryably_and_resumes(
   assert f"at step {step}" in resumed.stdout
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["steps"] == step + 5
+
+
+def test_a_bad_value_prints_no_header_before_its_error(tmp_path):
+  result = _train(f"--workdir={tmp_path / 'run'}", "--config.model.name=x")
+  assert result.returncode == 2 and result.stdout == ""
+
+
+@pytest.mark.parametrize("tf_config,message", [
+    ("{not json", "TF_CONFIG is not valid JSON"),
+    ('{"cluster": {"worker": ["127.0.0.1:1"]}, '
+     '"task": {"type": "worker", "index": 3}}',
+     "TF_CONFIG task index 3 but cluster.worker has 1 address(es)"),
+])
+def test_bad_tf_config_exits_2_with_one_line(tmp_path, tf_config, message):
+  result = helpers.run_module(
+      ["-m", "dist_keras.train", f"--workdir={tmp_path / 'run'}", *TINY],
+      env={"TF_CONFIG": tf_config})
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and message in lines[0], result.stderr
+  assert not (tmp_path / "run").exists()
+
+
+def test_unwritable_workdir_exits_2(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("not a folder")
+  result = _train(f"--workdir={blocker}/run", *TINY)
+  assert result.returncode == 2
+  assert "is not writable" in result.stderr.strip().splitlines()[-1]
