@@ -29,9 +29,18 @@ setuptools.setup(
     extras_require={
         "cpu": [f"tensorflow-cpu{_TF}"],
         "cuda": [f"tensorflow[and-cuda]{_TF}"],
-        # tensorflow-tpu stops at 2.20; Colab TPU runtimes ship their own.
-        "tpu": [f"tensorflow-tpu{_TF}"],
-        "test": ["pytest", "pytest-timeout"],
+        # tensorflow-tpu stops at 2.20 (PyPI: 2.16.1-2.20.0). Colab's TPU
+        # runtimes no longer ship TensorFlow (since March 2025), so Colab
+        # needs this extra too. tensorflow-tpu 2.20.0 asks for libtpu~=0.0.14,
+        # but `import tensorflow` aborts ("... not available in this
+        # library") with the newest libtpu, pip's pick. Measured (no TPU):
+        # import OK with 0.0.14, 0.0.24, 0.0.29, 0.0.31; abort with 0.0.32,
+        # 0.0.32.1, 0.0.33, 0.0.43.2, 0.0.52.
+        "tpu": [f"tensorflow-tpu{_TF}", "libtpu<0.0.32"],
+        # nbclient, nbformat, ipykernel: tests/test_notebook.py runs
+        # notebooks/colab_tpu.ipynb (it is skipped without them).
+        "test": ["pytest", "pytest-timeout", "nbclient", "nbformat",
+                 "ipykernel"],
         # TensorBoard's Profile tab, for traces from log.profile_steps.
         "profile": ["tensorboard-plugin-profile"],
     },

@@ -3,13 +3,15 @@
 Logical CPU devices must be configured before TensorFlow initialises its
 runtime, so `get_strategy` is called before anything else touches devices.
 """
+import os
+
 import tensorflow as tf
 
 from dist_keras import tfconfig
+from dist_keras import tpu as tpu_lib
 from dist_keras.errors import UserError
 
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker_mirrored", "tpu")
-_NOT_YET = {"tpu": "TPUStrategy is not built yet (issue #7)"}
 _COLLECTIVES = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
@@ -17,12 +19,14 @@ _COLLECTIVES = {
 }
 
 
-def choose(name: str, cluster) -> str:
+def choose(name: str, cluster, tpu_possible: bool = False) -> str:
   """The strategy to build for `runtime.strategy=name` and TF_CONFIG.
 
   Args:
     name: `runtime.strategy`.
     cluster: the checked TF_CONFIG (tfconfig.ClusterSpec) or None.
+    tpu_possible: whether a TPU may be here (tpu.detect): `auto` then tries
+      it first.
 
   Raises:
     UserError: an unknown name, or a name that contradicts TF_CONFIG (a
@@ -31,13 +35,11 @@ def choose(name: str, cluster) -> str:
   if name not in STRATEGIES:
     raise UserError(f"runtime.strategy={name!r} is not one of "
                     f"{', '.join(STRATEGIES)}; pick one of those.")
-  if name in _NOT_YET:
-    raise UserError(f"runtime.strategy={name!r}: {_NOT_YET[name]}; use "
-                    "runtime.strategy=auto, mirrored, one_device or "
-                    "multi_worker_mirrored for now.")
   multi = tfconfig.is_multi_worker(cluster)
   if name == "auto":
-    return "multi_worker_mirrored" if multi else "mirrored"
+    if multi:
+      return "multi_worker_mirrored"
+    return "tpu" if tpu_possible else "mirrored"
   if name == "multi_worker_mirrored" and cluster is None:
     raise UserError("runtime.strategy='multi_worker_mirrored' needs TF_CONFIG "
                     "naming the cluster; set it (tools/launch_local.py does "
@@ -50,20 +52,32 @@ def choose(name: str, cluster) -> str:
   return name
 
 
-def get_strategy(runtime_cfg, environ=None) -> tf.distribute.Strategy:
+def get_strategy(runtime_cfg, environ=None,
+                 path_exists=os.path.exists) -> tf.distribute.Strategy:
   """Returns the strategy `runtime_cfg.strategy` names.
 
   Args:
     runtime_cfg: `config.runtime` (strategy, num_cpu_devices, collective...).
-    environ: where to read TF_CONFIG (default os.environ).
+    environ: where to read TF_CONFIG and TPU variables (default os.environ).
+    path_exists: where to look for TPU devices (default os.path.exists).
 
   Raises:
-    UserError: an unknown or not yet supported strategy, a bad TF_CONFIG,
-      or a bad device count.
+    UserError: an unknown strategy, a bad TF_CONFIG, a bad device count, or
+      runtime.strategy=tpu with no TPU.
   """
-  cluster = (tfconfig.from_env() if environ is None
-             else tfconfig.from_env(environ))
-  name = choose(runtime_cfg.strategy, cluster)
+  environ = os.environ if environ is None else environ
+  cluster = tfconfig.from_env(environ)
+  name = choose(runtime_cfg.strategy, cluster,
+                tpu_lib.detect(environ, path_exists) is not None)
+  if name == "tpu":
+    found = tpu_lib.get_strategy(runtime_cfg.tpu,
+                                 required=runtime_cfg.strategy == "tpu",
+                                 environ=environ, path_exists=path_exists)
+    if found is not None:
+      return found
+    # auto, and the TPU did not start (tpu_lib said why).
+    return tf.distribute.MirroredStrategy(
+        _devices_after_tpu_attempt(runtime_cfg.num_cpu_devices))
   if name == "multi_worker_mirrored":
     return multi_worker(runtime_cfg)
   devices = local_devices(runtime_cfg.num_cpu_devices)
@@ -78,6 +92,8 @@ def display_name(strategy) -> str:
   CollectiveAllReduceStrategy under the hood; users know the alias)."""
   if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
     return "MultiWorkerMirroredStrategy"
+  if isinstance(strategy, tf.distribute.TPUStrategy):  # TPUStrategyV2.
+    return "TPUStrategy"
   return type(strategy).__name__
 
 
@@ -120,6 +136,18 @@ def local_devices(num_cpu_devices: int) -> list[str]:
   split_cpu(num_cpu_devices)
   cpus = tf.config.list_logical_devices("CPU")
   return [d.name for d in cpus[:num_cpu_devices]]
+
+
+def _devices_after_tpu_attempt(num_cpu_devices: int) -> list[str]:
+  """local_devices, or the devices TensorFlow has if the failed TPU start
+  already started its runtime (the CPU can then no longer be split)."""
+  try:
+    return local_devices(num_cpu_devices)
+  except UserError as e:
+    if not isinstance(e.__cause__, RuntimeError):  # Not "already started".
+      raise
+    return [d.name for d in tf.config.list_logical_devices("GPU")
+            or tf.config.list_logical_devices("CPU")]
 
 
 def split_cpu(num_devices: int) -> None:

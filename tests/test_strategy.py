@@ -26,9 +26,11 @@ def test_unknown_strategy_lists_the_valid_ones():
   assert "\n" not in message
 
 
-def test_tpu_is_refused_clearly_until_built():
-  with pytest.raises(UserError, match="not built yet"):
-    strategy.get_strategy(_runtime(strategy="tpu"), environ={})
+def test_tpu_without_a_tpu_is_refused_clearly():
+  # The TPU branch itself: tests/test_tpu.py.
+  with pytest.raises(UserError, match="'tpu' but no TPU was found"):
+    strategy.get_strategy(_runtime(strategy="tpu"), environ={},
+                          path_exists=lambda path: False)
 
 
 def _cluster(num_workers):

@@ -1,0 +1,193 @@
+"""TPUStrategy: finding a TPU, starting it, and failing fast without one.
+
+`runtime.tpu` names the TPU:
+  * 'local' (default): the TPU attached to this host, i.e. a TPU VM: Colab's
+    TPU runtimes (TPU VMs since 2024) and Cloud TPU VMs.
+    `TPUClusterResolver(tpu='local')`, then `initialize_tpu_system`; no
+    `experimental_connect_to_cluster`, which TensorFlow skips for a local
+    master anyway (tensorflow/python/eager/remote.py).
+  * a TPU name or 'grpc://HOST:PORT': a TPU node, reached over the network;
+    connected with `experimental_connect_to_cluster` before initialising.
+`runtime.tpu=''` is refused: it is the old Colab TPU-node form, and on a TPU
+VM `TPUClusterResolver(tpu='')` raises "Please provide a TPU Name to connect
+to" (googlecolab/colabtools#4699).
+
+Nothing here waits on a TPU that is not there. TensorFlow's own attempts can:
+connecting to a grpc:// address that refuses retries for minutes, and the
+GCE metadata look-up of a TPU name has no timeout. So a local TPU is tried
+only when the host shows one (`detect`), a TPU node only once its address
+answers within PROBE_SECONDS.
+"""
+import contextlib
+import importlib.util
+import os
+import socket
+import sys
+from typing import Callable, Mapping
+from urllib import parse
+
+import tensorflow as tf
+
+from dist_keras.errors import UserError
+
+LOCAL = "local"
+PROBE_SECONDS = 3.0
+# TPU chips' device nodes on a TPU VM: /dev/accelN for v2-v4, VFIO IOMMU
+# groups /dev/vfio/N for v5e, v5p and v6e. Not /dev/accel/accelN (Intel and
+# AMD NPUs) nor /dev/vfio/vfio (VFIO's control node, on any VFIO host).
+DEVICE_PATHS = ("/dev/accel0",) + tuple(f"/dev/vfio/{i}" for i in range(8))
+# Variables that configure a TPU for this process.
+ENV_VARS = (
+    "TPU_NAME",  # TF's Cloud TPU client reads it: a TPU node's name/address.
+    "COLAB_TPU_ADDR",  # Colab's TPU-node runtimes (before 2024).
+    "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS",  # GKE TPU nodes; TF's client reads it.
+    "TPU_ACCELERATOR_TYPE",  # libtpu's topology variables, set by GKE on
+    "TPU_WORKER_ID",  # TPU VM pods (and read by libtpu instead of asking
+    "TPU_WORKER_HOSTNAMES",  # the GCE metadata server).
+)
+_HINTS = {
+    LOCAL: "on Colab: Runtime > Change runtime type > TPU; on a Cloud TPU VM: "
+           "pip install 'dist-keras[tpu]'; or use runtime.strategy=auto.",
+    "node": "check that the TPU node is READY and reachable from here (a "
+            "name resolves only on a GCE VM in its project; else pass "
+            "grpc://HOST:8470); or use runtime.strategy=auto.",
+}
+
+
+def detect(environ: Mapping[str, str],
+           path_exists: Callable[[str], bool]) -> str | None:
+  """Why a TPU may be attached to or configured for this process, or None.
+
+  Pure (reads only its arguments), so tests can drive it. A non-None answer
+  means "worth trying", not "works": the TensorFlow build may lack TPU
+  support, or the TPU may be busy.
+  """
+  for path in DEVICE_PATHS:
+    if path_exists(path):
+      return f"{path} exists"
+  for name in ENV_VARS:
+    if environ.get(name):
+      return f"{name} is set"
+  return None
+
+
+def has_tpu_runtime(environ: Mapping[str, str]) -> bool:
+  """Whether this TensorFlow can load libtpu (the `libtpu` package that
+  tensorflow-tpu depends on, or TPU_LIBRARY_PATH)."""
+  return bool(environ.get("TPU_LIBRARY_PATH")
+              or importlib.util.find_spec("libtpu"))
+
+
+def get_strategy(tpu: str, required: bool, environ=None,
+                 path_exists=os.path.exists):
+  """A TPUStrategy on `tpu` (runtime.tpu), or None when auto falls back.
+
+  Args:
+    tpu: 'local', a TPU name or 'grpc://HOST:PORT'.
+    required: runtime.strategy=tpu (True: failing is an error) or auto
+      (False: a notice on stderr, and None).
+    environ: where to look for TPU variables (default os.environ).
+    path_exists: where to look for TPU devices (default os.path.exists).
+
+  Raises:
+    UserError: `tpu` is '' (always), or no TPU started and `required`.
+  """
+  environ = os.environ if environ is None else environ
+  check_name(tpu)
+  try:
+    if not required and tpu == LOCAL and not has_tpu_runtime(environ):
+      # Trying would start TensorFlow's runtime (fixing the CPU devices the
+      # fallback needs) only to fail: this build has no TPU kernels.
+      raise _NoTpu("this TensorFlow has no libtpu (install dist-keras[tpu])")
+    return connect(tpu, environ, path_exists)
+  except _NoTpu as e:
+    if required:
+      raise UserError(f"runtime.strategy='tpu' but no TPU was found ({e}); "
+                      f"{_HINTS[LOCAL if tpu == LOCAL else 'node']}") from e
+    print(f"dist_keras: runtime.strategy=auto: a TPU may be here "
+          f"({detect(environ, path_exists)}) but it did not start ({e}); "
+          "using the CPUs/GPUs instead.",
+          file=sys.stderr, flush=True)
+    return None
+
+
+def check_name(tpu: str) -> None:
+  """Refuses `runtime.tpu` values TPUClusterResolver cannot take."""
+  if not tpu:
+    raise UserError(
+        "runtime.tpu='' is the old Colab TPU-node form (TPUClusterResolver("
+        "tpu='') fails on TPU VMs); use runtime.tpu=local on Colab and Cloud "
+        "TPU VMs, or a TPU name / grpc://HOST:8470 for a TPU node.")
+
+
+def connect(tpu: str, environ, path_exists) -> tf.distribute.Strategy:
+  """Resolver -> (connect, for a TPU node) -> initialise -> TPUStrategy.
+
+  Raises:
+    _NoTpu: with what was tried and why it failed.
+  """
+  if tpu == LOCAL and detect(environ, path_exists) is None:
+    raise _NoTpu("runtime.tpu='local' is this host's TPU, and it shows none: "
+                 "no /dev/accel0 or /dev/vfio/N device, no TPU_NAME or TPU_* "
+                 "variable")
+  tried = f"TPUClusterResolver(tpu={tpu!r})"
+  try:
+    with _socket_timeout(PROBE_SECONDS):
+      # For a TPU name, TensorFlow asks the GCE metadata server and the
+      # Cloud TPU API here, with no timeout of its own.
+      resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+      master = "" if tpu == LOCAL else resolver.master()
+    if tpu != LOCAL:
+      tried += f" -> {master}" if master != tpu else ""
+      _check_reachable(master)
+      tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+  except _NoTpu as e:
+    raise _NoTpu(f"tried {tried}: {e}") from e
+  except (tf.errors.OpError, ValueError, RuntimeError, OSError,
+          ImportError) as e:
+    raise _NoTpu(f"tried {tried}: {_first_line(e)}") from e
+
+
+class _NoTpu(Exception):
+  """No TPU started; the message says what was tried and why it failed."""
+
+
+@contextlib.contextmanager
+def _socket_timeout(seconds: float):
+  """Bounds blocking socket calls made without a timeout (urllib's, the
+  Cloud TPU client's) while the block runs; nothing else runs meanwhile."""
+  previous = socket.getdefaulttimeout()
+  socket.setdefaulttimeout(seconds)
+  try:
+    yield
+  finally:
+    socket.setdefaulttimeout(previous)
+
+
+def _check_reachable(master: str) -> None:
+  """Raises _NoTpu unless `master` (grpc://HOST:PORT) accepts a connection.
+
+  experimental_connect_to_cluster retries a refused address for minutes.
+  """
+  address = parse.urlsplit(master if "://" in master else f"grpc://{master}")
+  if not address.hostname:
+    raise _NoTpu(f"no address in {master!r}")
+  try:
+    probe(address.hostname, address.port or 8470, PROBE_SECONDS)
+  except OSError as e:
+    raise _NoTpu(f"no answer in {PROBE_SECONDS:g} s "
+                 f"({type(e).__name__}: {e})") from e
+
+
+def probe(host: str, port: int, timeout: float) -> None:
+  """Opens and closes a TCP connection to host:port; raises OSError."""
+  with socket.create_connection((host, port), timeout=timeout):
+    pass
+
+
+def _first_line(error: Exception, limit: int = 240) -> str:
+  text = str(error).strip().splitlines()
+  line = f"{type(error).__name__}: {text[0] if text else ''}"
+  return line if len(line) <= limit else line[:limit - 3] + "..."

@@ -1,0 +1,88 @@
+"""notebooks/colab_tpu.ipynb runs top to bottom on this TPU-less CPU host.
+
+Executed with nbclient in a fresh kernel (its own process: the notebook
+splits the CPU and starts TensorFlow itself), with DIST_KERAS_NOTEBOOK_TEST=1:
+no install, few steps, the fallback from `tpu` to `auto`. Its TensorBoard
+cell really starts a TensorBoard server (on localhost); the test stops it.
+"""
+import os
+import signal
+import sys
+
+import pytest
+
+import helpers
+
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("ipykernel")
+from tensorboard import manager  # pylint: disable=g-import-not-at-top
+
+NOTEBOOK = os.path.join(helpers.REPO, "notebooks", "colab_tpu.ipynb")
+STEPS = 30
+
+
+def _outputs(cell) -> str:
+  """A code cell's printed text and plain-text results."""
+  text = []
+  for out in cell.get("outputs", []):
+    if out.get("output_type") == "stream":
+      text.append(out["text"])
+    elif "data" in out:
+      text.append(out["data"].get("text/plain", ""))
+  return "".join(text)
+
+
+def _html(cell) -> str:
+  return "".join(out.get("data", {}).get("text/html", "")
+                 for out in cell.get("outputs", []))
+
+
+def _stop_tensorboards(logdir: str) -> None:
+  """Stops the TensorBoard servers the notebook started on `logdir`
+  (shutting the kernel down usually has: they are its children)."""
+  for info in manager.get_all():
+    if os.path.abspath(info.logdir) == os.path.abspath(logdir):
+      try:
+        os.kill(info.pid, signal.SIGTERM)
+      except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
+def executed(tmp_path, monkeypatch):
+  """The notebook after a run, as nbformat cells."""
+  workdir = str(tmp_path / "run")
+  monkeypatch.setenv("DIST_KERAS_NOTEBOOK_TEST", "1")
+  monkeypatch.setenv("DIST_KERAS_NOTEBOOK_STEPS", str(STEPS))
+  monkeypatch.setenv("DIST_KERAS_NOTEBOOK_WORKDIR", workdir)
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+  # The kernel finds the checkout, and %tensorboard this Python's
+  # `tensorboard` script.
+  monkeypatch.setenv("PYTHONPATH", helpers.REPO)
+  monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep
+                     + os.environ.get("PATH", ""))
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  client = nbclient.NotebookClient(
+      nb, timeout=120, kernel_name="python3",
+      resources={"metadata": {"path": helpers.REPO}})
+  try:
+    client.execute()
+  finally:
+    _stop_tensorboards(workdir)
+  return [c for c in nb.cells if c.cell_type == "code"], workdir
+
+
+def test_notebook_runs_and_reports_eval_accuracy(executed):
+  cells, workdir = executed
+  text = [_outputs(c) for c in cells]
+  assert "install skipped" in text[1]
+  # No TPU here: the clear one-line refusal, then the fallback.
+  assert "No TPU: runtime.strategy='tpu' but no TPU was found" in text[2]
+  assert "Falling back to runtime.strategy=auto." in text[2]
+  assert "MirroredStrategy with 2 replica(s)" in text[2]
+  assert f"step {STEPS}/{STEPS}" in text[3]
+  # TensorBoard started and is shown in a frame (an error is plain text).
+  assert "<iframe" in _html(cells[4]) and "Failed" not in text[4], text[4]
+  assert f"MirroredStrategy x2: {STEPS} steps, eval accuracy " in text[5]
+  assert os.path.exists(os.path.join(workdir, "summary.json"))
