@@ -261,3 +261,45 @@ def test_non_finite_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
   else:
     assert saved is None and "no checkpoint was saved" in message
   assert not (tmp_path / "summary.json").exists()
+
+
+def _trained(c, workdir, strategy):
+  trainer = loop.Trainer(c, str(workdir), strategy)
+  try:
+    summary = trainer.run()
+  finally:
+    trainer.close()
+  return summary, [w.numpy() for w in trainer.model.weights]
+
+
+def test_steps_per_loop_trains_the_same_steps_and_logs_at_the_same_points(
+    tmp_path, mirrored):
+  runs = {}
+  for spl in (1, 7):
+    c = helpers.tiny_config()
+    c.train.steps, c.train.log_every, c.train.checkpoint_every = 30, 10, 15
+    c.eval.every, c.train.steps_per_loop = 15, spl
+    runs[spl] = _trained(c, tmp_path / str(spl), mirrored)
+  (one, w1), (many, w7) = runs[1], runs[7]
+  assert one["steps"] == many["steps"] == 30
+  for a, b in zip(w1, w7):
+    np.testing.assert_array_equal(a, b)
+  tags = [helpers.scalar_tags(str(tmp_path / str(spl))) for spl in (1, 7)]
+  for tag in ("loss", "eval/accuracy", "sync/allreduce_ms"):
+    assert [s for s, _ in tags[0][tag]] == [s for s, _ in tags[1][tag]], tag
+  np.testing.assert_allclose([v for _, v in tags[0]["loss"]],
+                             [v for _, v in tags[1]["loss"]], rtol=1e-6)
+  assert sorted(os.listdir(tmp_path / "7" / "checkpoints")) == sorted(
+      os.listdir(tmp_path / "1" / "checkpoints"))
+
+
+def test_steps_per_loop_stops_at_the_first_non_finite_step(tmp_path,
+                                                           mirrored):
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  c = helpers.tiny_config()
+  c.train.optimizer, c.train.learning_rate = "sgd", 1e38
+  c.train.global_clipnorm, c.train.steps_per_loop = 0.0, 8
+  c.train.steps, c.train.log_every, c.train.checkpoint_every = 40, 20, 20
+  c.log.sync_timing, c.eval.every = False, 0
+  with pytest.raises(errors.Diverged, match=r"at step 3:"):
+    loop.train(c, str(tmp_path), mirrored)
