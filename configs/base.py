@@ -24,16 +24,19 @@ def get_config() -> ml_collections.ConfigDict:
   c.runtime.seed = 0
 
   c.data = ml_collections.ConfigDict()
-  c.data.name = "longmem"  # longmem | shapes
-  c.data.data_dir = ""  # For TFDS datasets; unused by the built-in ones.
+  c.data.name = "longmem"  # longmem | shapes | tfds:NAME
+  c.data.data_dir = ""  # TFDS: local path or gs://; "" = ~/tensorflow_datasets.
+  # TFDS: download and prepare a dataset missing from data_dir (needs the
+  # network); otherwise fail at once saying how to prepare it.
+  c.data.download = False
   c.data.train_size = 16384  # Examples in the (repeated) train split.
   c.data.eval_size = 2048  # Examples in the held-out eval split.
   # longmem: the label is the first token mod num_classes; the rest is noise.
   c.data.seq_len = 50
-  c.data.vocab_size = 16
-  c.data.num_classes = 4
+  c.data.vocab_size = 16  # imdb_reviews: hash buckets (0 = padding).
+  c.data.num_classes = 4  # Built-in data only; TFDS reads it from the data.
   # shapes: images of num_classes shapes (<= 4), image_size pixels square.
-  c.data.image_size = 32
+  c.data.image_size = 32  # TFDS: side to resize to; 0 keeps the native size.
   c.data.noise = 0.1
   c.data.shuffle_buffer = 4096
   # One tf.data pipeline per replica instead of per worker: a one-process run
@@ -41,7 +44,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.pipeline_per_replica = False
 
   c.model = ml_collections.ConfigDict()
-  c.model.name = "sequence_classifier"  # sequence_classifier | cnn
+  # sequence_classifier | cnn | char_lm | resnet50
+  c.model.name = "sequence_classifier"
   c.model.cell = "lstm"  # lstm | gru | simple_rnn (sequence_classifier)
   c.model.embed_dim = 32
   c.model.units = 64

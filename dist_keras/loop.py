@@ -195,17 +195,23 @@ def make_multi_step(strategy, model, optimizer, global_batch_size: int,
 
 
 def make_eval_pass(strategy, model):
-  """A tf.function `(distributed_dataset) -> [loss_sum, correct, examples]`."""
+  """A tf.function `(distributed_dataset) -> [loss_sum, correct, predictions,
+  examples]` over an exact eval dataset (data.dataset_fn): padding examples
+  have weight 0 and count nowhere."""
 
-  def replica_step(inputs, labels):
+  def replica_step(inputs, labels, ids, weights):
+    del ids  # Used by tests that check exactly-once; not by the metrics.
     logits = model(inputs, training=False)
-    return tf.stack([tf.reduce_sum(step_lib.sparse_ce(labels, logits)),
-                     step_lib.num_correct(labels, logits),
-                     tf.cast(tf.size(labels), tf.float32)])
+    hits = step_lib.correct_per_example(labels, logits)  # [batch, tokens]
+    return tf.stack([
+        tf.reduce_sum(weights * step_lib.per_example_loss(labels, logits)),
+        tf.reduce_sum(weights[:, None] * hits),
+        tf.reduce_sum(weights) * tf.cast(tf.shape(hits)[1], tf.float32),
+        tf.reduce_sum(weights)])
 
   @tf.function
   def eval_pass(dataset):
-    totals = tf.zeros([3])
+    totals = tf.zeros([4])
     for batch in dataset:
       totals += strategy.reduce(_SUM, strategy.run(replica_step, args=batch),
                                 axis=None)
@@ -216,10 +222,10 @@ def make_eval_pass(strategy, model):
 
 def evaluate(eval_pass, dataset) -> dict:
   """Runs one eval pass; returns accuracy, loss and the examples seen."""
-  loss_sum, correct, examples = eval_pass(dataset).numpy()
-  examples = max(examples, 1.0)
-  return {"accuracy": float(correct / examples),
-          "loss": float(loss_sum / examples), "examples": int(examples)}
+  loss_sum, correct, predictions, examples = eval_pass(dataset).numpy()
+  return {"accuracy": float(correct / max(predictions, 1.0)),
+          "loss": float(loss_sum / max(examples, 1.0)),
+          "examples": int(round(examples))}
 
 
 def is_chief(strategy) -> bool:
@@ -305,6 +311,10 @@ class Trainer:
     if self.chief:
       workdir_lib.prepare(workdir)
     keras.utils.set_random_seed(config.runtime.seed)
+    # Language models predict every token: accuracy and perplexity are per
+    # token.
+    self.per_token = spec.per_token
+    self.predictions_per_example = spec.shape[0] if spec.per_token else 1
     self.model, self.optimizer = build_in_scope(strategy, config, spec)
     self.gradient_bytes = sync.gradient_bytes(self.model.trainable_variables)
     self.checkpoint = tf.train.Checkpoint(model=self.model,
@@ -376,8 +386,10 @@ class Trainer:
 
   def datasets(self):
     cfg, seed = self.config, self.config.runtime.seed
+    # Resumed runs start where the checkpointed step left the data stream.
     train = data_lib.distribute(self.strategy, cfg.data, "train",
-                                cfg.train.global_batch_size, seed)
+                                cfg.train.global_batch_size, seed,
+                                start_step=self.step)
     evals = data_lib.distribute(self.strategy, cfg.data, "eval",
                                 cfg.train.global_batch_size, seed,
                                 steps=cfg.eval.steps)
@@ -524,10 +536,13 @@ class Trainer:
     cfg = self.config.train
     seconds = window.elapsed()
     loss = window.loss_sum / window.steps
-    accuracy = window.correct / (window.steps * cfg.global_batch_size)
+    accuracy = window.correct / (window.steps * cfg.global_batch_size
+                                 * self.predictions_per_example)
     values = {"loss": loss, "accuracy": accuracy,
               "learning_rate": float(
                   keras.ops.convert_to_numpy(self.optimizer.learning_rate))}
+    if self.per_token:  # The loss is the mean per token: exp is perplexity.
+      values["perplexity"] = float(np.exp(min(loss, 50.0)))
     if throughput.add(window.steps, seconds):
       step_s = seconds / window.steps
       eps = cfg.global_batch_size / step_s
@@ -548,8 +563,10 @@ class Trainer:
     return values
 
   def _log_eval(self, result: dict) -> None:
-    self.summaries.scalars(self.step, {"eval/accuracy": result["accuracy"],
-                                       "eval/loss": result["loss"]})
+    values = {"eval/accuracy": result["accuracy"], "eval/loss": result["loss"]}
+    if self.per_token:
+      values["eval/perplexity"] = float(np.exp(min(result["loss"], 50.0)))
+    self.summaries.scalars(self.step, values)
     self.log(f"eval at step {self.step}: accuracy {result['accuracy']:.4f}  "
              f"loss {result['loss']:.4f}  ({result['examples']} examples)")
 

@@ -9,10 +9,34 @@ def sparse_ce(labels, logits):
                                                       from_logits=True)
 
 
+def per_example_loss(labels, logits):
+  """Cross-entropy per example; for per-token labels, its mean over tokens.
+
+  Averaging over the non-batch axes before the division by the global batch
+  makes a language model's loss the mean per token (so exp(loss) is its
+  perplexity), on the same scale whatever seq_len; classifiers are unchanged.
+  """
+  loss = sparse_ce(labels, logits)
+  if loss.shape.rank > 1:
+    loss = tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))
+  return loss
+
+
 def num_correct(labels, logits):
-  """How many argmax predictions equal the labels (float32)."""
+  """How many argmax predictions equal the labels (float32).
+
+  Elementwise: for per-token labels it counts correct tokens.
+  """
   predicted = tf.argmax(logits, axis=-1, output_type=labels.dtype)
   return tf.reduce_sum(tf.cast(predicted == labels, tf.float32))
+
+
+def correct_per_example(labels, logits):
+  """Correct predictions per example (correct tokens for per-token labels)."""
+  predicted = tf.argmax(logits, axis=-1, output_type=labels.dtype)
+  hits = tf.cast(predicted == labels, tf.float32)
+  return tf.reshape(hits, [tf.shape(hits)[0], -1]) if hits.shape.rank > 1 \
+      else hits[:, None]
 
 
 def loss_and_grads(model, inputs, labels, global_batch_size: int):
@@ -24,7 +48,7 @@ def loss_and_grads(model, inputs, labels, global_batch_size: int):
   """
   with tf.GradientTape() as tape:
     logits = model(inputs, training=True)
-    loss = tf.nn.compute_average_loss(sparse_ce(labels, logits),
+    loss = tf.nn.compute_average_loss(per_example_loss(labels, logits),
                                       global_batch_size=global_batch_size)
     if model.losses:
       loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))

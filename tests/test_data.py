@@ -101,3 +101,12 @@ def test_bad_data_settings_are_refused(key, value, message):
   setattr(c, key, value)
   with pytest.raises(UserError, match=message):
     data.input_spec(c)
+
+
+@pytest.mark.parametrize("per_replica", [False, True])
+def test_eval_sees_every_example_exactly_once(mirrored, per_replica):
+  import eval_ids  # pylint: disable=g-import-not-at-top
+  c = helpers.tiny_config().data
+  c.eval_size, c.pipeline_per_replica = 123, per_replica  # 123 = 3*32 + 27.
+  ids = eval_ids.evaluated_ids(mirrored, c, global_batch_size=32)
+  np.testing.assert_array_equal(np.sort(ids), np.arange(123))

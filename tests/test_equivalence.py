@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import helpers
+import train_weights
 
 RUNS = {"one_device": ("one_device", 1), "mirrored_1": ("mirrored", 1),
         "mirrored_2": ("mirrored", 2), "mirrored_4": ("mirrored", 4)}
@@ -46,9 +47,20 @@ def test_replicas_match_one_device(weights, run, model):
                                err_msg=f"{run} {key}")
 
 
+@pytest.mark.parametrize("run", ["mirrored_1", "mirrored_2", "mirrored_4"])
+@pytest.mark.parametrize("model", ["lstm_longmem", "cnn_shapes"])
+def test_eval_is_exact_whatever_the_replica_count(weights, run, model):
+  """123 eval examples: 2 and 4 replicas get padded partial batches."""
+  accuracy, loss, examples = weights[run][f"eval/{model}"]
+  ref_accuracy, ref_loss, _ = weights["one_device"][f"eval/{model}"]
+  assert examples == train_weights.EVAL_SIZE
+  assert accuracy == ref_accuracy
+  assert loss == pytest.approx(ref_loss, abs=1e-5)
+
+
 def test_training_moved_every_weight_far_beyond_the_tolerance(weights):
   """Guards the test above against comparing (nearly) untrained weights."""
   ref = weights["one_device"]
-  for key in [k for k in ref if not k.startswith("initial/")]:
+  for key in [k for k in ref if not k.startswith(("initial/", "eval/"))]:
     moved = np.abs(ref[key] - ref[f"initial/{key}"]).max()
     assert moved > 1e-4, f"{key} moved only {moved}"  # 10x the tolerance

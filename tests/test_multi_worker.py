@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import helpers
+import train_weights
 
 LAUNCHER = os.path.join(helpers.REPO, "tools", "launch_local.py")
 TRAIN_WEIGHTS = os.path.join(helpers.REPO, "tests", "train_weights.py")
@@ -83,6 +84,10 @@ def test_workers_match_one_process_with_the_same_global_batches(weights, n):
   for key, expected in reference.items():
     np.testing.assert_allclose(worker[key], expected, rtol=0, atol=1e-5,
                                err_msg=key)
+    if key.startswith("eval/"):  # Exact eval: same examples, same result.
+      assert worker[key][2] == train_weights.EVAL_SIZE
+      assert worker[key][0] == expected[0]
+      continue
     if not key.startswith("initial/"):  # Guard: training really moved it.
       assert np.abs(expected - reference[f"initial/{key}"]).max() > 1e-4
 
@@ -244,3 +249,14 @@ def _free_ports(n):
   for s in socks:
     s.close()
   return ports
+
+
+def test_two_workers_evaluate_every_example_exactly_once(tmp_path):
+  result = _launch(2, [os.path.join(helpers.REPO, "tests", "eval_ids.py"),
+                       f"--out={tmp_path}/ids{{task}}.npy",
+                       "--eval_size=123", "--global_batch_size=32"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  per_worker = [np.load(tmp_path / f"ids{i}.npy") for i in range(2)]
+  assert all(len(ids) for ids in per_worker)  # Both took part.
+  np.testing.assert_array_equal(np.sort(np.concatenate(per_worker)),
+                                np.arange(123))

@@ -22,6 +22,9 @@ import helpers  # pylint: disable=g-import-not-at-top
 from dist_keras import loop, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
 
 
+EVAL_SIZE = 123
+
+
 def weights_after_training(config_name, strategy, global_batch_size=32,
                            pipeline_per_replica=False):
   c = helpers.tiny_config(config_name)
@@ -31,13 +34,20 @@ def weights_after_training(config_name, strategy, global_batch_size=32,
   c.train.steps, c.train.global_batch_size = 10, global_batch_size
   c.data.pipeline_per_replica = pipeline_per_replica
   c.eval.every = 0
+  # Not divisible by any global batch or replica count: eval must still see
+  # every example exactly once.
+  c.data.eval_size = EVAL_SIZE
   with tempfile.TemporaryDirectory() as workdir:
     trainer = loop.Trainer(c, workdir, strategy)
     initial = {f"initial/{config_name}/{w.path}": w.numpy()
                for w in trainer.model.weights}
-    trainer.run()
-    return {**initial, **{f"{config_name}/{w.path}": w.numpy()
-                          for w in trainer.model.weights}}
+    summary = trainer.run()
+    trainer.close()
+    evaluated = np.array([summary["eval_accuracy"], summary["eval_loss"],
+                          summary["eval_examples"]])
+    return {**initial, f"eval/{config_name}": evaluated,
+            **{f"{config_name}/{w.path}": w.numpy()
+               for w in trainer.model.weights}}
 
 
 def main():

@@ -9,6 +9,7 @@ from typing import Callable
 import tensorflow as tf
 
 from dist_keras.data import synthetic
+from dist_keras.data import tfds_sources
 from dist_keras.errors import UserError
 
 
@@ -19,17 +20,38 @@ class InputSpec:
   dtype: str
   num_classes: int
   vocab_size: int = 0  # Token inputs only.
+  # Labels are one class per input token ([batch, seq_len]), e.g. a language
+  # model: the loss and accuracy are per token and perplexity is exp(loss).
+  per_token: bool = False
 
 
-_BUILDERS: dict[str, Callable] = {
+class _Registry(dict):
+  """Built-in names, and any other `tfds:NAME` (TFDS's generic reader)."""
+
+  def __missing__(self, name):
+    if tfds_sources.is_tfds(name):
+      return tfds_sources.build
+    raise KeyError(name)
+
+
+_BUILDERS: dict[str, Callable] = _Registry({
     "longmem": synthetic.longmem,
     "shapes": synthetic.shapes,
-}
+    # TFDS datasets, prepared in data.data_dir (see tfds_sources).
+    "tfds:mnist": tfds_sources.build,
+    "tfds:fashion_mnist": tfds_sources.build,
+    "tfds:cifar10": tfds_sources.build,
+    "tfds:imdb_reviews": tfds_sources.build,
+    "tfds:tiny_shakespeare": tfds_sources.build,
+    "tfds:imagenet2012": tfds_sources.build,
+})
 
 
 def input_spec(data_cfg) -> InputSpec:
   """The InputSpec of the dataset `data_cfg.name`."""
   _check(data_cfg)
+  if tfds_sources.is_tfds(data_cfg.name):
+    return InputSpec(**tfds_sources.spec(data_cfg))
   if data_cfg.name == "longmem":
     return InputSpec((data_cfg.seq_len,), "int32", data_cfg.num_classes,
                      data_cfg.vocab_size)
@@ -38,9 +60,12 @@ def input_spec(data_cfg) -> InputSpec:
 
 
 def _check(data_cfg):
+  if tfds_sources.is_tfds(data_cfg.name):
+    return tfds_sources.check(data_cfg)
   if data_cfg.name not in _BUILDERS:
     raise UserError(f"data.name={data_cfg.name!r} is not one of "
-                    f"{', '.join(sorted(_BUILDERS))}; pick one of those.")
+                    f"{', '.join(sorted(_BUILDERS))}, or tfds:NAME; pick one "
+                    "of those.")
   synthetic.check(data_cfg, data_cfg.name)
 
 
@@ -56,37 +81,83 @@ def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
   return global_batch_size // num_replicas
 
 
+def num_examples(data_cfg, split: str) -> int:
+  """Examples in `split` of `data_cfg.name` (all pipelines together)."""
+  if tfds_sources.is_tfds(data_cfg.name):
+    return tfds_sources.num_examples(data_cfg, split)
+  return synthetic.num_examples(data_cfg, split)
+
+
 def dataset_fn(data_cfg, split: str, global_batch_size: int, seed: int,
-               steps: int = 0):
+               steps: int = 0, start_step: int = 0):
   """The `(InputContext) -> tf.data.Dataset` for one split.
 
-  Train: cached, shuffled with `seed`, repeated, per-replica batches with
-  static shapes. Eval: one pass over the split in order, per-replica batches
-  (the last partial batch is dropped), at most `steps` global batches.
+  Train: shuffled with `seed`, repeated, per-replica batches with static
+  shapes, starting `start_step` global batches in: the stream is a pure
+  function of the seed, so a resumed run reads exactly the batches the
+  interrupted one would have (the built-in generated data is cached first).
+  Eval (exact): one pass in order of (features, label, id, weight) batches.
+  Every pipeline is padded with weight-0 examples to the same number of
+  full batches, so each example of the split is counted exactly once with
+  any number of replicas and workers, the last partial batch included, and
+  every replica runs the same number of steps (as collectives require). At
+  most `steps` global batches when `steps` > 0.
   """
   _check(data_cfg)
   build = _BUILDERS[data_cfg.name]
+  size = num_examples(data_cfg, split) if split != "train" else 0
 
   def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch = ctx.get_per_replica_batch_size(global_batch_size)
-    ds = build(data_cfg, split, seed, ctx).cache()
+    # Each pipeline feeds num_replicas_in_sync / num_input_pipelines replicas.
+    per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
     if split == "train":
+      ds = build(data_cfg, split, seed, ctx)
+      if data_cfg.name in _CACHED:
+        ds = ds.cache()
       ds = ds.shuffle(data_cfg.shuffle_buffer, seed=seed,
                       reshuffle_each_iteration=True).repeat()
-    ds = ds.batch(batch, drop_remainder=True)
-    if split != "train" and steps > 0:
-      # Each pipeline feeds num_replicas_in_sync / num_input_pipelines replicas.
-      per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-      ds = ds.take(steps * per_pipeline)
+      ds = ds.batch(batch, drop_remainder=True)
+      ds = ds.skip(start_step * per_pipeline)
+    else:
+      ds = _padded_eval(build(data_cfg, split, seed, ctx, with_ids=True),
+                        size, ctx.num_input_pipelines, batch * per_pipeline)
+      ds = ds.batch(batch, drop_remainder=True)
+      if steps > 0:
+        ds = ds.take(steps * per_pipeline)
     return ds.prefetch(tf.data.AUTOTUNE)
 
   return make
 
 
-def distribute(strategy, data_cfg, split, global_batch_size, seed, steps=0):
+# Generated on the fly and small: cached after the first epoch. TFDS sources
+# cache their records themselves where they are small (try_autocache).
+_CACHED = ("longmem", "shapes")
+
+
+def _padded_eval(ds, size: int, num_pipelines: int, group: int):
+  """(features, label, id) -> (features, label, id, weight) padded with
+  weight-0 examples to ceil(ceil(size / P) / group) * group examples.
+
+  Pipelines hold equal (+-1) shards of the split, so none holds more than
+  ceil(size / P): that many, rounded up to whole global batches, fits all.
+  """
+  per_pipeline = -(-size // num_pipelines)
+  total = -(-per_pipeline // group) * group
+  ds = ds.map(lambda x, y, i: (x, y, i, tf.constant(1.0)))
+  padding = tf.nest.map_structure(
+      lambda spec: tf.zeros(spec.shape, spec.dtype), ds.element_spec)
+  padding = (*padding[:2], tf.constant(-1, padding[2].dtype),
+             tf.constant(0.0))
+  return ds.concatenate(
+      tf.data.Dataset.from_tensors(padding).repeat()).take(total)
+
+
+def distribute(strategy, data_cfg, split, global_batch_size, seed, steps=0,
+               start_step=0):
   """A distributed dataset of `split` for `strategy`'s replicas."""
   per_replica_batch_size(global_batch_size, strategy.num_replicas_in_sync)
-  fn = dataset_fn(data_cfg, split, global_batch_size, seed, steps)
+  fn = dataset_fn(data_cfg, split, global_batch_size, seed, steps, start_step)
   options = None
   if data_cfg.pipeline_per_replica:
     # Per-replica pipelines are built on the host; TensorFlow refuses to

@@ -69,24 +69,40 @@ def shapes_example(index, *, seed, image_size, num_classes, noise):
   return image[..., None], label
 
 
-def longmem(data_cfg, split, seed, input_context=None) -> tf.data.Dataset:
-  """Unbatched (tokens[seq_len] int32, label int32) examples of `split`."""
-  return _generate(data_cfg, split, input_context, functools.partial(
+def longmem(data_cfg, split, seed, input_context=None,
+            with_ids=False) -> tf.data.Dataset:
+  """Unbatched (tokens[seq_len] int32, label int32[, id]) of `split`."""
+  return _generate(data_cfg, split, input_context, with_ids, functools.partial(
       longmem_example, seed=seed, seq_len=data_cfg.seq_len,
       vocab_size=data_cfg.vocab_size, num_classes=data_cfg.num_classes))
 
 
-def shapes(data_cfg, split, seed, input_context=None) -> tf.data.Dataset:
-  """Unbatched (image[S, S, 1] float32 in [0, 1], label int32) examples."""
-  return _generate(data_cfg, split, input_context, functools.partial(
+def shapes(data_cfg, split, seed, input_context=None,
+           with_ids=False) -> tf.data.Dataset:
+  """Unbatched (image[S, S, 1] float32 in [0, 1], label int32[, id])."""
+  return _generate(data_cfg, split, input_context, with_ids, functools.partial(
       shapes_example, seed=seed, image_size=data_cfg.image_size,
       num_classes=data_cfg.num_classes, noise=data_cfg.noise))
 
 
-def _generate(data_cfg, split, input_context, make_example):
-  """Maps this pipeline's shard of `split`'s indices to their examples."""
+def num_examples(data_cfg, split: str) -> int:
+  return data_cfg.train_size if split == "train" else data_cfg.eval_size
+
+
+def _generate(data_cfg, split, input_context, with_ids, make_example):
+  """Maps this pipeline's shard of `split`'s indices to their examples.
+
+  With `with_ids`, each example also carries its index in the split.
+  """
+  offset = 0 if split == "train" else _EVAL_INDEX_OFFSET
+
+  def example(index):
+    features, label = make_example(index)
+    return (features, label, index - offset) if with_ids else (features,
+                                                               label)
+
   return indices(data_cfg, split, input_context).map(
-      make_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+      example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 def check(data_cfg, name):

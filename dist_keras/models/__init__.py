@@ -6,9 +6,10 @@ builds them inside `strategy.scope()` so every variable is mirrored.
 import keras
 
 from dist_keras.errors import UserError
-from dist_keras.models import cnn, sequence
+from dist_keras.models import cnn, language, resnet, sequence
 
-_MODULES = {"sequence_classifier": sequence, "cnn": cnn}
+_MODULES = {"sequence_classifier": sequence, "cnn": cnn, "char_lm": language,
+            "resnet50": resnet}
 
 
 def check(model_cfg, input_spec) -> None:

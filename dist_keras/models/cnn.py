@@ -13,7 +13,7 @@ def check(model_cfg, input_spec) -> None:
   """Raises UserError for inputs or filters this model cannot take."""
   if len(input_spec.shape) != 3:
     raise UserError("model.name='cnn' needs image inputs; use it with "
-                    "data.name=shapes.")
+                    "data.name=shapes or a TFDS image dataset (tfds:mnist).")
   if not model_cfg.filters or min(model_cfg.filters) < 1:
     raise UserError(f"model.filters={tuple(model_cfg.filters)} needs one or "
                     "more positive filter counts.")

@@ -57,9 +57,10 @@ def check(model_cfg, input_spec) -> None:
   if model_cfg.cell not in CELLS:
     raise UserError(f"model.cell={model_cfg.cell!r} is not one of "
                     f"{', '.join(CELLS)}; pick one of those.")
-  if not input_spec.vocab_size:
-    raise UserError("model.name='sequence_classifier' needs token inputs; "
-                    "use it with data.name=longmem.")
+  if not input_spec.vocab_size or input_spec.per_token:
+    raise UserError("model.name='sequence_classifier' needs token inputs "
+                    "with one label each; use it with data.name=longmem or "
+                    "tfds:imdb_reviews.")
   if model_cfg.num_layers < 1 or model_cfg.units < 1:
     raise UserError(f"model.num_layers={model_cfg.num_layers} and "
                     f"model.units={model_cfg.units} must be >= 1.")
@@ -72,14 +73,16 @@ def build(model_cfg, input_spec) -> keras.Model:
   x = keras.layers.Embedding(input_spec.vocab_size, model_cfg.embed_dim,
                              name="embedding")(inputs)
   for i in range(model_cfg.num_layers):
-    x = _recurrent(model_cfg, seq_len, last=i == model_cfg.num_layers - 1,
-                   name=f"{model_cfg.cell}_{i}")(x)
+    x = recurrent(model_cfg, seq_len,
+                  return_sequences=i < model_cfg.num_layers - 1,
+                  name=f"{model_cfg.cell}_{i}")(x)
   outputs = keras.layers.Dense(input_spec.num_classes, name="logits")(x)
   return keras.Model(inputs, outputs, name=f"{model_cfg.cell}_classifier")
 
 
-def _recurrent(model_cfg, seq_len, last, name):
-  kwargs = {"return_sequences": not last, "name": name}
+def recurrent(model_cfg, seq_len: int, return_sequences: bool, name: str):
+  """One `model_cfg.cell` layer, initialised for sequences of `seq_len`."""
+  kwargs = {"return_sequences": return_sequences, "name": name}
   if model_cfg.cell == "simple_rnn":
     # No gates to initialise; an orthogonal recurrent kernel is what lets a
     # vanilla RNN carry a signal at all (its default too, stated for clarity).

@@ -1,0 +1,25 @@
+"""CNN on CIFAR-10 (TFDS `cifar10`, 32x32 RGB; eval on its test split).
+
+Prepare: python tools/prepare_data.py cifar10 --data_dir DIR
+         (or `tfds build cifar10 --data_dir DIR` on a machine with network,
+         then copy DIR; DIR defaults to ~/tensorflow_datasets)
+Run:     python -m dist_keras.train --config=configs/cnn_cifar10.py \\
+             --config.data.data_dir=DIR
+Result:  not run on the real dataset here (no network); the pipeline is
+         tested on mock data (tests/test_tfds.py).
+"""
+from configs import base
+
+
+def get_config():
+  c = base.get_config()
+  c.data.name = "tfds:cifar10"
+  c.data.image_size = 32  # Native size: no resize.
+  c.model.name = "cnn"
+  c.model.filters = (32, 64, 128)
+  c.model.dense_units = 128
+  c.train.learning_rate = 1e-3
+  c.train.steps = 5000  # ~25 epochs of 50,000 at global batch 256.
+  c.eval.every = 500
+  c.train.checkpoint_every = 500
+  return c

@@ -1,0 +1,403 @@
+"""TensorFlow Datasets sources: data.name="tfds:NAME", read from data.data_dir.
+
+Supported: mnist, fashion_mnist, cifar10 and any other TFDS dataset with an
+`image` Image and a `label` ClassLabel feature (CNN); imdb_reviews (LSTM
+classifier); tiny_shakespeare (character-level LM); imagenet2012 (ResNet-50).
+Each builder returns unbatched `(features, label)` of one split, already
+sharded by input pipeline, like dist_keras.data.synthetic.
+
+Preparing. A dataset must be prepared in `data.data_dir` ("" means TFDS's
+default, ~/tensorflow_datasets; gs:// works). `check` looks for the prepared
+files before anything else and fails at once with the command that prepares
+them: `tfds.load` would instead try to download, and with no network it
+retries for ~205 s before failing. Only `data.download=True` downloads
+(TFDS's usual download_and_prepare); tools/prepare_data.py does it explicitly.
+
+Splits. "train" is TFDS's "train". "eval" is the held-out split meant for use
+during training: "validation" if the dataset has one (imagenet2012, whose
+"test" has no labels; tiny_shakespeare), else "test" (mnist, fashion_mnist,
+cifar10, imdb_reviews), else the last 10% of "train" (then "train" is the
+first 90%). Eval is read in order (one file after another, no file shuffle)
+and is finite.
+
+Sharding by input pipeline (never TensorFlow's AutoShard, turned off here):
+  * by files when the split has >= num_input_pipelines files: TFDS's
+    ReadConfig(input_context=...) gives pipeline i files i, i + P, ... (as
+    few as one file apart in size; cheapest: each record is read once);
+  * by examples otherwise: pipeline i reads the i-th of P contiguous, equal
+    (+-1) ranges of examples (tfds.even_splits), so it reads and decodes only
+    its own records, where `ds.shard` after reading would decode every record
+    on every pipeline and keep 1/P of them.
+  tiny_shakespeare is one record (the whole text) per split: its unit is the
+  window, and windows are sharded with `ds.shard`.
+In both cases the shards are disjoint and their union is the split.
+
+Text. imdb_reviews words are lower-cased and hashed into data.vocab_size
+buckets (id 0 is padding, 1..vocab_size-1 are buckets; tf.strings
+.to_hash_bucket_fast, a fixed fingerprint). Hashing rather than a vocabulary
+built from the train split: no shared state between workers (each computes
+the same ids alone, without first agreeing on a vocabulary), nothing to save
+next to a checkpoint or load at eval, and deterministic across runs, hosts
+and sharding. The cost, collisions, is small at 20k buckets. Reviews keep
+their LAST seq_len words, padded at the front: the classifier reads the final
+LSTM state, so real words come last, and a review's ending carries its
+verdict. tiny_shakespeare is split into windows of seq_len + 1 bytes, one
+every seq_len bytes: inputs are the first seq_len bytes, targets the last
+seq_len (next-byte prediction over 256 byte values).
+
+Ids. With `with_ids=True`, a builder yields `(features, label, id)`: id is the
+example's int64 index in the split (from TFDS's tfds_id: file offset + record
+index; the window index for tiny_shakespeare), for exact evaluation.
+"""
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from dist_keras.errors import UserError
+
+PREFIX = "tfds:"
+# imagenet2012: mean and std of the RGB channels over the train set, in [0, 1].
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# Eval resizes the shorter side to image_size / this, then crops the centre
+# (224 -> 256 -> 224: the standard ImageNet eval).
+_IMAGENET_CROP_FRACTION = 0.875
+# A tfds_id, e.g. "mnist-test.tfrecord-00003-of-00004__17": file 3, record 17.
+_ID_PATTERN = r"^.*-(\d+)-of-\d+__(\d+)$"
+_PREPARE_HINT = {"imagenet2012": " --manual_dir DIR_WITH_ILSVRC2012_TARS"}
+
+
+def _tfds():
+  # Imported on first use: runs on the built-in datasets never pay for it.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  return tfds
+
+
+def is_tfds(name: str) -> bool:
+  return name.startswith(PREFIX)
+
+
+def dataset_name(name: str) -> str:
+  """'tfds:imdb_reviews/plain_text:1.0.0' -> 'imdb_reviews'."""
+  return re.split(r"[/:]", name[len(PREFIX):])[0]
+
+
+def kind(name: str) -> str:
+  """How examples are preprocessed: image | imagenet | text | chars."""
+  return {"imagenet2012": "imagenet", "imdb_reviews": "text",
+          "tiny_shakespeare": "chars"}.get(dataset_name(name), "image")
+
+
+def builder(data_cfg):
+  """The TFDS builder of `data_cfg.name` in `data_cfg.data_dir` (no I/O)."""
+  tfds = _tfds()
+  try:
+    return tfds.builder(data_cfg.name[len(PREFIX):],
+                        data_dir=data_cfg.data_dir or None)
+  except tfds.core.registered.DatasetNotFoundError:
+    name = data_cfg.name[len(PREFIX):]
+    raise UserError(f"data.name={data_cfg.name!r}: TFDS has no dataset "
+                    f"{name!r}; see `tfds.list_builders()`.") from None
+
+
+def prepare_command(name: str, data_dir: str) -> str:
+  """The shell command that prepares dataset `name` into `data_dir`."""
+  base = dataset_name(PREFIX + name)
+  return (f"python tools/prepare_data.py {name} --data_dir {data_dir}"
+          f"{_PREPARE_HINT.get(base, '')}")
+
+
+def check(data_cfg) -> None:
+  """Raises UserError unless `data_cfg` names a prepared, usable dataset.
+
+  Looks for the prepared files only (no network): an unprepared dataset fails
+  in about a second. With data.download=True, prepares it instead (TFDS's
+  download_and_prepare, the network path of `tfds.load(download=True)`).
+  """
+  b = builder(data_cfg)
+  # The file test first: is_prepared() alone logs a warning when it is absent.
+  if not ((b.data_path / "dataset_info.json").exists() and b.is_prepared()):
+    if data_cfg.download:
+      b.download_and_prepare()
+    else:
+      name, data_dir = data_cfg.name[len(PREFIX):], b.data_dir_root
+      hint = _PREPARE_HINT.get(dataset_name(data_cfg.name), "")
+      raise UserError(
+          f"data.name={data_cfg.name!r} is not prepared in {data_dir} (no "
+          f"{b.data_path}/dataset_info.json): on a machine with network run "
+          f"`tfds build {name} --data_dir {data_dir}{hint}` and copy "
+          f"{data_dir} here, or run `{prepare_command(name, data_dir)}`, or "
+          "set --config.data.download=True.")
+  _check_features(data_cfg, b.info.features)
+  if "train" not in b.info.splits:
+    raise UserError(f"data.name={data_cfg.name!r} has no 'train' split (it "
+                    f"has {', '.join(b.info.splits)}); pick another dataset.")
+
+
+def _check_features(data_cfg, features):
+  """Raises UserError for settings this dataset's features cannot honour."""
+  tfds, k = _tfds(), kind(data_cfg.name)
+  if k == "text" and data_cfg.vocab_size < 2:
+    raise UserError(f"data.vocab_size={data_cfg.vocab_size} must be >= 2 "
+                    "(id 0 is padding); try 20000.")
+  if k in ("text", "chars") and data_cfg.seq_len < 1:
+    raise UserError(f"data.seq_len={data_cfg.seq_len} must be >= 1.")
+  if k not in ("image", "imagenet"):
+    return
+  names = list(features.keys())
+  if not ("image" in names and "label" in names
+          and isinstance(features["image"], tfds.features.Image)
+          and isinstance(features["label"], tfds.features.ClassLabel)):
+    raise UserError(
+        f"data.name={data_cfg.name!r} has features {', '.join(names)}, not "
+        "an 'image' Image and a 'label' ClassLabel; use an image "
+        "classification dataset, tfds:imdb_reviews or tfds:tiny_shakespeare.")
+  height, width, _ = features["image"].shape
+  if data_cfg.image_size < 0 or (not data_cfg.image_size and (
+      height is None or height != width)):
+    raise UserError(
+        f"data.image_size={data_cfg.image_size} for {data_cfg.name} (images "
+        f"{height}x{width}) must be > 0 (the side to resize to), or 0 for the "
+        "native size of square, fixed-size images.")
+
+
+def spec(data_cfg) -> dict:
+  """Keyword arguments of the InputSpec of `data_cfg.name`."""
+  k, features = kind(data_cfg.name), builder(data_cfg).info.features
+  if k == "chars":
+    return {"shape": (data_cfg.seq_len,), "dtype": "int32", "num_classes": 256,
+            "vocab_size": 256, "per_token": True}
+  num_classes = features["label"].num_classes
+  if k == "text":
+    return {"shape": (data_cfg.seq_len,), "dtype": "int32",
+            "num_classes": num_classes, "vocab_size": data_cfg.vocab_size}
+  height, _, channels = features["image"].shape
+  size = data_cfg.image_size or height
+  return {"shape": (size, size, channels), "dtype": "float32",
+          "num_classes": num_classes}
+
+
+def split_names(info) -> dict:
+  """{"train": TFDS split, "eval": TFDS split} for a prepared dataset."""
+  for name in ("validation", "test"):
+    if name in info.splits:
+      return {"train": "train", "eval": name}
+  return {"train": "train[:90%]", "eval": "train[90%:]"}
+
+
+def num_examples(data_cfg, split: str) -> int:
+  """Examples in `split` ("train" | "eval"): windows for tiny_shakespeare."""
+  b = builder(data_cfg)
+  tfds_split = split_names(b.info)[split]
+  if kind(data_cfg.name) != "chars":
+    return int(b.info.splits[tfds_split].num_examples)
+  texts = read(b, tfds_split, train=False, seed=None, shard=False)
+  return int(sum((len(ex["text"]) - 1) // data_cfg.seq_len
+                 for ex in texts.as_numpy_iterator()))
+
+
+def sharding_policy(num_files: int, num_pipelines: int) -> str:
+  """'none' (one pipeline), 'files' or 'examples': see the module docstring."""
+  if num_pipelines <= 1:
+    return "none"
+  return "files" if num_files >= num_pipelines else "examples"
+
+
+def build(data_cfg, split, seed, input_context=None, with_ids=False):
+  """Unbatched (features, label[, id]) of `split` ("train" | "eval").
+
+  Sharded by input pipeline per the module docstring. Train reads files in a
+  seeded shuffled order; eval reads them in order, once.
+  """
+  b = builder(data_cfg)
+  tfds_split = split_names(b.info)[split]
+  train = split == "train"
+  k = kind(data_cfg.name)
+  if k == "chars":
+    return _windows(b, tfds_split, data_cfg.seq_len, input_context, with_ids)
+  decoders = None
+  if k == "imagenet":
+    # Decode only the random crop of each JPEG, not the whole image.
+    decoders = {"image": _tfds().decode.SkipDecoding()}
+  ds = read(b, tfds_split, train=train, seed=seed, input_context=input_context,
+            decoders=decoders)
+  starts = _file_starts(b.info, tfds_split)
+  if k == "imagenet" and train:
+    ds = _with_random_seeds(ds, seed, input_context)
+  process = _preprocessor(k, data_cfg, b.info.features, train)
+
+  def example(ex, *rng):
+    features, label = process(ex, *rng)
+    if with_ids:
+      return features, label, _example_index(ex["tfds_id"], starts)
+    return features, label
+
+  return ds.map(example, num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True)
+
+
+def read(b, tfds_split, *, train, seed, input_context=None, decoders=None,
+         shard=True):
+  """This pipeline's records of `tfds_split` as dicts with a 'tfds_id'."""
+  tfds = _tfds()
+  pipelines = input_context.num_input_pipelines if input_context else 1
+  files = len(b.info.splits[tfds_split].file_instructions)
+  policy = sharding_policy(files, pipelines) if shard else "none"
+  if policy == "files" and not train:
+    # Eval shards must be equal (+-1) so that padding every pipeline to
+    # ceil(S / P) examples covers them all (exact eval); even_splits reads
+    # only its own records, so this costs no extra reading.
+    policy = "examples"
+  options = tf.data.Options()
+  # Sharding is chosen above; TensorFlow must not shard a second time.
+  options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.OFF)
+  kwargs = {} if train else {"interleave_cycle_length": 1}  # Eval in order.
+  read_config = tfds.ReadConfig(
+      input_context=input_context if policy == "files" else None,
+      add_tfds_id=True, shuffle_seed=seed if train else None,
+      # TFDS caches small datasets' records itself (before decoding);
+      # dataset_fn caches only the built-in generated ones.
+      try_autocache=True,
+      options=options, **kwargs)
+  if policy == "examples":
+    tfds_split = tfds.even_splits(tfds_split, n=pipelines)[
+        input_context.input_pipeline_id]
+  return b.as_dataset(split=tfds_split, shuffle_files=train,
+                      read_config=read_config, decoders=decoders)
+
+
+def _file_starts(info, tfds_split):
+  """The index in the (whole) split of each file's first example."""
+  lengths = info.splits[tfds_split.split("[")[0]].shard_lengths or [0]
+  return tf.constant(np.cumsum([0] + list(lengths[:-1])), tf.int64)
+
+
+def _example_index(tfds_id, starts):
+  """'...-00003-of-00004__17' -> starts[3] + 17: the index in the split."""
+  file_index = tf.strings.to_number(
+      tf.strings.regex_replace(tfds_id, _ID_PATTERN, r"\1"), tf.int64)
+  record = tf.strings.to_number(
+      tf.strings.regex_replace(tfds_id, _ID_PATTERN, r"\2"), tf.int64)
+  return tf.gather(starts, file_index) + record
+
+
+def _with_random_seeds(ds, seed, input_context):
+  """Zips a per-example random int64, new each epoch, seeded per pipeline."""
+  pipeline = input_context.input_pipeline_id if input_context else 0
+  rng = tf.data.Dataset.random(seed=seed * 1009 + pipeline,
+                               rerandomize_each_iteration=True)
+  return tf.data.Dataset.zip(ds, rng)
+
+
+def _preprocessor(k, data_cfg, features, train):
+  """`(example dict[, random int]) -> (features, label)` for kind `k`."""
+  if k == "text":
+    return lambda ex: (hash_tokens(ex["text"], data_cfg.seq_len,
+                                   data_cfg.vocab_size), _label(ex))
+  if k == "imagenet":
+    if train:
+      return lambda ex, r: (imagenet_train(ex["image"], data_cfg.image_size,
+                                           tf.stack([r, 0])), _label(ex))
+    return lambda ex: (imagenet_eval(ex["image"], data_cfg.image_size),
+                       _label(ex))
+  size = data_cfg.image_size or features["image"].shape[0]
+  return lambda ex: (scale_image(ex["image"], size), _label(ex))
+
+
+def _label(ex):
+  return tf.cast(ex["label"], tf.int32)
+
+
+def hash_tokens(text, seq_len: int, vocab_size: int):
+  """A string -> int32[seq_len] ids of its last seq_len lower-cased words.
+
+  Words are runs of letters and digits; id = 1 + hash(word) mod
+  (vocab_size - 1); 0 pads at the front.
+  """
+  text = tf.strings.lower(text, encoding="utf-8")
+  text = tf.strings.regex_replace(text, r"<br\s*/?>", " ")  # IMDB's HTML.
+  words = tf.strings.split(tf.strings.regex_replace(text, r"[^\pL\pN]+", " "))
+  ids = tf.strings.to_hash_bucket_fast(words, vocab_size - 1) + 1
+  ids = tf.cast(ids[-seq_len:], tf.int32)
+  ids = tf.pad(ids, [[seq_len - tf.size(ids), 0]])
+  return tf.ensure_shape(ids, [seq_len])
+
+
+def scale_image(image, size: int):
+  """uint8 [H, W, C] -> float32 [size, size, C] in [0, 1]."""
+  image = tf.image.convert_image_dtype(image, tf.float32)
+  if image.shape[0] != size or image.shape[1] != size:
+    image = resize_and_crop(image, size, size)
+  return image
+
+
+def resize_and_crop(image, shorter_side, size: int):
+  """Resizes the shorter side to `shorter_side`, then crops the centre."""
+  hw = tf.cast(tf.shape(image)[:2], tf.float32)
+  scale = tf.cast(shorter_side, tf.float32) / tf.reduce_min(hw)
+  new_hw = tf.maximum(tf.cast(tf.math.ceil(hw * scale), tf.int32), size)
+  image = tf.image.resize(image, new_hw, antialias=True)
+  top, left = (new_hw[0] - size) // 2, (new_hw[1] - size) // 2
+  image = tf.image.crop_to_bounding_box(image, top, left, size, size)
+  return tf.ensure_shape(image, [size, size, image.shape[-1]])
+
+
+def imagenet_train(jpeg, size: int, seed):
+  """A random crop of 8-100% of the area, aspect 3/4-4/3, flipped at random.
+
+  Inception-style: only the crop is decoded; `seed` (int64[2]) makes it a
+  pure function of the example's random draw.
+  """
+  crop_seed, flip_seed = tf.unstack(
+      tf.random.experimental.stateless_split(seed, 2))
+  begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      tf.image.extract_jpeg_shape(jpeg), tf.zeros([0, 0, 4], tf.float32),
+      seed=crop_seed, min_object_covered=0.1,
+      aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0),
+      max_attempts=10, use_image_if_no_bounding_boxes=True)
+  window = tf.stack([begin[0], begin[1], crop_size[0], crop_size[1]])
+  image = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
+  image = tf.image.resize(image, [size, size], antialias=True) / 255.0
+  image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+  return _normalise(image)
+
+
+def imagenet_eval(jpeg, size: int):
+  """Shorter side to size / 0.875, central size x size crop, normalised."""
+  image = tf.io.decode_jpeg(jpeg, channels=3)
+  image = tf.image.convert_image_dtype(image, tf.float32)
+  shorter = int(round(size / _IMAGENET_CROP_FRACTION))
+  return _normalise(resize_and_crop(image, shorter, size))
+
+
+def _normalise(image):
+  return tf.ensure_shape((image - IMAGENET_MEAN) / IMAGENET_STD,
+                         [image.shape[0], image.shape[1], 3])
+
+
+def _windows(b, tfds_split, seq_len, input_context, with_ids):
+  """(inputs[seq_len], targets[seq_len]) byte windows, sharded by window."""
+  texts = read(b, tfds_split, train=False, seed=None, shard=False)
+  ds = texts.flat_map(lambda ex: tf.data.Dataset.from_tensor_slices(
+      byte_windows(ex["text"], seq_len))).enumerate()
+  if input_context and input_context.num_input_pipelines > 1:
+    ds = ds.shard(input_context.num_input_pipelines,
+                  input_context.input_pipeline_id)
+  if with_ids:
+    return ds.map(lambda i, xy: (xy[0], xy[1], i))
+  return ds.map(lambda i, xy: xy)
+
+
+def byte_windows(text, seq_len: int):
+  """A string -> (inputs, targets) int32 [num_windows, seq_len] of its bytes.
+
+  Window k holds bytes k*seq_len .. k*seq_len + seq_len: consecutive windows
+  share one byte, so every byte after the first is a target exactly once.
+  """
+  data = tf.cast(tf.io.decode_raw(text, tf.uint8), tf.int32)
+  num = (tf.size(data) - 1) // seq_len
+  inputs = tf.reshape(data[:num * seq_len], [num, seq_len])
+  targets = tf.reshape(data[1:num * seq_len + 1], [num, seq_len])
+  return inputs, targets

@@ -1,0 +1,49 @@
+"""Writes the ids of the eval examples this process's replicas evaluate.
+
+  python tests/eval_ids.py --out=ids{task}.npy [--eval_size=123]
+
+Run under tools/launch_local.py for multi-worker: each worker writes the ids
+(weight 1, i.e. not padding) its replicas got in one pass of the eval split.
+"""
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+import helpers  # pylint: disable=g-import-not-at-top
+from dist_keras import data, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+
+
+def evaluated_ids(strategy, data_cfg, global_batch_size):
+  """Ids with weight 1 over one eval pass, from every local replica."""
+  ids = []
+  dataset = data.distribute(strategy, data_cfg, "eval", global_batch_size, 0)
+  for batch in dataset:
+    for _, _, i, w in zip(*[strategy.experimental_local_results(t)
+                            for t in batch]):
+      ids.extend(i.numpy()[w.numpy() > 0].tolist())
+  return np.array(ids, np.int64)
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--eval_size", type=int, default=123)
+  parser.add_argument("--global_batch_size", type=int, default=32)
+  args = parser.parse_args()
+  c = helpers.tiny_config()
+  c.data.eval_size = args.eval_size
+  strategy = strategy_lib.get_strategy(c.runtime)
+  ids = evaluated_ids(strategy, c.data, args.global_batch_size)
+  task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+  np.save(args.out.format(task=task.get("index", 0)), ids)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,133 @@
+"""Every shipped config's train step compiles with XLA, as on a TPU.
+
+A TPU runs each replica's step as one XLA computation: an op with no XLA
+kernel, a dynamic shape or a Python side effect in the step fails there
+only. `make_train_step(..., jit_compile=True)` compiles the same replica
+step on the CPU, so such a problem fails here instead. One device
+(OneDeviceStrategy('/cpu:0')); TFDS configs read `tfds.testing.mock_data`
+(random examples of the real feature specs, nothing downloaded).
+"""
+import contextlib
+import glob
+import os
+import socket
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+import helpers
+from dist_keras import data, loop, step as step_lib
+from dist_keras.data import tfds_sources
+
+# Every configs/*.py but the shared base: a new config is covered at once.
+CONFIGS = sorted(
+    os.path.basename(path)[:-3]
+    for path in glob.glob(os.path.join(helpers.REPO, "configs", "*.py"))
+    if os.path.basename(path) not in ("__init__.py", "base.py"))
+STEPS = 2
+BATCH = 8
+
+
+def _marked(name):
+  # ResNet-50's step takes 35-55 s to XLA-compile on this 2-core CPU.
+  slow = helpers.tiny_config(name).model.name == "resnet50"
+  return pytest.param(name, marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.fixture(scope="module")
+def one_cpu():
+  return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+  """Any connection attempt fails the test at once."""
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("network used")
+
+  monkeypatch.setattr(socket.socket, "connect", refuse)
+  monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def _config(name):
+  """`name` shrunk like the other tests (helpers.tiny_config)."""
+  c = helpers.tiny_config(name)
+  c.train.global_batch_size = BATCH
+  if c.model.name == "resnet50":
+    c.data.image_size = 32  # Its smallest input.
+  return c
+
+
+def _tfds_metadata(name: str, data_dir: str) -> None:
+  """The prepared metadata of TFDS dataset `name` in `data_dir`, no data:
+  enough for `tfds.testing.mock_data` (as tests/test_tfds.py does)."""
+  builder = tfds.builder(name, data_dir=data_dir)
+  builder.info.set_splits(tfds.core.SplitDict([
+      tfds.core.SplitInfo(name=split, shard_lengths=[8], num_bytes=0)
+      for split in ("train", "validation", "test")]))
+  builder.data_path.mkdir(parents=True)
+  builder.info.write_to_directory(builder.data_path)
+
+
+def _data_source(c, tmp_path):
+  """A context in which `c`'s data loads offline."""
+  if not tfds_sources.is_tfds(c.data.name):
+    return contextlib.nullcontext()  # Built-in, generated in memory.
+  _tfds_metadata(tfds_sources.dataset_name(c.data.name), str(tmp_path))
+  c.data.data_dir = str(tmp_path)
+  return tfds.testing.mock_data(num_examples=4 * BATCH,
+                                data_dir=str(tmp_path))
+
+
+def _train(strategy, c, jit_compile=True):
+  """Losses of STEPS compiled train steps of config `c`."""
+  spec = data.input_spec(c.data)
+  model, optimizer = loop.build_in_scope(strategy, c, spec)
+  iterator = iter(data.distribute(strategy, c.data, "train", BATCH,
+                                  c.runtime.seed))
+  train_step = loop.make_train_step(strategy, model, optimizer, BATCH,
+                                    c.train.global_clipnorm,
+                                    jit_compile=jit_compile)
+  return [float(train_step(iterator)["loss"]) for _ in range(STEPS)]
+
+
+def test_every_config_file_is_listed():
+  assert "lstm_longmem" in CONFIGS and "base" not in CONFIGS
+  assert len(CONFIGS) >= 4, CONFIGS
+
+
+@pytest.mark.parametrize("name", [_marked(name) for name in CONFIGS])
+def test_train_step_compiles_and_learns(one_cpu, tmp_path, no_network, name):
+  c = _config(name)
+  with _data_source(c, tmp_path):
+    losses = _train(one_cpu, c)
+  assert np.all(np.isfinite(losses)), losses
+  assert losses[0] != losses[1], losses  # The update reached the weights.
+
+
+def test_an_uncompilable_op_fails_loudly(one_cpu, monkeypatch):
+  """Proof that the replica step really is compiled: an op with no XLA
+  kernel (tf.timestamp) makes it fail, where the plain step runs."""
+  real = step_lib.loss_and_grads
+
+  def with_timestamp(model, inputs, labels, global_batch_size):
+    loss, logits, grads = real(model, inputs, labels, global_batch_size)
+    return loss + 0.0 * tf.cast(tf.timestamp(), loss.dtype), logits, grads
+
+  monkeypatch.setattr(step_lib, "loss_and_grads", with_timestamp)
+  c = _config("lstm_longmem")
+  assert len(_train(one_cpu, c, jit_compile=False)) == STEPS
+  with pytest.raises(tf.errors.InvalidArgumentError, match="Timestamp"):
+    _train(one_cpu, c, jit_compile=True)
+
+
+def test_timed_steps_cannot_be_compiled(one_cpu):
+  c = _config("lstm_longmem")
+  model, optimizer = loop.build_in_scope(one_cpu, c,
+                                         data.input_spec(c.data))
+  with pytest.raises(ValueError, match="timed steps cannot be XLA-compiled"):
+    loop.make_train_step(one_cpu, model, optimizer, BATCH, timed=True,
+                         jit_compile=True)
