@@ -1,0 +1,116 @@
+"""Nothing lost: a run SIGKILLed at a random step and restarted ends with the
+same weights as an uninterrupted one (one device, 2 replicas, 2 workers)."""
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import helpers
+
+STEPS = 30
+LAUNCHER = os.path.join(helpers.REPO, "tools", "launch_local.py")
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=helpers.REPO,
+           PYTHONUNBUFFERED="1")
+
+
+def _command(workdir, strategy, workers):
+  train = [sys.executable, "-m", "dist_keras.train", f"--workdir={workdir}",
+           f"--config.runtime.strategy={strategy}",
+           f"--config.train.steps={STEPS}", "--config.train.log_every=1",
+           "--config.train.checkpoint_every=4", "--config.eval.every=0",
+           "--config.data.train_size=512", "--config.data.eval_size=64",
+           "--config.data.seq_len=12", "--config.model.units=16",
+           "--config.train.global_batch_size=32",
+           "--config.log.calibration_steps=0"]
+  if not workers:
+    return train
+  return [sys.executable, LAUNCHER, f"--num_workers={workers}",
+          "--max_restarts=1", "--grace_seconds=5", "--", *train]
+
+
+def _final_weights(workdir):
+  reader = tf.train.load_checkpoint(os.path.join(workdir, "checkpoints"))
+  # Model weights and optimizer state alike (not the save bookkeeping).
+  names = [n for n in reader.get_variable_to_shape_map()
+           if n not in ("_CHECKPOINTABLE_OBJECT_GRAPH",)
+           and not n.startswith("save_counter")]
+  assert any("_trainable_variables" in n for n in names), names
+  return {n: reader.get_tensor(n) for n in names}
+
+
+def _kill_at(proc, step, victim_pid=None):
+  """Reads progress until `step` is logged, then SIGKILLs the victim."""
+  for line in proc.stdout:
+    if line.split("]")[-1].strip().startswith(f"step {step:>2}/"):
+      os.kill(victim_pid or proc.pid, signal.SIGKILL)
+      return
+  raise AssertionError(f"step {step} was never logged")
+
+
+@pytest.mark.parametrize("strategy,workers,tolerance", [
+    ("one_device", 0, 0.0),  # Bitwise.
+    ("mirrored", 0, 1e-6),
+    ("multi_worker_mirrored", 2, 1e-6),
+])
+def test_killed_and_restarted_run_ends_with_the_same_weights(
+    tmp_path, strategy, workers, tolerance):
+  kill_step = random.Random().randint(6, STEPS - 3)
+  print(f"killing at step {kill_step}")  # Shown if the test fails.
+  whole = subprocess.run(_command(tmp_path / "whole", strategy, workers),
+                         capture_output=True, text=True, env=ENV,
+                         timeout=600, check=False, cwd=helpers.REPO)
+  assert whole.returncode == 0, whole.stderr[-3000:]
+
+  command = _command(tmp_path / "cut", strategy, workers)
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=ENV,
+                          cwd=helpers.REPO)
+  if workers:
+    # Kill one worker (worker 1's python), as a lost pod would be; the
+    # launcher restarts the cluster (--max_restarts=1), which resumes.
+    for line in proc.stdout:
+      if line.startswith("[w0] step") and f" {kill_step}/" in line:
+        break
+    victim = _worker_pid(proc.pid, index=1)
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "launch_local: restart 1/1" in err
+    assert "resumed from" in out
+  else:
+    _kill_at(proc, kill_step)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    again = subprocess.run(command, capture_output=True, text=True, env=ENV,
+                           timeout=600, check=False, cwd=helpers.REPO)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout
+  expected, got = (_final_weights(tmp_path / "whole"),
+                   _final_weights(tmp_path / "cut"))
+  assert expected.keys() == got.keys()
+  for name, value in expected.items():
+    np.testing.assert_allclose(got[name], value, rtol=0, atol=tolerance,
+                               err_msg=name)
+
+
+def _worker_pid(launcher_pid, index):
+  """The pid of the launcher's child whose TF_CONFIG task index is `index`."""
+  children = subprocess.run(["pgrep", "-P", str(launcher_pid)],
+                            capture_output=True, text=True,
+                            check=False).stdout.split()
+  for pid in children:
+    try:
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        env = f.read().split(b"\0")
+    except OSError:
+      continue
+    for item in env:
+      if item.startswith(b"TF_CONFIG=") and (
+          f'"index": {index}'.encode() in item):
+        return int(pid)
+  raise AssertionError(f"no worker {index} under launcher {launcher_pid}")
