@@ -67,6 +67,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Plain train steps per tf.function call (host round trips dominate on
   # TPUs); logged/timed/checkpoint/eval steps still run where they fall.
   c.train.steps_per_loop = 1
+  # float32 | bfloat16 (Keras mixed_bfloat16: bfloat16 compute, float32
+  # variables; TPUs' native type).
+  c.train.precision = "float32"
   c.train.max_checkpoints = 3
 
   c.eval = ml_collections.ConfigDict()

@@ -66,13 +66,36 @@ def validate(config):
   models.check(config.model, spec)
   parse_profile_steps(config.log.profile_steps)
   check_optimizer(config.train)
+  check_precision(config.train)
   return spec
 
 
+PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
+
+
+def check_precision(train_cfg) -> None:
+  if train_cfg.precision not in PRECISIONS:
+    raise UserError(f"train.precision={train_cfg.precision!r} is not one of "
+                    f"{', '.join(PRECISIONS)}; pick one of those.")
+
+
 def build_in_scope(strategy, config, spec):
-  """Model and optimizer with every variable created in `strategy.scope()`."""
+  """Model and optimizer with every variable created in `strategy.scope()`.
+
+  With train.precision=bfloat16 the layers compute in bfloat16 and keep
+  float32 variables (Keras' mixed_bfloat16), so gradients, their all-reduce
+  and the update stay float32; bfloat16 has float32's range, so no loss
+  scaling. The policy is set only while the model is built: layers keep it,
+  and nothing else in the process inherits it.
+  """
+  previous = keras.config.dtype_policy()
+  keras.config.set_dtype_policy(PRECISIONS[config.train.precision])
+  try:
+    with strategy.scope():
+      model = models.build(config.model, spec)
+  finally:
+    keras.config.set_dtype_policy(previous)
   with strategy.scope():
-    model = models.build(config.model, spec)
     optimizer = make_optimizer(config.train)
     # Slots must exist before tracing: creating them inside a replica
     # function is not allowed under a strategy.
@@ -201,7 +224,7 @@ def make_eval_pass(strategy, model):
 
   def replica_step(inputs, labels, ids, weights):
     del ids  # Used by tests that check exactly-once; not by the metrics.
-    logits = model(inputs, training=False)
+    logits = tf.cast(model(inputs, training=False), tf.float32)
     hits = step_lib.correct_per_example(labels, logits)  # [batch, tokens]
     return tf.stack([
         tf.reduce_sum(weights * step_lib.per_example_loss(labels, logits)),

@@ -47,7 +47,8 @@ def loss_and_grads(model, inputs, labels, global_batch_size: int):
   count.
   """
   with tf.GradientTape() as tape:
-    logits = model(inputs, training=True)
+    # The loss in float32 whatever the compute dtype (mixed bfloat16).
+    logits = tf.cast(model(inputs, training=True), tf.float32)
     loss = tf.nn.compute_average_loss(per_example_loss(labels, logits),
                                       global_batch_size=global_batch_size)
     if model.losses:

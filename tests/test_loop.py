@@ -303,3 +303,29 @@ def test_steps_per_loop_stops_at_the_first_non_finite_step(tmp_path,
   c.log.sync_timing, c.eval.every = False, 0
   with pytest.raises(errors.Diverged, match=r"at step 3:"):
     loop.train(c, str(tmp_path), mirrored)
+
+
+def test_bfloat16_computes_in_bfloat16_keeps_float32_variables(tmp_path,
+                                                                mirrored):
+  import keras  # pylint: disable=g-import-not-at-top
+  c = helpers.tiny_config()
+  c.train.precision = "bfloat16"
+  trainer = loop.Trainer(c, str(tmp_path), mirrored)
+  try:
+    summary = trainer.run()
+  finally:
+    trainer.close()
+  assert np.isfinite(summary["train_loss"]) and summary["steps"] == 8
+  dense = trainer.model.layers[-1]
+  assert dense.compute_dtype == "bfloat16"
+  assert all(v.dtype == "float32" for v in trainer.model.weights)
+  # The policy did not leak into the rest of the process.
+  assert keras.config.dtype_policy().name == "float32"
+
+
+def test_unknown_precision_is_refused(tmp_path, mirrored):
+  c = helpers.tiny_config()
+  c.train.precision = "float8"
+  with pytest.raises(ValueError, match="train.precision='float8' is not one"):
+    loop.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)

@@ -131,3 +131,12 @@ def test_timed_steps_cannot_be_compiled(one_cpu):
   with pytest.raises(ValueError, match="timed steps cannot be XLA-compiled"):
     loop.make_train_step(one_cpu, model, optimizer, BATCH, timed=True,
                          jit_compile=True)
+
+
+@pytest.mark.parametrize("name", ["lstm_longmem", "cnn_shapes"])
+def test_bfloat16_step_compiles_and_learns(one_cpu, name):
+  """train.precision=bfloat16 (the TPU's type) through XLA on one CPU."""
+  c = _config(name)
+  c.train.precision = "bfloat16"
+  losses = _train(one_cpu, c)
+  assert np.all(np.isfinite(losses)) and losses[0] != losses[1], losses
