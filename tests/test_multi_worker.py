@@ -260,3 +260,40 @@ def test_two_workers_evaluate_every_example_exactly_once(tmp_path):
   assert all(len(ids) for ids in per_worker)  # Both took part.
   np.testing.assert_array_equal(np.sort(np.concatenate(per_worker)),
                                 np.arange(123))
+
+
+def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(
+    tmp_path):
+  """The signal reaches worker 1 only; the workers agree at the next
+  log_every step, both save and exit 143, and a rerun resumes there."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  hosts = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+  workdir = tmp_path / "run"
+  args = [*_train_args(workdir), "--config.train.steps=100000",
+          "--config.train.log_every=5",
+          "--config.train.checkpoint_every=100000"]
+  procs = []
+  for i in range(2):
+    tf_config = json.dumps({"cluster": {"worker": hosts},
+                            "task": {"type": "worker", "index": i}})
+    procs.append(subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=helpers.REPO,
+        env=dict(ENV, TF_CONFIG=tf_config, PYTHONPATH=helpers.REPO,
+                 PYTHONUNBUFFERED="1")))
+  try:
+    for line in procs[0].stdout:
+      if line.startswith("step"):
+        break
+    procs[1].send_signal(signal.SIGTERM)
+    results = [p.communicate(timeout=120) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  steps = []
+  for p, (_, stderr) in zip(procs, results):
+    assert p.returncode == errors.EXIT_PREEMPTED, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    steps.append(int(last.split("after step ")[1].split(";")[0]))
+  assert steps[0] == steps[1] and steps[0] % 5 == 0, steps
+  assert (workdir / "checkpoints" / f"ckpt-{steps[0]}.index").exists()
