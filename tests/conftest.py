@@ -7,6 +7,7 @@ group with size 4, but that group has size 2"). Other counts run in
 subprocesses (tests/helpers.py).
 """
 import os
+import socket
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -26,3 +27,16 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-posi
 def mirrored():
   """MirroredStrategy over the 2 logical CPU devices (one per session)."""
   return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+  """Any connection attempt or TFDS download fails the test at once."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("network used")
+
+  monkeypatch.setattr(socket.socket, "connect", refuse)
+  monkeypatch.setattr(socket, "create_connection", refuse)
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", refuse)

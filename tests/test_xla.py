@@ -10,7 +10,6 @@ step on the CPU, so such a problem fails here instead. One device
 import contextlib
 import glob
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -39,17 +38,6 @@ def _marked(name):
 @pytest.fixture(scope="module")
 def one_cpu():
   return tf.distribute.OneDeviceStrategy("/cpu:0")
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-  """Any connection attempt fails the test at once."""
-
-  def refuse(*args, **kwargs):
-    raise AssertionError("network used")
-
-  monkeypatch.setattr(socket.socket, "connect", refuse)
-  monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 def _config(name):

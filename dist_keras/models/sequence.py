@@ -54,13 +54,18 @@ class ChronoBias(keras.initializers.Initializer):
 
 def check(model_cfg, input_spec) -> None:
   """Raises UserError for a cell or input this model cannot take."""
-  if model_cfg.cell not in CELLS:
-    raise UserError(f"model.cell={model_cfg.cell!r} is not one of "
-                    f"{', '.join(CELLS)}; pick one of those.")
   if not input_spec.vocab_size or input_spec.per_token:
     raise UserError("model.name='sequence_classifier' needs token inputs "
                     "with one label each; use it with data.name=longmem or "
                     "tfds:imdb_reviews.")
+  check_stack(model_cfg)
+
+
+def check_stack(model_cfg) -> None:
+  """Raises UserError for a cell or size the recurrent stack cannot take."""
+  if model_cfg.cell not in CELLS:
+    raise UserError(f"model.cell={model_cfg.cell!r} is not one of "
+                    f"{', '.join(CELLS)}; pick one of those.")
   if model_cfg.num_layers < 1 or model_cfg.units < 1:
     raise UserError(f"model.num_layers={model_cfg.num_layers} and "
                     f"model.units={model_cfg.units} must be >= 1.")
@@ -68,16 +73,27 @@ def check(model_cfg, input_spec) -> None:
 
 def build(model_cfg, input_spec) -> keras.Model:
   """Builds the classifier; `model_cfg.cell` picks the recurrent layer."""
+  inputs, x = token_stack(model_cfg, input_spec, last_sequences=False)
+  outputs = keras.layers.Dense(input_spec.num_classes, name="logits")(x)
+  return keras.Model(inputs, outputs, name=f"{model_cfg.cell}_classifier")
+
+
+def token_stack(model_cfg, input_spec, last_sequences: bool):
+  """(inputs, outputs) of Embedding -> num_layers recurrent layers.
+
+  Every layer but the last returns its sequence; the last one does too if
+  `last_sequences` (a per-token model), else only its final state.
+  """
   seq_len = input_spec.shape[0]
   inputs = keras.Input(input_spec.shape, dtype="int32", name="tokens")
   x = keras.layers.Embedding(input_spec.vocab_size, model_cfg.embed_dim,
                              name="embedding")(inputs)
   for i in range(model_cfg.num_layers):
+    last = i == model_cfg.num_layers - 1
     x = recurrent(model_cfg, seq_len,
-                  return_sequences=i < model_cfg.num_layers - 1,
+                  return_sequences=last_sequences or not last,
                   name=f"{model_cfg.cell}_{i}")(x)
-  outputs = keras.layers.Dense(input_spec.num_classes, name="logits")(x)
-  return keras.Model(inputs, outputs, name=f"{model_cfg.cell}_classifier")
+  return inputs, x
 
 
 def recurrent(model_cfg, seq_len: int, return_sequences: bool, name: str):
