@@ -1,0 +1,156 @@
+"""dist_keras's loop against Keras' own fit: same model, data, batch, strategy.
+
+In ONE process, after a warm-up of each, blocks of STEPS steps alternate
+between (a) Keras `model.fit` with no strategy (one device), (b) `model.fit`
+under MirroredStrategy, (c) dist_keras's loop under the same strategy with
+its sync timing as in a real run (one instrumented step per
+train.log_every), (d) the same loop with timing off, and (e) the loop on one
+device (OneDeviceStrategy), the counterpart of (a). Prints the median
+ms/step and examples/s of each and the ratios the README quotes; writes
+JSON. A benchmark, not a test.
+
+  python tools/bench.py --config=lstm_longmem --repeats=5 --out=bench.json
+"""
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _config(name, overrides):
+  c = importlib.import_module(f"configs.{name}").get_config()
+  for override in overrides:
+    key, value = override.split("=", 1)
+    section, field = key.split(".")
+    setattr(c[section], field, type(c[section][field])(value))
+  return c
+
+
+def keras_fit_block(c, strategy, data_lib, models, loop):
+  """A `(steps) -> seconds` running model.fit for `steps` steps."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  spec = data_lib.input_spec(c.data)
+  with strategy.scope():
+    keras.utils.set_random_seed(c.runtime.seed)
+    model = models.build(c.model, spec)
+    model.compile(optimizer=loop.make_optimizer(c.train),
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=True), metrics=["accuracy"])
+  # The same examples, shuffled and batched globally, as fit expects.
+  fn = data_lib.dataset_fn(c.data, "train", c.train.global_batch_size,
+                           c.runtime.seed)
+  ds = fn(tf.distribute.InputContext()).unbatch().batch(
+      c.train.global_batch_size, drop_remainder=True).prefetch(
+          tf.data.AUTOTUNE)
+
+  def run(steps):
+    start = time.perf_counter()
+    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
+    return time.perf_counter() - start
+
+  return run
+
+
+def loop_block(c, strategy, data_lib, loop, sync_timing):
+  """A `(steps) -> seconds` running dist_keras's steps as its loop does."""
+  from dist_keras import sync  # pylint: disable=g-import-not-at-top
+  c.log.sync_timing = sync_timing
+  with tempfile.TemporaryDirectory() as workdir:
+    trainer = loop.Trainer(c, workdir, strategy)
+    trainer.close()
+  gb, log_every = c.train.global_batch_size, c.train.log_every
+  iterator = iter(data_lib.distribute(strategy, c.data, "train", gb,
+                                      c.runtime.seed))
+  steps_fn = {timed: loop.make_train_step(
+      strategy, trainer.model, trainer.optimizer, gb,
+      c.train.global_clipnorm, timed=timed) for timed in (False, True)}
+  done = [0]
+
+  def run(steps):
+    start = time.perf_counter()
+    for _ in range(steps):
+      done[0] += 1
+      timed = sync_timing and done[0] % log_every == 0
+      out = steps_fn[timed](iterator)
+      out["loss"].numpy()  # The loop reads the loss every step.
+      if timed:
+        sync.breakdown(out["step_start"].numpy(), out["inputs_ready"].numpy(),
+                       out["stamps"].numpy(), out["collective_waits"].numpy())
+    return time.perf_counter() - start
+
+  return run
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--config", default="lstm_longmem")
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--steps", type=int, default=50, help="steps per block")
+  p.add_argument("--override", action="append", default=[])
+  p.add_argument("--out", default="")
+  args = p.parse_args()
+  from dist_keras import quiet  # pylint: disable=g-import-not-at-top
+  with quiet.startup_lines_filtered():
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from dist_keras import data as data_lib, loop, models, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  c = _config(args.config, args.override)
+  mirrored = strategy_lib.get_strategy(c.runtime)
+  one = tf.distribute.get_strategy()  # The default: no strategy.
+  blocks = {
+      "fit, no strategy": keras_fit_block(_config(args.config, args.override),
+                                          one, data_lib, models, loop),
+      "fit, Mirrored": keras_fit_block(_config(args.config, args.override),
+                                       mirrored, data_lib, models, loop),
+      "dist_keras": loop_block(_config(args.config, args.override), mirrored,
+                               data_lib, loop, sync_timing=True),
+      "dist_keras, timing off": loop_block(
+          _config(args.config, args.override), mirrored, data_lib, loop,
+          sync_timing=False),
+      # The price of being distributed: the same loop on one device.
+      "dist_keras, one device": loop_block(
+          _config(args.config, args.override),
+          tf.distribute.OneDeviceStrategy("/cpu:0"), data_lib, loop,
+          sync_timing=True),
+  }
+  for run in blocks.values():  # Warm-up: tracing, autotuning.
+    run(args.steps)
+  seconds = {name: [] for name in blocks}
+  for _ in range(args.repeats):
+    for name, run in blocks.items():  # Alternating: drift hits all alike.
+      seconds[name].append(run(args.steps))
+  gb = c.train.global_batch_size
+  result = {"config": args.config, "replicas": mirrored.num_replicas_in_sync,
+            "global_batch_size": gb, "steps_per_block": args.steps,
+            "repeats": args.repeats, "ms_per_step": {}}
+  print(f"{args.config}: {mirrored.num_replicas_in_sync} replicas, global "
+        f"batch {gb}, {args.repeats} x {args.steps} steps each (medians)")
+  for name, values in seconds.items():
+    ms = 1e3 * statistics.median(values) / args.steps
+    result["ms_per_step"][name] = ms
+    print(f"  {name:24} {ms:8.2f} ms/step {1e3 * gb / ms:10,.0f} ex/s")
+  ms = result["ms_per_step"]
+  result["ratios"] = {
+      "dist_keras / fit, Mirrored (speed)": ms["fit, Mirrored"]
+                                            / ms["dist_keras"],
+      "one device: dist_keras / fit, no strategy (speed)": (
+          ms["fit, no strategy"] / ms["dist_keras, one device"]),
+      "timing overhead": ms["dist_keras"] / ms["dist_keras, timing off"] - 1,
+  }
+  for name, value in result["ratios"].items():
+    print(f"  {name:40} {value:6.3f}")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
