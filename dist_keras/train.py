@@ -21,14 +21,13 @@ if _REPO not in sys.path:
   sys.path.insert(1, _REPO)
 
 import datetime  # pylint: disable=g-import-not-at-top
-import json
 import re
 import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dist_keras import errors, quiet
+from dist_keras import errors, quiet, tfconfig
 
 DEFAULT_CONFIG = os.path.join(_REPO, "configs", "lstm_longmem.py")
 
@@ -94,7 +93,6 @@ def _train(config, workdir: str) -> int:
   # there fails now, not as a gRPC hang later), and the strategy (which
   # splits the CPU into logical devices) comes before anything else
   # initialises TensorFlow.
-  from dist_keras import tfconfig  # pylint: disable=g-import-not-at-top
   tfconfig.from_env()
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
@@ -126,14 +124,13 @@ _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 
 def peer_lost(error: Exception):
   """A PeerLost for a multi-worker job's lost-peer error, else None."""
-  if type(error).__name__ not in _PEER_ERRORS or not os.environ.get(
-      "TF_CONFIG"):
+  cluster = tfconfig.from_env()  # Checked at start-up: parses cleanly.
+  if type(error).__name__ not in _PEER_ERRORS or cluster is None:
     return None
   text = str(error)
-  me = json.loads(os.environ["TF_CONFIG"]).get("task", {})
+  me = (cluster.task_type, cluster.task_index)
   others = [m for m in _TASK.finditer(text)
-            if (m.group(1), int(m.group(2))) != (me.get("type"),
-                                                 me.get("index"))]
+            if (m.group(1), int(m.group(2))) != me]
   who = (f"task {others[0].group(1)}:{others[0].group(2)}" if others
          else "a peer task")
   return errors.PeerLost(

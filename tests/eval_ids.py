@@ -6,7 +6,6 @@ Run under tools/launch_local.py for multi-worker: each worker writes the ids
 (weight 1, i.e. not padding) its replicas got in one pass of the eval split.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -17,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import helpers  # pylint: disable=g-import-not-at-top
-from dist_keras import data, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+from dist_keras import data, strategy as strategy_lib, tfconfig  # pylint: disable=g-import-not-at-top
 
 
 def evaluated_ids(strategy, data_cfg, global_batch_size):
@@ -41,8 +40,8 @@ def main():
   c.data.eval_size = args.eval_size
   strategy = strategy_lib.get_strategy(c.runtime)
   ids = evaluated_ids(strategy, c.data, args.global_batch_size)
-  task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
-  np.save(args.out.format(task=task.get("index", 0)), ids)
+  cluster = tfconfig.from_env()
+  np.save(args.out.format(task=cluster.task_index if cluster else 0), ids)
 
 
 if __name__ == "__main__":

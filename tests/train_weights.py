@@ -7,7 +7,6 @@ tools/launch_local.py with --strategy=multi_worker_mirrored every worker
 writes its own file: `{task}` in --out becomes its TF_CONFIG task index.
 """
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -19,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import helpers  # pylint: disable=g-import-not-at-top
-from dist_keras import loop, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+from dist_keras import loop, strategy as strategy_lib, tfconfig  # pylint: disable=g-import-not-at-top
 
 
 EVAL_SIZE = 123
@@ -69,8 +68,9 @@ def main():
     weights.update(weights_after_training(name, strategy,
                                           args.global_batch_size,
                                           args.pipeline_per_replica))
-  task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
-  np.savez(args.out.format(task=task.get("index", 0)), **weights)
+  cluster = tfconfig.from_env()
+  np.savez(args.out.format(task=cluster.task_index if cluster else 0),
+           **weights)
 
 
 if __name__ == "__main__":
