@@ -334,10 +334,7 @@ class Trainer:
     if self.chief:
       workdir_lib.prepare(workdir)
     keras.utils.set_random_seed(config.runtime.seed)
-    # Language models predict every token: accuracy and perplexity are per
-    # token.
-    self.per_token = spec.per_token
-    self.predictions_per_example = spec.shape[0] if spec.per_token else 1
+    self.spec = spec
     self.model, self.optimizer = build_in_scope(strategy, config, spec)
     self.gradient_bytes = sync.gradient_bytes(self.model.trainable_variables)
     self.checkpoint = tf.train.Checkpoint(model=self.model,
@@ -559,12 +556,14 @@ class Trainer:
     cfg = self.config.train
     seconds = window.elapsed()
     loss = window.loss_sum / window.steps
+    # Language models predict every token: accuracy is per token.
+    predictions = self.spec.shape[0] if self.spec.per_token else 1
     accuracy = window.correct / (window.steps * cfg.global_batch_size
-                                 * self.predictions_per_example)
+                                 * predictions)
     values = {"loss": loss, "accuracy": accuracy,
               "learning_rate": float(
                   keras.ops.convert_to_numpy(self.optimizer.learning_rate))}
-    if self.per_token:  # The loss is the mean per token: exp is perplexity.
+    if self.spec.per_token:  # The loss is the mean per token: exp is perplexity.
       values["perplexity"] = float(np.exp(min(loss, 50.0)))
     if throughput.add(window.steps, seconds):
       step_s = seconds / window.steps
@@ -587,7 +586,7 @@ class Trainer:
 
   def _log_eval(self, result: dict) -> None:
     values = {"eval/accuracy": result["accuracy"], "eval/loss": result["loss"]}
-    if self.per_token:
+    if self.spec.per_token:
       values["eval/perplexity"] = float(np.exp(min(result["loss"], 50.0)))
     self.summaries.scalars(self.step, values)
     self.log(f"eval at step {self.step}: accuracy {result['accuracy']:.4f}  "

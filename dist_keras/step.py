@@ -27,8 +27,7 @@ def num_correct(labels, logits):
 
   Elementwise: for per-token labels it counts correct tokens.
   """
-  predicted = tf.argmax(logits, axis=-1, output_type=labels.dtype)
-  return tf.reduce_sum(tf.cast(predicted == labels, tf.float32))
+  return tf.reduce_sum(correct_per_example(labels, logits))
 
 
 def correct_per_example(labels, logits):
