@@ -11,8 +11,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def tiny_config(name: str = "lstm_longmem"):
   """A config `name` shrunk to run in seconds."""
-  import importlib  # pylint: disable=g-import-not-at-top
-  c = importlib.import_module(f"configs.{name}").get_config()
+  import configs  # pylint: disable=g-import-not-at-top
+  c = configs.load(name)
   c.data.train_size, c.data.eval_size = 512, 128
   c.data.seq_len = 12
   c.data.image_size = 16

@@ -20,21 +20,14 @@ import helpers
 from dist_keras import data, loop, models, step
 from dist_keras.data import tfds_sources
 from dist_keras.errors import UserError
+from tools import mock_tfds
 
 _spec = importlib.util.spec_from_file_location(
     "prepare_data", os.path.join(helpers.REPO, "tools", "prepare_data.py"))
 prepare_data = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(prepare_data)
 
-# Real datasets and their splits, as their prepared metadata lists them.
-SPLITS = {
-    "mnist": ("train", "test"),
-    "fashion_mnist": ("train", "test"),
-    "cifar10": ("train", "test"),
-    "imdb_reviews": ("train", "test", "unsupervised"),
-    "tiny_shakespeare": ("train", "validation", "test"),
-    "imagenet2012": ("train", "validation", "test"),
-}
+SPLITS = mock_tfds.SPLITS
 NUM_FILES = 4
 
 
@@ -77,13 +70,8 @@ class DkOffline(DkTinyImages):
 def meta_dir(tmp_path_factory):
   """A data_dir holding the real datasets' metadata (one file per split)."""
   root = tmp_path_factory.mktemp("tfds_meta")
-  for name, splits in SPLITS.items():
-    b = tfds.builder(name, data_dir=str(root))
-    b.info.set_splits(tfds.core.SplitDict([
-        tfds.core.SplitInfo(name=s, shard_lengths=[8], num_bytes=0)
-        for s in splits]))
-    b.data_path.mkdir(parents=True)
-    b.info.write_to_directory(b.data_path)
+  for name in SPLITS:
+    mock_tfds.write_metadata(name, str(root), 8)
   return str(root)
 
 

@@ -8,23 +8,20 @@ step on the CPU, so such a problem fails here instead. One device
 (random examples of the real feature specs, nothing downloaded).
 """
 import contextlib
-import glob
-import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+import configs
 import helpers
 from dist_keras import data, loop, step as step_lib
 from dist_keras.data import tfds_sources
+from tools import mock_tfds
 
 # Every configs/*.py but the shared base: a new config is covered at once.
-CONFIGS = sorted(
-    os.path.basename(path)[:-3]
-    for path in glob.glob(os.path.join(helpers.REPO, "configs", "*.py"))
-    if os.path.basename(path) not in ("__init__.py", "base.py"))
+CONFIGS = configs.names()
 STEPS = 2
 BATCH = 8
 
@@ -49,22 +46,12 @@ def _config(name):
   return c
 
 
-def _tfds_metadata(name: str, data_dir: str) -> None:
-  """The prepared metadata of TFDS dataset `name` in `data_dir`, no data:
-  enough for `tfds.testing.mock_data` (as tests/test_tfds.py does)."""
-  builder = tfds.builder(name, data_dir=data_dir)
-  builder.info.set_splits(tfds.core.SplitDict([
-      tfds.core.SplitInfo(name=split, shard_lengths=[8], num_bytes=0)
-      for split in ("train", "validation", "test")]))
-  builder.data_path.mkdir(parents=True)
-  builder.info.write_to_directory(builder.data_path)
-
-
 def _data_source(c, tmp_path):
   """A context in which `c`'s data loads offline."""
   if not tfds_sources.is_tfds(c.data.name):
     return contextlib.nullcontext()  # Built-in, generated in memory.
-  _tfds_metadata(tfds_sources.dataset_name(c.data.name), str(tmp_path))
+  mock_tfds.write_metadata(tfds_sources.dataset_name(c.data.name),
+                           str(tmp_path), 8)
   c.data.data_dir = str(tmp_path)
   return tfds.testing.mock_data(num_examples=4 * BATCH,
                                 data_dir=str(tmp_path))

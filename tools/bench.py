@@ -12,7 +12,6 @@ JSON. A benchmark, not a test.
   python tools/bench.py --config=lstm_longmem --repeats=5 --out=bench.json
 """
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -23,15 +22,6 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-def _config(name, overrides):
-  c = importlib.import_module(f"configs.{name}").get_config()
-  for override in overrides:
-    key, value = override.split("=", 1)
-    section, field = key.split(".")
-    setattr(c[section], field, type(c[section][field])(value))
-  return c
 
 
 def keras_fit_block(c, strategy, data_lib, models, loop):
@@ -102,22 +92,23 @@ def main():
   with quiet.startup_lines_filtered():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from dist_keras import data as data_lib, loop, models, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  c = _config(args.config, args.override)
+  import configs  # pylint: disable=g-import-not-at-top
+  c = configs.load(args.config, args.override)
   mirrored = strategy_lib.get_strategy(c.runtime)
   one = tf.distribute.get_strategy()  # The default: no strategy.
   blocks = {
-      "fit, no strategy": keras_fit_block(_config(args.config, args.override),
+      "fit, no strategy": keras_fit_block(configs.load(args.config, args.override),
                                           one, data_lib, models, loop),
-      "fit, Mirrored": keras_fit_block(_config(args.config, args.override),
+      "fit, Mirrored": keras_fit_block(configs.load(args.config, args.override),
                                        mirrored, data_lib, models, loop),
-      "dist_keras": loop_block(_config(args.config, args.override), mirrored,
+      "dist_keras": loop_block(configs.load(args.config, args.override), mirrored,
                                data_lib, loop, sync_timing=True),
       "dist_keras, timing off": loop_block(
-          _config(args.config, args.override), mirrored, data_lib, loop,
+          configs.load(args.config, args.override), mirrored, data_lib, loop,
           sync_timing=False),
       # The price of being distributed: the same loop on one device.
       "dist_keras, one device": loop_block(
-          _config(args.config, args.override),
+          configs.load(args.config, args.override),
           tf.distribute.OneDeviceStrategy("/cpu:0"), data_lib, loop,
           sync_timing=True),
   }

@@ -11,29 +11,17 @@ not disk reads. A benchmark, not a test.
   python tools/input_wait.py --steps=300
 """
 import argparse
-import ast
 import contextlib
-import glob
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
+import mock_tfds
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESNET_BATCH = 32
-# Each TFDS dataset's splits, for the metadata mock_data needs on disk.
-_SPLITS = {"mnist": ("train", "test"), "fashion_mnist": ("train", "test"),
-           "cifar10": ("train", "test"),
-           "imdb_reviews": ("train", "test", "unsupervised"),
-           "tiny_shakespeare": ("train", "validation", "test"),
-           "imagenet2012": ("train", "validation", "test")}
-
-
-def configs() -> list[str]:
-  return sorted(os.path.basename(p)[:-3] for p in glob.glob(
-      os.path.join(REPO, "configs", "*.py"))
-                if not os.path.basename(p).startswith(("base", "__")))
 
 
 @contextlib.contextmanager
@@ -47,12 +35,7 @@ def _mock_tfds(c, data_dir: str):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name = tfds_sources.dataset_name(c.data.name)
-  b = tfds.builder(name, data_dir=data_dir)
-  b.info.set_splits(tfds.core.SplitDict([
-      tfds.core.SplitInfo(name=s, shard_lengths=[4096], num_bytes=0)
-      for s in _SPLITS[name]]))
-  b.data_path.mkdir(parents=True)
-  b.info.write_to_directory(b.data_path)
+  mock_tfds.write_metadata(name, data_dir, 4096)
   c.data.data_dir = data_dir
   kwargs = {}
   if name == "tiny_shakespeare":
@@ -73,12 +56,8 @@ def measure_one(name: str, steps: int, overrides=()) -> dict:
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
     from dist_keras import loop, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  import importlib  # pylint: disable=g-import-not-at-top
-  c = importlib.import_module(f"configs.{name}").get_config()
-  for override in overrides:  # "section.key=value", value as Python literal.
-    key, value = override.split("=", 1)
-    section, field = key.split(".")
-    setattr(c[section], field, ast.literal_eval(value))
+  import configs  # pylint: disable=g-import-not-at-top
+  c = configs.load(name, overrides)
   c.train.steps, c.train.log_every = steps, max(1, steps // 6)
   c.eval.every, c.eval.steps = 0, 1
   c.log.calibration_steps, c.log.progress = 0, False
@@ -98,7 +77,7 @@ def measure_one(name: str, steps: int, overrides=()) -> dict:
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--configs", default=",".join(configs()))
+  p.add_argument("--configs", default="")
   p.add_argument("--steps", type=int, default=300)
   p.add_argument("--override", action="append", default=[],
                  help="section.key=value, e.g. data.pipeline_per_replica=True")
@@ -111,7 +90,9 @@ def main():
   # "wall": wall-clock time per step (perf/step_ms), host overhead included.
   print(f"{'config':24} {'input wait ms':>14} {'step ms':>9} {'share':>7} "
         f"{'wall ms':>9} {'share':>7}")
-  for name in args.configs.split(","):
+  sys.path.insert(0, REPO)
+  import configs  # pylint: disable=g-import-not-at-top
+  for name in (args.configs.split(",") if args.configs else configs.names()):
     steps = min(args.steps, 8) if "resnet" in name else args.steps
     result = subprocess.run(
         [sys.executable, __file__, f"--one={name}", f"--steps={steps}",
