@@ -160,8 +160,9 @@ def distribute(strategy, data_cfg, split, global_batch_size, seed, steps=0,
   fn = dataset_fn(data_cfg, split, global_batch_size, seed, steps, start_step)
   options = None
   if data_cfg.pipeline_per_replica:
-    # Per-replica pipelines are built on the host; TensorFlow refuses to
-    # prefetch them to the devices itself.
+    # Batches stay on the host, where each replica's pipeline runs (TF
+    # 2.21 would also prefetch them to the devices; only the batches'
+    # contents matter for the equivalence this mode exists for).
     options = tf.distribute.InputOptions(
         experimental_replication_mode=(
             tf.distribute.InputReplicationMode.PER_REPLICA),
