@@ -390,18 +390,12 @@ class Trainer:
     if num_workers(self.strategy) <= 1:
       return
     step = self.step
-
-    @tf.function  # Eager collectives under MWMS are slow and warn.
-    def total_steps():
-      return self.strategy.reduce(_SUM, self.strategy.run(
-          lambda: tf.constant(step, tf.int64)), axis=None)
-
-    total = total_steps()
-    if int(total) != step * self.replicas:
+    total = int(sync.host_value_sum(self.strategy)(step))
+    if total != step * self.replicas:
       raise UserError(
           f"this worker is at step {step} after restoring --workdir="
           f"{self.workdir}, but the workers disagree (sum of steps "
-          f"{int(total)}); put the workdir on storage every worker sees "
+          f"{total}); put the workdir on storage every worker sees "
           "(shared disk or gs://).")
 
   def datasets(self):

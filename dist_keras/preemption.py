@@ -10,7 +10,7 @@ tiny all-reduce every `agree_every` steps instead of every step.
 import signal
 import threading
 
-import tensorflow as tf
+from dist_keras import sync
 
 
 class StopRequest:
@@ -48,10 +48,5 @@ class StopRequest:
 
   def _anyone_requested(self) -> bool:
     if self._agree is None:
-      @tf.function
-      def agree(flag):
-        return self.strategy.reduce(
-            tf.distribute.ReduceOp.SUM,
-            self.strategy.run(lambda: tf.identity(flag)), axis=None)
-      self._agree = agree
-    return float(self._agree(tf.constant(float(self.requested)))) > 0
+      self._agree = sync.host_value_sum(self.strategy)
+    return self._agree(float(self.requested)) > 0

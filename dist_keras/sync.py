@@ -56,6 +56,21 @@ def all_reduce_gradients(grads):
   return [next(reduced) if g is not None else None for g in dense]
 
 
+def host_value_sum(strategy):
+  """A tf.function `(float) -> its sum over every replica of the job`.
+
+  For the host to agree with the other workers on a number (a resume step,
+  a stop request): each replica contributes this process's value.
+  """
+
+  @tf.function  # Eager collectives under MWMS are slow and warn.
+  def total(value):
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(
+        lambda: tf.identity(value)), axis=None)
+
+  return lambda value: float(total(tf.constant(value, tf.float64)))
+
+
 def gradient_bytes(variables) -> int:
   """Bytes one replica sends into the all-reduce: every trainable variable."""
   return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize

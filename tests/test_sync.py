@@ -121,3 +121,9 @@ def test_dense_gradients_densifies_slices_and_keeps_none():
   # Repeated indices add up, as the embedding's gradient must.
   np.testing.assert_array_equal(dense.numpy()[0], [2.0, 2.0, 2.0])
   np.testing.assert_array_equal(dense.numpy()[1:], np.zeros([3, 3]))
+
+
+def test_host_value_sum_adds_every_replicas_value(mirrored):
+  total = sync.host_value_sum(mirrored)
+  assert total(3.0) == 6.0  # 2 replicas, each contributing this process's 3.
+  assert total(0.0) == 0.0
