@@ -172,24 +172,30 @@ def breakdown(step_start: float, inputs_ready: float, stamps,
     Milliseconds (mean and max over the local replicas; per replica, the four
     parts add up to its step time exactly) and `fraction`, the share of the
     step spent synchronising (all-reduce + straggler wait). A replica's time
-    in the reduction is straggler wait plus all-reduce: the replica that
-    arrives last waits for no one, so its time is the all-reduce proper (the
-    shortest of all), and every other replica's excess over it is straggler
-    wait. Only durations are compared, never one host's clock with another's,
-    so the split holds across workers.
+    in the reduction is straggler wait (until the last replica has its
+    gradients) plus all-reduce. When every replica is local, one clock
+    says when the last one arrived. When some are on other hosts, whose
+    clocks differ, only durations are compared: the replica that arrives
+    last waits for no one, so the shortest time in the reduction is the
+    all-reduce proper and a replica's excess over it is straggler wait
+    (this assumes the replicas finish the reduction together).
   """
   stamps = np.asarray(stamps, dtype=np.float64)
   start, ready, reduced, end = stamps.T
   waits = reduced - ready
-  shortest = float(np.min(waits if collective_waits is None
-                          else collective_waits))
+  if collective_waits is None or len(collective_waits) == len(stamps):
+    # Every replica is here, on one clock: the last arrival is known.
+    straggler = ready.max() - ready
+  else:
+    # Replicas on other hosts, other clocks: durations only.
+    straggler = np.maximum(waits - float(np.min(collective_waits)), 0.0)
   per_replica = {
       # Until the replica holds its batch: the host's wait for the next
       # distributed batch plus handing it to the replica.
       "input_wait_ms": np.maximum(start - step_start, 0.0),
       "compute_ms": (ready - start) + (end - reduced),
-      "straggler_ms": np.maximum(waits - shortest, 0.0),
-      "allreduce_ms": np.minimum(waits, max(shortest, 0.0)),
+      "straggler_ms": straggler,
+      "allreduce_ms": np.maximum(waits - straggler, 0.0),
   }
   out = {"batch_ready_ms": 1e3 * (inputs_ready - step_start),
          "step_ms": 1e3 * (end.max() - step_start)}
