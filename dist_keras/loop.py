@@ -31,7 +31,6 @@ OPTIMIZERS = {
     "adamw": keras.optimizers.AdamW,
     "rmsprop": keras.optimizers.RMSprop,
 }
-_SUM = tf.distribute.ReduceOp.SUM
 
 # Iterating a distributed dataset inside tf.function reads its options in
 # graph mode, which warns on every eval trace; the behaviour is intended.
@@ -102,153 +101,6 @@ def build_in_scope(strategy, config, spec):
     optimizer.build(model.trainable_variables)
   sync.disable_optimizer_allreduce(optimizer)
   return model, optimizer
-
-
-def make_train_step(strategy, model, optimizer, global_batch_size: int,
-                    global_clipnorm: float = 0.0, timed: bool = False,
-                    jit_compile: bool = False):
-  """A tf.function running one step on every replica.
-
-  Returns a function `(distributed_iterator) -> dict` with 'loss' and
-  'correct' already reduced over all replicas, and 'grad_norm', the global
-  norm of the all-reduced gradient. With `timed`, the step is
-  instrumented with in-graph stamps (sync.STAMPS) and the dict also holds
-  'step_start', 'inputs_ready', per-replica 'stamps' and every replica's
-  'collective_waits' for sync.breakdown. `jit_compile` compiles each
-  replica's step (forward, backward, all-reduce, update) with XLA, as a TPU
-  compiles it; the iterator stays outside, and timing stamps cannot be
-  compiled, so it excludes `timed`.
-  """
-  if timed and jit_compile:
-    raise ValueError("timed steps cannot be XLA-compiled: tf.timestamp has "
-                     "no XLA kernel; turn log.sync_timing off.")
-  variables = model.trainable_variables
-  clock = sync.make_clock(strategy) if timed else None
-
-  def replica_step(inputs, labels, inputs_ready=None):
-    if timed:
-      start = sync.stamp_after([inputs, labels, inputs_ready], clock)
-      inputs, labels = sync.after_stamp(start, (inputs, labels))
-    loss, logits, grads = step_lib.loss_and_grads(model, inputs, labels,
-                                                  global_batch_size)
-    grads = sync.dense_gradients(grads)  # Compute, not all-reduce: see there.
-    if timed:
-      grads_ready = sync.stamp_after(grads, clock)
-      grads = sync.after_stamp(grads_ready, grads)
-    grads = sync.all_reduce_gradients(grads)
-    if timed:
-      reduced = sync.stamp_after(grads, clock)
-      grads = sync.after_stamp(reduced, grads)
-    # The global norm, after the reduction (same on every replica): also
-    # what tells the host that the gradients became non-finite.
-    grad_norm = tf.linalg.global_norm(grads)
-    if global_clipnorm > 0:
-      grads, _ = tf.clip_by_global_norm(grads, global_clipnorm,
-                                        use_norm=grad_norm)
-    optimizer.apply_gradients(zip(grads, variables))
-    correct = step_lib.num_correct(labels, logits)
-    if not timed:
-      return loss, correct, grad_norm, (), ()
-    # Reading every variable orders the last stamp after all their updates.
-    end = sync.stamp_after([tf.identity(v.value) for v in variables], clock)
-    waits = sync.gather_collective_wait(grads_ready, reduced, end)
-    return (loss, correct, grad_norm,
-            tf.stack([start, grads_ready, reduced, end]), waits)
-
-  if jit_compile:
-    replica_step = tf.function(replica_step, jit_compile=True)
-
-  def one_step(iterator):
-    out = {}
-    if timed:
-      out["step_start"] = tf.timestamp()
-      with tf.control_dependencies([out["step_start"]]):
-        batch = next(iterator)
-      out["inputs_ready"] = sync.stamp_after(
-          [strategy.experimental_local_results(t)
-           for t in tf.nest.flatten(batch)])
-      # Replicas start after this stamp; otherwise, with every core busy
-      # computing, TensorFlow may run it late and inflate the input wait.
-      kwargs = {"inputs_ready": out["inputs_ready"]}
-    else:
-      batch, kwargs = next(iterator), {}
-    loss, correct, grad_norm, stamps, waits = strategy.run(
-        replica_step, args=batch, kwargs=kwargs)
-    out["loss"] = strategy.reduce(_SUM, loss, axis=None)
-    out["correct"] = strategy.reduce(_SUM, correct, axis=None)
-    out["grad_norm"] = strategy.experimental_local_results(grad_norm)[0]
-    if timed:
-      out["stamps"] = tf.stack(strategy.experimental_local_results(stamps))
-      # The same gathered vector on every replica: take the first.
-      out["collective_waits"] = strategy.experimental_local_results(waits)[0]
-    return out
-
-  return tf.function(one_step)
-
-
-def make_multi_step(strategy, model, optimizer, global_batch_size: int,
-                    global_clipnorm: float = 0.0, jit_compile: bool = False):
-  """A tf.function `(iterator, n) -> dict` running up to n plain steps.
-
-  One call per n steps instead of per step: host round trips dominate on
-  TPUs (and cost ~1 ms of dispatch per step here). Returns the summed 'loss'
-  and 'correct', the last 'grad_norm' and 'steps' run; it stops early after
-  a step with a non-finite loss or gradient norm, so the host sees that
-  step before anything is saved.
-  """
-  step = make_train_step(strategy, model, optimizer, global_batch_size,
-                         global_clipnorm, jit_compile=jit_compile)
-  body = step.python_function
-
-  @tf.function
-  def train_steps(iterator, n):
-    loss, correct = tf.constant(0.0), tf.constant(0.0)
-    norm, done = tf.constant(0.0), tf.constant(0)
-    for _ in tf.range(n):
-      out = body(iterator)
-      loss += out["loss"]
-      correct += out["correct"]
-      norm, done = out["grad_norm"], done + 1
-      if not (tf.math.is_finite(out["loss"]) and tf.math.is_finite(norm)):
-        break
-    return {"loss": loss, "correct": correct, "grad_norm": norm,
-            "steps": done}
-
-  return train_steps
-
-
-def make_eval_pass(strategy, model):
-  """A tf.function `(distributed_dataset) -> [loss_sum, correct, predictions,
-  examples]` over an exact eval dataset (data.dataset_fn): padding examples
-  have weight 0 and count nowhere."""
-
-  def replica_step(inputs, labels, ids, weights):
-    del ids  # Used by tests that check exactly-once; not by the metrics.
-    logits = tf.cast(model(inputs, training=False), tf.float32)
-    hits = step_lib.correct_per_example(labels, logits)  # [batch, tokens]
-    return tf.stack([
-        tf.reduce_sum(weights * step_lib.per_example_loss(labels, logits)),
-        tf.reduce_sum(weights[:, None] * hits),
-        tf.reduce_sum(weights) * tf.cast(tf.shape(hits)[1], tf.float32),
-        tf.reduce_sum(weights)])
-
-  @tf.function
-  def eval_pass(dataset):
-    totals = tf.zeros([4])
-    for batch in dataset:
-      totals += strategy.reduce(_SUM, strategy.run(replica_step, args=batch),
-                                axis=None)
-    return totals
-
-  return eval_pass
-
-
-def evaluate(eval_pass, dataset) -> dict:
-  """Runs one eval pass; returns accuracy, loss and the examples seen."""
-  loss_sum, correct, predictions, examples = eval_pass(dataset).numpy()
-  return {"accuracy": float(correct / max(predictions, 1.0)),
-          "loss": float(loss_sum / max(examples, 1.0)),
-          "examples": int(round(examples))}
 
 
 def is_chief(strategy) -> bool:
@@ -418,15 +270,15 @@ class Trainer:
     self.summaries.config(cfg.to_dict())
     self.summaries.sync_layout()
     train_ds, eval_ds = self.datasets()
-    steps = {timed: make_train_step(
+    steps = {timed: step_lib.make_train_step(
         self.strategy, self.model, self.optimizer,
         cfg.train.global_batch_size, cfg.train.global_clipnorm, timed=timed)
              for timed in (False, True)}
     if cfg.train.steps_per_loop > 1:
-      steps["many"] = make_multi_step(
+      steps["many"] = step_lib.make_multi_step(
           self.strategy, self.model, self.optimizer,
           cfg.train.global_batch_size, cfg.train.global_clipnorm)
-    eval_pass = make_eval_pass(self.strategy, self.model)
+    eval_pass = step_lib.make_eval_pass(self.strategy, self.model)
     throughput = Throughput(cfg.train.global_batch_size)
     sync_log = sync.SyncLog()
     iterator = iter(train_ds)
@@ -436,7 +288,7 @@ class Trainer:
                                cfg.train.log_every) as stop:
       last = self._train_loop(steps, iterator, (eval_pass, eval_ds),
                               throughput, sync_log, prof, stop)
-    final_eval = evaluate(eval_pass, eval_ds)
+    final_eval = step_lib.evaluate(eval_pass, eval_ds)
     self._log_eval(final_eval)
     self.manager.save(checkpoint_number=self.step)
     calibrated = self._calibrate(iterator, throughput, sync_log)
@@ -512,7 +364,7 @@ class Trainer:
         self.manager.save(checkpoint_number=step)
       if self.config.eval.every and step % self.config.eval.every == 0 \
           and step < cfg.steps:
-        self._log_eval(evaluate(*evals))
+        self._log_eval(step_lib.evaluate(*evals))
       window.resume()
     return last
 

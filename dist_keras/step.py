@@ -1,6 +1,11 @@
-"""The per-replica math of a train step, shared by the loop and calibration."""
+"""What one step computes: the per-replica math (shared with calibration)
+and the tf.functions the loop calls for train and eval steps."""
 import keras
 import tensorflow as tf
+
+from dist_keras import sync
+
+_SUM = tf.distribute.ReduceOp.SUM
 
 
 def sparse_ce(labels, logits):
@@ -53,3 +58,150 @@ def loss_and_grads(model, inputs, labels, global_batch_size: int):
     if model.losses:
       loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
   return loss, logits, tape.gradient(loss, model.trainable_variables)
+
+
+def make_train_step(strategy, model, optimizer, global_batch_size: int,
+                    global_clipnorm: float = 0.0, timed: bool = False,
+                    jit_compile: bool = False):
+  """A tf.function running one step on every replica.
+
+  Returns a function `(distributed_iterator) -> dict` with 'loss' and
+  'correct' already reduced over all replicas, and 'grad_norm', the global
+  norm of the all-reduced gradient. With `timed`, the step is
+  instrumented with in-graph stamps (sync.STAMPS) and the dict also holds
+  'step_start', 'inputs_ready', per-replica 'stamps' and every replica's
+  'collective_waits' for sync.breakdown. `jit_compile` compiles each
+  replica's step (forward, backward, all-reduce, update) with XLA, as a TPU
+  compiles it; the iterator stays outside, and timing stamps cannot be
+  compiled, so it excludes `timed`.
+  """
+  if timed and jit_compile:
+    raise ValueError("timed steps cannot be XLA-compiled: tf.timestamp has "
+                     "no XLA kernel; turn log.sync_timing off.")
+  variables = model.trainable_variables
+  clock = sync.make_clock(strategy) if timed else None
+
+  def replica_step(inputs, labels, inputs_ready=None):
+    if timed:
+      start = sync.stamp_after([inputs, labels, inputs_ready], clock)
+      inputs, labels = sync.after_stamp(start, (inputs, labels))
+    loss, logits, grads = loss_and_grads(model, inputs, labels,
+                                                  global_batch_size)
+    grads = sync.dense_gradients(grads)  # Compute, not all-reduce: see there.
+    if timed:
+      grads_ready = sync.stamp_after(grads, clock)
+      grads = sync.after_stamp(grads_ready, grads)
+    grads = sync.all_reduce_gradients(grads)
+    if timed:
+      reduced = sync.stamp_after(grads, clock)
+      grads = sync.after_stamp(reduced, grads)
+    # The global norm, after the reduction (same on every replica): also
+    # what tells the host that the gradients became non-finite.
+    grad_norm = tf.linalg.global_norm(grads)
+    if global_clipnorm > 0:
+      grads, _ = tf.clip_by_global_norm(grads, global_clipnorm,
+                                        use_norm=grad_norm)
+    optimizer.apply_gradients(zip(grads, variables))
+    correct = num_correct(labels, logits)
+    if not timed:
+      return loss, correct, grad_norm, (), ()
+    # Reading every variable orders the last stamp after all their updates.
+    end = sync.stamp_after([tf.identity(v.value) for v in variables], clock)
+    waits = sync.gather_collective_wait(grads_ready, reduced, end)
+    return (loss, correct, grad_norm,
+            tf.stack([start, grads_ready, reduced, end]), waits)
+
+  if jit_compile:
+    replica_step = tf.function(replica_step, jit_compile=True)
+
+  def one_step(iterator):
+    out = {}
+    if timed:
+      out["step_start"] = tf.timestamp()
+      with tf.control_dependencies([out["step_start"]]):
+        batch = next(iterator)
+      out["inputs_ready"] = sync.stamp_after(
+          [strategy.experimental_local_results(t)
+           for t in tf.nest.flatten(batch)])
+      # Replicas start after this stamp; otherwise, with every core busy
+      # computing, TensorFlow may run it late and inflate the input wait.
+      kwargs = {"inputs_ready": out["inputs_ready"]}
+    else:
+      batch, kwargs = next(iterator), {}
+    loss, correct, grad_norm, stamps, waits = strategy.run(
+        replica_step, args=batch, kwargs=kwargs)
+    out["loss"] = strategy.reduce(_SUM, loss, axis=None)
+    out["correct"] = strategy.reduce(_SUM, correct, axis=None)
+    out["grad_norm"] = strategy.experimental_local_results(grad_norm)[0]
+    if timed:
+      out["stamps"] = tf.stack(strategy.experimental_local_results(stamps))
+      # The same gathered vector on every replica: take the first.
+      out["collective_waits"] = strategy.experimental_local_results(waits)[0]
+    return out
+
+  return tf.function(one_step)
+
+
+def make_multi_step(strategy, model, optimizer, global_batch_size: int,
+                    global_clipnorm: float = 0.0, jit_compile: bool = False):
+  """A tf.function `(iterator, n) -> dict` running up to n plain steps.
+
+  One call per n steps instead of per step: host round trips dominate on
+  TPUs (and cost ~1 ms of dispatch per step here). Returns the summed 'loss'
+  and 'correct', the last 'grad_norm' and 'steps' run; it stops early after
+  a step with a non-finite loss or gradient norm, so the host sees that
+  step before anything is saved.
+  """
+  step = make_train_step(strategy, model, optimizer, global_batch_size,
+                         global_clipnorm, jit_compile=jit_compile)
+  body = step.python_function
+
+  @tf.function
+  def train_steps(iterator, n):
+    loss, correct = tf.constant(0.0), tf.constant(0.0)
+    norm, done = tf.constant(0.0), tf.constant(0)
+    for _ in tf.range(n):
+      out = body(iterator)
+      loss += out["loss"]
+      correct += out["correct"]
+      norm, done = out["grad_norm"], done + 1
+      if not (tf.math.is_finite(out["loss"]) and tf.math.is_finite(norm)):
+        break
+    return {"loss": loss, "correct": correct, "grad_norm": norm,
+            "steps": done}
+
+  return train_steps
+
+
+def make_eval_pass(strategy, model):
+  """A tf.function `(distributed_dataset) -> [loss_sum, correct, predictions,
+  examples]` over an exact eval dataset (data.dataset_fn): padding examples
+  have weight 0 and count nowhere."""
+
+  def replica_step(inputs, labels, ids, weights):
+    del ids  # Used by tests that check exactly-once; not by the metrics.
+    logits = tf.cast(model(inputs, training=False), tf.float32)
+    hits = correct_per_example(labels, logits)  # [batch, tokens]
+    return tf.stack([
+        tf.reduce_sum(weights * per_example_loss(labels, logits)),
+        tf.reduce_sum(weights[:, None] * hits),
+        tf.reduce_sum(weights) * tf.cast(tf.shape(hits)[1], tf.float32),
+        tf.reduce_sum(weights)])
+
+  @tf.function
+  def eval_pass(dataset):
+    totals = tf.zeros([4])
+    for batch in dataset:
+      totals += strategy.reduce(_SUM, strategy.run(replica_step, args=batch),
+                                axis=None)
+    return totals
+
+  return eval_pass
+
+
+def evaluate(eval_pass, dataset) -> dict:
+  """Runs one eval pass; returns accuracy, loss and the examples seen."""
+  loss_sum, correct, predictions, examples = eval_pass(dataset).numpy()
+  return {"accuracy": float(correct / max(predictions, 1.0)),
+          "loss": float(loss_sum / max(examples, 1.0)),
+          "examples": int(round(examples))}

@@ -63,7 +63,7 @@ def _train(strategy, c, jit_compile=True):
   model, optimizer = loop.build_in_scope(strategy, c, spec)
   iterator = iter(data.distribute(strategy, c.data, "train", BATCH,
                                   c.runtime.seed))
-  train_step = loop.make_train_step(strategy, model, optimizer, BATCH,
+  train_step = step_lib.make_train_step(strategy, model, optimizer, BATCH,
                                     c.train.global_clipnorm,
                                     jit_compile=jit_compile)
   return [float(train_step(iterator)["loss"]) for _ in range(STEPS)]
@@ -104,7 +104,7 @@ def test_timed_steps_cannot_be_compiled(one_cpu):
   model, optimizer = loop.build_in_scope(one_cpu, c,
                                          data.input_spec(c.data))
   with pytest.raises(ValueError, match="timed steps cannot be XLA-compiled"):
-    loop.make_train_step(one_cpu, model, optimizer, BATCH, timed=True,
+    step_lib.make_train_step(one_cpu, model, optimizer, BATCH, timed=True,
                          jit_compile=True)
 
 

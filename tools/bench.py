@@ -52,7 +52,7 @@ def keras_fit_block(c, strategy, data_lib, models, loop):
 
 def loop_block(c, strategy, data_lib, loop, sync_timing):
   """A `(steps) -> seconds` running dist_keras's steps as its loop does."""
-  from dist_keras import sync  # pylint: disable=g-import-not-at-top
+  from dist_keras import step as step_lib, sync  # pylint: disable=g-import-not-at-top
   c.log.sync_timing = sync_timing
   with tempfile.TemporaryDirectory() as workdir:
     trainer = loop.Trainer(c, workdir, strategy)
@@ -60,7 +60,7 @@ def loop_block(c, strategy, data_lib, loop, sync_timing):
   gb, log_every = c.train.global_batch_size, c.train.log_every
   iterator = iter(data_lib.distribute(strategy, c.data, "train", gb,
                                       c.runtime.seed))
-  steps_fn = {timed: loop.make_train_step(
+  steps_fn = {timed: step_lib.make_train_step(
       strategy, trainer.model, trainer.optimizer, gb,
       c.train.global_clipnorm, timed=timed) for timed in (False, True)}
   done = [0]
