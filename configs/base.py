@@ -21,6 +21,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.runtime.collective = "auto"  # auto | ring | nccl (GPUs)
   c.runtime.bytes_per_pack = 0  # Gradient pack size for all-reduce; 0: one.
   c.runtime.timeout_seconds = 0.0  # Per collective; 0: no timeout.
+  # float32 | bfloat16 | float16: the gradients' dtype in the all-reduce
+  # only (16 bits: half the bytes, summed in 16 bits; see sync.py).
+  c.runtime.allreduce_dtype = "float32"
   c.runtime.seed = 0
 
   c.data = ml_collections.ConfigDict()
@@ -42,6 +45,11 @@ def get_config() -> ml_collections.ConfigDict:
   # One tf.data pipeline per replica instead of per worker: a one-process run
   # then reads exactly what N one-replica workers read (equivalence checks).
   c.data.pipeline_per_replica = False
+  # tf.data options (tools/input_wait.py measures them): prefetch batches
+  # (AUTOTUNE) while the replicas compute; a private thread pool of this
+  # many threads for the pipeline (0: TensorFlow's shared pool).
+  c.data.prefetch = True
+  c.data.threads = 0
 
   c.model = ml_collections.ConfigDict()
   # sequence_classifier | cnn | char_lm | resnet50
@@ -67,9 +75,14 @@ def get_config() -> ml_collections.ConfigDict:
   # Plain train steps per tf.function call (host round trips dominate on
   # TPUs); logged/timed/checkpoint/eval steps still run where they fall.
   c.train.steps_per_loop = 1
-  # float32 | bfloat16 (Keras mixed_bfloat16: bfloat16 compute, float32
-  # variables; TPUs' native type).
+  # float32 | bfloat16 | float16: Keras mixed precision (16-bit compute,
+  # float32 variables). bfloat16 (TPUs', recent GPUs' and CPUs' native type)
+  # has float32's range; float16 (older GPUs' tensor cores) needs dynamic
+  # loss scaling, which it gets (keras LossScaleOptimizer).
   c.train.precision = "float32"
+  # Compile each replica's step with XLA (as a TPU does); timed steps compile
+  # compute and update separately, around the timing stamps.
+  c.train.jit_compile = False
   c.train.max_checkpoints = 3
 
   c.eval = ml_collections.ConfigDict()

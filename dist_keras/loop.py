@@ -66,26 +66,34 @@ def validate(config):
   parse_profile_steps(config.log.profile_steps)
   check_optimizer(config.train)
   check_precision(config.train)
+  _check_choice("runtime.allreduce_dtype", config.runtime.allreduce_dtype,
+                sync.ALLREDUCE_DTYPES)
   return spec
 
 
-PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
+PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16",
+              "float16": "mixed_float16"}
+
+
+def _check_choice(key: str, value, choices) -> None:
+  if value not in choices:
+    raise UserError(f"{key}={value!r} is not one of {', '.join(choices)}; "
+                    "pick one of those.")
 
 
 def check_precision(train_cfg) -> None:
-  if train_cfg.precision not in PRECISIONS:
-    raise UserError(f"train.precision={train_cfg.precision!r} is not one of "
-                    f"{', '.join(PRECISIONS)}; pick one of those.")
+  _check_choice("train.precision", train_cfg.precision, PRECISIONS)
 
 
 def build_in_scope(strategy, config, spec):
   """Model and optimizer with every variable created in `strategy.scope()`.
 
-  With train.precision=bfloat16 the layers compute in bfloat16 and keep
-  float32 variables (Keras' mixed_bfloat16), so gradients, their all-reduce
-  and the update stay float32; bfloat16 has float32's range, so no loss
-  scaling. The policy is set only while the model is built: layers keep it,
-  and nothing else in the process inherits it.
+  With train.precision=bfloat16 or float16 the layers compute in 16 bits and
+  keep float32 variables (Keras' mixed precision), so gradients, their
+  all-reduce and the update stay float32. bfloat16 has float32's range;
+  float16 does not, so its optimizer is wrapped in a LossScaleOptimizer
+  (dynamic loss scale). The policy is set only while the model is built:
+  layers keep it, and nothing else in the process inherits it.
   """
   previous = keras.config.dtype_policy()
   keras.config.set_dtype_policy(PRECISIONS[config.train.precision])
@@ -96,6 +104,8 @@ def build_in_scope(strategy, config, spec):
     keras.config.set_dtype_policy(previous)
   with strategy.scope():
     optimizer = make_optimizer(config.train)
+    if config.train.precision == "float16":
+      optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     # Slots must exist before tracing: creating them inside a replica
     # function is not allowed under a strategy.
     optimizer.build(model.trainable_variables)
@@ -188,7 +198,9 @@ class Trainer:
     keras.utils.set_random_seed(config.runtime.seed)
     self.spec = spec
     self.model, self.optimizer = build_in_scope(strategy, config, spec)
-    self.gradient_bytes = sync.gradient_bytes(self.model.trainable_variables)
+    self.gradient_bytes = sync.gradient_bytes(
+        self.model.trainable_variables, config.runtime.allreduce_dtype)
+    self.skipped_steps = 0  # float16 loss scaling: overflowed, not applied.
     self.checkpoint = tf.train.Checkpoint(model=self.model,
                                           optimizer=self.optimizer)
     self.checkpoint_dir = os.path.join(workdir, workdir_lib.CHECKPOINTS)
@@ -270,14 +282,17 @@ class Trainer:
     self.summaries.config(cfg.to_dict())
     self.summaries.sync_layout()
     train_ds, eval_ds = self.datasets()
+    options = {"global_clipnorm": cfg.train.global_clipnorm,
+               "jit_compile": cfg.train.jit_compile,
+               "allreduce_dtype": cfg.runtime.allreduce_dtype}
     steps = {timed: step_lib.make_train_step(
         self.strategy, self.model, self.optimizer,
-        cfg.train.global_batch_size, cfg.train.global_clipnorm, timed=timed)
+        cfg.train.global_batch_size, timed=timed, **options)
              for timed in (False, True)}
     if cfg.train.steps_per_loop > 1:
       steps["many"] = step_lib.make_multi_step(
           self.strategy, self.model, self.optimizer,
-          cfg.train.global_batch_size, cfg.train.global_clipnorm)
+          cfg.train.global_batch_size, **options)
     eval_pass = step_lib.make_eval_pass(self.strategy, self.model)
     throughput = Throughput(cfg.train.global_batch_size)
     sync_log = sync.SyncLog()
@@ -386,8 +401,19 @@ class Trainer:
     return max(1, min(cfg.steps_per_loop, target - step))
 
   def _check_finite(self, step: int, out: dict) -> None:
-    """Stops training at the first non-finite loss or gradient norm."""
+    """Stops training at the first non-finite loss or gradient norm.
+
+    Under float16 loss scaling an overflowing gradient is expected now and
+    then: the update skipped it and halved the scale (counted in
+    skipped_steps). Only a non-finite loss, or a scale driven below 1 (the
+    gradients overflow even unscaled), is divergence there.
+    """
     loss, norm = float(out["loss"].numpy()), float(out["grad_norm"].numpy())
+    skipped = int(out["skipped"])
+    self.skipped_steps += skipped
+    scale = step_lib.loss_scale_of(self.optimizer)
+    if skipped and np.isfinite(loss) and float(scale.numpy()) >= 1.0:
+      return
     if np.isfinite(loss) and np.isfinite(norm):
       return
     latest = tf.train.latest_checkpoint(self.checkpoint_dir)
@@ -411,6 +437,10 @@ class Trainer:
                   keras.ops.convert_to_numpy(self.optimizer.learning_rate))}
     if self.spec.per_token:  # The loss is the mean per token: exp is perplexity.
       values["perplexity"] = float(np.exp(min(loss, 50.0)))
+    scale = step_lib.loss_scale_of(self.optimizer)
+    if scale is not None:
+      values["train/loss_scale"] = float(scale.numpy())
+      values["train/skipped_steps"] = self.skipped_steps
     if throughput.add(window.steps, seconds):
       step_s = seconds / window.steps
       eps = cfg.global_batch_size / step_s
@@ -459,6 +489,7 @@ class Trainer:
         # Means over the instrumented steps (None with log.sync_timing off).
         "sync_fraction": means.get("fraction"),
         **{k: means.get(k) for k in (*sync.SyncLog.COMPONENTS, "step_ms")},
+        "skipped_steps": self.skipped_steps,
         "ideal_step_ms": None, "ideal_speedup": None,
         **calibrated,
     }

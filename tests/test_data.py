@@ -87,6 +87,20 @@ def test_eval_steps_limits_global_batches():
   assert sum(1 for _ in ds) == 4  # 2 global batches = 4 per-replica ones.
 
 
+def test_pipeline_options_change_how_not_what_is_read():
+  """data.prefetch and data.threads: the same batches, in the same order."""
+  ctx = tf.distribute.InputContext(1, 0, num_replicas_in_sync=2)
+  streams = []
+  for prefetch, threads in ((True, 0), (False, 0), (True, 3)):
+    c = helpers.tiny_config("lstm_longmem")
+    c.data.prefetch, c.data.threads = prefetch, threads
+    ds = data.dataset_fn(c.data, "train", 32, seed=0)(ctx)
+    assert ds.options().threading.private_threadpool_size == (threads or None)
+    streams.append(np.concatenate([x for x, _ in ds.take(5)]))
+  np.testing.assert_array_equal(streams[0], streams[1])
+  np.testing.assert_array_equal(streams[0], streams[2])
+
+
 def test_batch_not_divisible_by_replicas_names_both_numbers():
   with pytest.raises(UserError, match=r"global_batch_size=30 .* 4 replicas"):
     data.per_replica_batch_size(30, 4)
@@ -95,6 +109,7 @@ def test_batch_not_divisible_by_replicas_names_both_numbers():
 @pytest.mark.parametrize("key,value,message", [
     ("name", "mnist_typo", "data.name='mnist_typo' is not one of longmem"),
     ("num_classes", 7, "data.num_classes=7 for shapes must be 1..4"),
+    ("threads", -1, "data.threads=-1 must be >= 0"),
 ])
 def test_bad_data_settings_are_refused(key, value, message):
   c = helpers.tiny_config("cnn_shapes").data

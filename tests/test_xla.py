@@ -9,6 +9,7 @@ step on the CPU, so such a problem fails here instead. One device
 """
 import contextlib
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -57,7 +58,7 @@ def _data_source(c, tmp_path):
                                 data_dir=str(tmp_path))
 
 
-def _train(strategy, c, jit_compile=True):
+def _train(strategy, c, jit_compile="step"):
   """Losses of STEPS compiled train steps of config `c`."""
   spec = data.input_spec(c.data)
   model, optimizer = loop.build_in_scope(strategy, c, spec)
@@ -88,24 +89,51 @@ def test_an_uncompilable_op_fails_loudly(one_cpu, monkeypatch):
   kernel (tf.timestamp) makes it fail, where the plain step runs."""
   real = step_lib.loss_and_grads
 
-  def with_timestamp(model, inputs, labels, global_batch_size):
-    loss, logits, grads = real(model, inputs, labels, global_batch_size)
+  def with_timestamp(model, inputs, labels, global_batch_size,
+                     loss_scale=None):
+    loss, logits, grads = real(model, inputs, labels, global_batch_size,
+                               loss_scale)
     return loss + 0.0 * tf.cast(tf.timestamp(), loss.dtype), logits, grads
 
   monkeypatch.setattr(step_lib, "loss_and_grads", with_timestamp)
   c = _config("lstm_longmem")
   assert len(_train(one_cpu, c, jit_compile=False)) == STEPS
   with pytest.raises(tf.errors.InvalidArgumentError, match="Timestamp"):
-    _train(one_cpu, c, jit_compile=True)
+    _train(one_cpu, c, jit_compile="step")
+  with pytest.raises(tf.errors.InvalidArgumentError, match="Timestamp"):
+    _train(one_cpu, c, jit_compile=True)  # The compute alone, too.
 
 
-def test_timed_steps_cannot_be_compiled(one_cpu):
+def test_timed_steps_cannot_be_compiled_whole(one_cpu):
   c = _config("lstm_longmem")
   model, optimizer = loop.build_in_scope(one_cpu, c,
                                          data.input_spec(c.data))
   with pytest.raises(ValueError, match="timed steps cannot be XLA-compiled"):
     step_lib.make_train_step(one_cpu, model, optimizer, BATCH, timed=True,
-                         jit_compile=True)
+                             jit_compile="step")
+
+
+def test_compiled_compute_matches_the_plain_step(mirrored):
+  """train.jit_compile=True under MirroredStrategy: the replicas' forward and
+  backward passes compile (the all-reduce and update stay in the graph) and
+  train the same weights as the plain step, timed steps included."""
+  c = _config("cnn_shapes")
+  c.train.optimizer = "sgd"
+  weights = {}
+  for jit in (False, True):
+    keras.utils.set_random_seed(0)
+    spec = data.input_spec(c.data)
+    model, optimizer = loop.build_in_scope(mirrored, c, spec)
+    iterator = iter(data.distribute(mirrored, c.data, "train", BATCH,
+                                    c.runtime.seed))
+    for timed in (False, True):
+      step = step_lib.make_train_step(mirrored, model, optimizer, BATCH,
+                                      timed=timed, jit_compile=jit)
+      out = step(iterator)
+      assert np.isfinite(float(out["loss"]))
+    weights[jit] = [w.numpy() for w in model.trainable_variables]
+  for plain, compiled in zip(weights[False], weights[True]):
+    np.testing.assert_allclose(plain, compiled, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["lstm_longmem", "cnn_shapes"])

@@ -60,6 +60,9 @@ def input_spec(data_cfg) -> InputSpec:
 
 
 def _check(data_cfg):
+  if data_cfg.threads < 0:
+    raise UserError(f"data.threads={data_cfg.threads} must be >= 0 (0: "
+                    "TensorFlow's shared pool).")
   if tfds_sources.is_tfds(data_cfg.name):
     return tfds_sources.check(data_cfg)
   if data_cfg.name not in _BUILDERS:
@@ -125,9 +128,24 @@ def dataset_fn(data_cfg, split: str, global_batch_size: int, seed: int,
       ds = ds.batch(batch, drop_remainder=True)
       if steps > 0:
         ds = ds.take(steps * per_pipeline)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return _with_options(ds, data_cfg)
 
   return make
+
+
+def _with_options(ds, data_cfg):
+  """The pipeline's tf.data options: prefetching and its thread pool.
+
+  Determinism is not an option: exact resume and the eval's exactly-once
+  count rely on every pipeline producing the same stream every time.
+  """
+  if data_cfg.threads:
+    options = tf.data.Options()
+    # The pipeline's own threads: it no longer competes with the step's ops
+    # for TensorFlow's inter-op pool.
+    options.threading.private_threadpool_size = data_cfg.threads
+    ds = ds.with_options(options)
+  return ds.prefetch(tf.data.AUTOTUNE) if data_cfg.prefetch else ds
 
 
 # Generated on the fly and small: cached after the first epoch. TFDS sources

@@ -1,0 +1,129 @@
+"""Speed options on 2 logical CPU replicas: float16 with loss scaling and
+16-bit gradient compression of the all-reduce (XLA: tests/test_xla.py)."""
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import helpers
+from dist_keras import data, errors, loop, step as step_lib, sync
+
+
+def _one_sgd_step(mirrored, c, scale=None):
+  """(weights before, weights after, step output) of one SGD step of `c`."""
+  keras.utils.set_random_seed(0)
+  model, optimizer = loop.build_in_scope(mirrored, c,
+                                         data.input_spec(c.data))
+  if scale is not None:
+    optimizer.dynamic_scale.assign(scale)
+  before = [w.numpy() for w in model.trainable_variables]
+  iterator = iter(data.distribute(mirrored, c.data, "train",
+                                  c.train.global_batch_size, c.runtime.seed))
+  step = step_lib.make_train_step(
+      mirrored, model, optimizer, c.train.global_batch_size,
+      allreduce_dtype=c.runtime.allreduce_dtype)
+  out = step(iterator)
+  return before, [w.numpy() for w in model.trainable_variables], out, optimizer
+
+
+def _sgd_config():
+  c = helpers.tiny_config("cnn_shapes")
+  c.train.optimizer, c.train.learning_rate = "sgd", 0.5
+  return c
+
+
+def test_float16_skips_an_overflowing_step_but_counts_it(mirrored):
+  c = _sgd_config()
+  c.train.precision = "float16"
+  before, after, out, optimizer = _one_sgd_step(mirrored, c, scale=6e37)
+  assert int(out["skipped"]) == 1
+  assert not np.isfinite(float(out["grad_norm"]))
+  for b, a in zip(before, after):  # Nothing applied...
+    np.testing.assert_array_equal(b, a)
+  assert int(optimizer.iterations.numpy()) == 1  # ...but the batch counted.
+  assert float(optimizer.dynamic_scale.numpy()) == pytest.approx(3e37)
+
+
+def test_float16_applies_a_finite_step_like_float32(mirrored):
+  """Loss scaling is invisible when nothing overflows: the update matches
+  float32's to float16 precision."""
+  c = _sgd_config()
+  _, f32, _, _ = _one_sgd_step(mirrored, c)
+  c.train.precision = "float16"
+  before, f16, out, _ = _one_sgd_step(mirrored, c)
+  assert int(out["skipped"]) == 0
+  moved = max(np.abs(b - a).max() for b, a in zip(before, f32))
+  assert moved > 1e-3
+  for a, b in zip(f32, f16):
+    np.testing.assert_allclose(a, b, atol=0.02 * moved)
+
+
+def test_float16_run_logs_the_loss_scale_and_skipped_steps(tmp_path,
+                                                           mirrored):
+  c = helpers.tiny_config()
+  c.train.precision = "float16"
+  trainer = loop.Trainer(c, str(tmp_path), mirrored)
+  try:
+    summary = trainer.run()
+  finally:
+    trainer.close()
+  assert trainer.model.layers[-1].compute_dtype == "float16"
+  assert summary["steps"] == 8 and np.isfinite(summary["train_loss"])
+  assert summary["skipped_steps"] == 0
+  tags = helpers.scalar_tags(str(tmp_path))
+  assert [v for _, v in tags["train/loss_scale"]] == [2.0**15, 2.0**15]
+
+
+def test_a_skipped_float16_step_is_not_divergence(tmp_path, mirrored):
+  c = helpers.tiny_config()
+  c.train.precision = "float16"
+  trainer = loop.Trainer(c, str(tmp_path), mirrored)
+  try:
+    overflow = {"loss": np.float32(1.0), "grad_norm": np.float32(np.inf),
+                "skipped": 1}
+    trainer._check_finite(1, {k: _np(v) for k, v in overflow.items()})
+    assert trainer.skipped_steps == 1
+    trainer.optimizer.dynamic_scale.assign(0.5)  # Overflows even unscaled.
+    with pytest.raises(errors.Diverged, match="at step 2"):
+      trainer._check_finite(2, {k: _np(v) for k, v in overflow.items()})
+  finally:
+    trainer.close()
+
+
+def _np(value):
+  """Like a step output: something with .numpy()."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.constant(value)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_compressed_allreduce_sums_in_16_bits(mirrored, dtype):
+  c = _sgd_config()
+  before, exact, _, _ = _one_sgd_step(mirrored, c)
+  c.runtime.allreduce_dtype = dtype
+  _, compressed, _, _ = _one_sgd_step(mirrored, c)
+  steps = [a - b for a, b in zip(exact, before)]
+  moved = [a - b for a, b in zip(compressed, before)]
+  # The update is the float32 one to 16-bit precision (bfloat16: 8 bits of
+  # mantissa, float16: 11), and not bit for bit: the cast happened.
+  rtol = {"bfloat16": 2**-7, "float16": 2**-10}[dtype]
+  for s, m in zip(steps, moved):
+    np.testing.assert_allclose(m, s, rtol=rtol, atol=rtol * np.abs(s).max())
+  assert any(not np.array_equal(s, m) for s, m in zip(steps, moved))
+
+
+def test_compressed_allreduce_halves_the_gradient_bytes(mirrored):
+  c = _sgd_config()
+  model, _ = loop.build_in_scope(mirrored, c, data.input_spec(c.data))
+  full = sync.gradient_bytes(model.trainable_variables)
+  assert sync.gradient_bytes(model.trainable_variables, "bfloat16") * 2 == full
+
+
+def test_unknown_allreduce_dtype_is_refused(tmp_path, mirrored):
+  c = helpers.tiny_config()
+  c.runtime.allreduce_dtype = "int8"
+  with pytest.raises(ValueError,
+                     match="runtime.allreduce_dtype='int8' is not one of"):
+    loop.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)
