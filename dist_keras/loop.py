@@ -68,6 +68,7 @@ def validate(config):
   check_precision(config.train)
   _check_choice("runtime.allreduce_dtype", config.runtime.allreduce_dtype,
                 sync.ALLREDUCE_DTYPES)
+  strategy_lib.communication_options(config.runtime)  # Its checks.
   return spec
 
 
@@ -284,7 +285,8 @@ class Trainer:
     train_ds, eval_ds = self.datasets()
     options = {"global_clipnorm": cfg.train.global_clipnorm,
                "jit_compile": cfg.train.jit_compile,
-               "allreduce_dtype": cfg.runtime.allreduce_dtype}
+               "allreduce_dtype": cfg.runtime.allreduce_dtype,
+               "bytes_per_pack": cfg.runtime.bytes_per_pack}
     steps = {timed: step_lib.make_train_step(
         self.strategy, self.model, self.optimizer,
         cfg.train.global_batch_size, timed=timed, **options)

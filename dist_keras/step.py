@@ -73,7 +73,7 @@ def loss_scale_of(optimizer):
 def make_train_step(strategy, model, optimizer, global_batch_size: int,
                     global_clipnorm: float = 0.0, timed: bool = False,
                     jit_compile: bool = False,
-                    allreduce_dtype: str = "float32"):
+                    allreduce_dtype: str = "float32", bytes_per_pack: int = 0):
   """A tf.function running one step on every replica.
 
   Returns a function `(distributed_iterator) -> dict` with 'loss' and
@@ -100,7 +100,8 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
   counts (the optimizer's step counter advances), so the step count stays
   the number of batches read, which exact resume relies on.
   `allreduce_dtype` (bfloat16 | float16) casts the gradients for the
-  all-reduce only: half the bytes on the wire, summed in that precision.
+  all-reduce only: half the bytes on the wire, summed in that precision;
+  `bytes_per_pack` packs it (sync.all_reduce_gradients).
   """
   variables = model.trainable_variables
   clock = sync.make_clock(strategy) if timed else None
@@ -139,7 +140,7 @@ def make_train_step(strategy, model, optimizer, global_batch_size: int,
     if timed:
       grads_ready = sync.stamp_after(grads, clock)
       grads = sync.after_stamp(grads_ready, grads)
-    grads = sync.all_reduce_gradients(grads, allreduce_dtype)
+    grads = sync.all_reduce_gradients(grads, allreduce_dtype, bytes_per_pack)
     if timed:
       reduced = sync.stamp_after(grads, clock)
       grads = sync.after_stamp(reduced, grads)

@@ -22,7 +22,8 @@ def _one_sgd_step(mirrored, c, scale=None):
                                   c.train.global_batch_size, c.runtime.seed))
   step = step_lib.make_train_step(
       mirrored, model, optimizer, c.train.global_batch_size,
-      allreduce_dtype=c.runtime.allreduce_dtype)
+      allreduce_dtype=c.runtime.allreduce_dtype,
+      bytes_per_pack=c.runtime.bytes_per_pack)
   out = step(iterator)
   return before, [w.numpy() for w in model.trainable_variables], out, optimizer
 
@@ -111,6 +112,26 @@ def test_compressed_allreduce_sums_in_16_bits(mirrored, dtype):
   for s, m in zip(steps, moved):
     np.testing.assert_allclose(m, s, rtol=rtol, atol=rtol * np.abs(s).max())
   assert any(not np.array_equal(s, m) for s, m in zip(steps, moved))
+
+
+def test_packed_allreduce_trains_the_same_weights(mirrored):
+  """runtime.bytes_per_pack reaches the collective (packs change how, not
+  what, is summed)."""
+  c = _sgd_config()
+  _, whole, _, _ = _one_sgd_step(mirrored, c)
+  c.runtime.bytes_per_pack = 1024
+  _, packed, _, _ = _one_sgd_step(mirrored, c)
+  for a, b in zip(whole, packed):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_negative_bytes_per_pack_is_refused_before_training(tmp_path,
+                                                            mirrored):
+  c = helpers.tiny_config()
+  c.runtime.bytes_per_pack = -1
+  with pytest.raises(ValueError, match="runtime.bytes_per_pack=-1 must be"):
+    loop.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)
 
 
 def test_compressed_allreduce_halves_the_gradient_bytes(mirrored):

@@ -63,6 +63,8 @@ def main():
                  help="section.key=value applied to every variant")
   p.add_argument("--steps", type=int, default=200)
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--warmup", type=int, default=1,
+                 help="repeats run first and not counted (process warm-up)")
   p.add_argument("--out", default="")
   args = p.parse_args()
   variants = args.variant or [""]
@@ -76,13 +78,21 @@ def main():
                                args.steps) for v in variants}  # Checked first.
   strategy = strategy_lib.get_strategy(configs[variants[0]].runtime)
   chief = loop.is_chief(strategy)
+  # One strategy for all variants: per-call options (runtime.bytes_per_pack,
+  # runtime.allreduce_dtype) vary, strategy-level ones must not.
+  for v in variants:
+    if configs[v].runtime.strategy != configs[variants[0]].runtime.strategy:
+      p.error(f"--variant={v!r} changes runtime.strategy; run it separately")
   results = {v: [] for v in variants}
-  for repeat in range(args.repeats):
+  for repeat in range(-args.warmup, args.repeats):
     for v in variants:
-      results[v].append(run_block(configs[v], strategy, loop))
+      result = run_block(configs[v], strategy, loop)
+      if repeat >= 0:
+        results[v].append(result)
       if chief:
-        print(f"repeat {repeat + 1}/{args.repeats} {v or 'baseline':48} "
-              f"{results[v][-1]['examples_per_sec']:10,.0f} ex/s", flush=True)
+        label = "warm-up" if repeat < 0 else f"{repeat + 1}/{args.repeats}"
+        print(f"repeat {label} {v or 'baseline':48} "
+              f"{result['examples_per_sec']:10,.0f} ex/s", flush=True)
   if chief:
     report(args, strategy, results)
 
@@ -99,8 +109,9 @@ def report(args, strategy, results):
             r["sync_fraction"] or 0.0 for r in runs),
     }
   reference = next(iter(table.values()))["examples_per_sec"]
+  from dist_keras import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
   print(f"{args.config}: {strategy.num_replicas_in_sync} replicas "
-        f"({type(strategy).__name__}), {args.steps} steps x {args.repeats} "
+        f"({strategy_lib.display_name(strategy)}), {args.steps} steps x {args.repeats} "
         "repeats, medians")
   for name, row in table.items():
     row["speed_vs_first"] = row["examples_per_sec"] / reference
