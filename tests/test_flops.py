@@ -77,6 +77,12 @@ def test_bidirectional_counts_both_directions():
   assert flops.count(model).forward == 2 * (2 * 3 * (3 + 4) * 4 * 5)
 
 
+def test_time_distributed_runs_its_layer_at_every_step():
+  x = keras.Input((5, 3))
+  model = _model(x, keras.layers.TimeDistributed(keras.layers.Dense(2))(x))
+  assert flops.count(model).forward == 2 * 3 * 2 * 5
+
+
 def test_nested_models_and_shared_layers_are_counted_per_call():
   inner = keras.Sequential([keras.layers.Dense(6), keras.layers.Dense(3)])
   x = keras.Input((4,))
