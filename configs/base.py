@@ -100,6 +100,10 @@ def get_config() -> ml_collections.ConfigDict:
   # After training: all-reduce microbenchmark + alpha-beta fit, and the same
   # step timed with no communication (0 steps: skip both).
   c.log.calibration_steps = 20
+  # Peak TFLOP/s per device (per host on CPU) that perf/mfu divides by; 0:
+  # automatic (a table of known GPUs/TPUs at train.precision, else a timed
+  # matmul: dist_keras/mfu.py).
+  c.log.peak_tflops = 0.0
 
   c.lock()
   return c

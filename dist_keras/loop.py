@@ -19,6 +19,7 @@ import tensorflow as tf
 from dist_keras import calibration
 from dist_keras import preemption
 from dist_keras import data as data_lib
+from dist_keras import mfu as mfu_lib
 from dist_keras import models, step as step_lib, sync, workdir as workdir_lib
 from dist_keras import strategy as strategy_lib
 from dist_keras import errors
@@ -69,6 +70,7 @@ def validate(config):
   _check_choice("runtime.allreduce_dtype", config.runtime.allreduce_dtype,
                 sync.ALLREDUCE_DTYPES)
   strategy_lib.communication_options(config.runtime)  # Its checks.
+  mfu_lib.check(config.log)
   return spec
 
 
@@ -282,6 +284,11 @@ class Trainer:
                              cfg.to_dict())
     self.summaries.config(cfg.to_dict())
     self.summaries.sync_layout()
+    self.utilisation = mfu_lib.for_run(self.model, self.strategy, cfg,
+                                       num_workers(self.strategy), self.chief)
+    if self.utilisation.flops.uncounted:
+      self.log("FLOPs counted as 0 (layers not known): "
+               + "; ".join(self.utilisation.flops.uncounted))
     train_ds, eval_ds = self.datasets()
     options = {"global_clipnorm": cfg.train.global_clipnorm,
                "jit_compile": cfg.train.jit_compile,
@@ -448,7 +455,8 @@ class Trainer:
       eps = cfg.global_batch_size / step_s
       values.update({"perf/step_ms": 1e3 * step_s,
                      "perf/examples_per_sec": eps,
-                     "perf/examples_per_sec_per_replica": eps / self.replicas})
+                     "perf/examples_per_sec_per_replica": eps / self.replicas,
+                     **self.utilisation.scalars(eps)})
     if window.breakdown:  # Its function was warmed up at step 1.
       values.update(sync_log.add(window.breakdown))
       values["sync/gradient_bytes"] = self.gradient_bytes
@@ -494,7 +502,9 @@ class Trainer:
         "skipped_steps": self.skipped_steps,
         "ideal_step_ms": None, "ideal_speedup": None,
         **calibrated,
+        **self.utilisation.summary(throughput.examples_per_sec),
     }
+    self.log(self.utilisation.line(throughput.examples_per_sec))
     self.summaries.flush()
     if self.chief:
       workdir_lib.save_model(self.workdir, self.model)
