@@ -9,8 +9,11 @@ The last test, marked slow, is ONE real sweep of tiny runs end to end:
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -65,8 +68,9 @@ def test_weak_scaling_fixes_the_batch_per_replica(tmp_path):
       "multi_worker_mirrored"]
   assert points["workers_3"].replicas == points["workers_3"].workers == 3
   assert points["replicas_4"].workers == 1
-  assert _points([f"--out={tmp_path}/n", "--per_replica_batch=32",
-                  "--replicas=2", "--workers="])["replicas_2"].global_batch == 64
+  small = _points([f"--out={tmp_path}/n", "--per_replica_batch=32",
+                   "--replicas=2", "--workers="])
+  assert small["replicas_2"].global_batch == 64
 
 
 def test_strong_scaling_fixes_the_global_batch(tmp_path):
@@ -127,6 +131,14 @@ def test_missing_out_is_an_error(capsys):
   assert scaling.main(["--replicas=1"]) == 2
   assert "the following arguments are required: --out" in (
       capsys.readouterr().err)
+
+
+def test_missing_matplotlib_says_which_extra(tmp_path, capsys, monkeypatch):
+  monkeypatch.setitem(sys.modules, "matplotlib", None)  # Import fails.
+  assert scaling.main([f"--out={tmp_path / 'o'}"]) == 2
+  assert 'matplotlib is needed for scaling.png: pip install -e ".[tools]" ' \
+      "(or pass --no_plot)" in capsys.readouterr().err
+  scaling.parse_args([f"--out={tmp_path / 'o'}", "--no_plot"])  # Fine.
 
 
 def test_out_must_be_new_or_a_previous_sweep(tmp_path):
@@ -260,7 +272,7 @@ def test_child_env_drops_tf_config_and_puts_this_checkout_first(monkeypatch):
   assert env["PYTHONPATH"] == helpers.REPO + os.pathsep + "/elsewhere"
 
 
-# ---- the math on fabricated summaries ------------------------------------------
+# ---- the math on fabricated summaries ----------------------------------------
 
 
 def _write_summaries(root, plan: dict) -> dict:
@@ -356,7 +368,7 @@ def test_summaries_that_do_not_match_the_point_are_refused(tmp_path):
     scaling.read_summary(str(tmp_path))
 
 
-# ---- outputs --------------------------------------------------------------------
+# ---- outputs -----------------------------------------------------------------
 
 
 def _report(tmp_path, rows):
@@ -477,7 +489,7 @@ def test_hparams_tab_sets_the_points_side_by_side(tmp_path):
       pytest.approx(0.75))
 
 
-# ---- running ------------------------------------------------------------------
+# ---- running -----------------------------------------------------------------
 
 
 def test_run_command_exit_code_log_and_timeout(tmp_path):
@@ -545,7 +557,40 @@ def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path, capsys,
   assert scaling.main([f"--out={out}", "--replicas=1"]) == 2
 
 
-# ---- ONE real sweep (slow) -------------------------------------------------------
+def test_sigterm_stops_the_running_point_and_writes_no_results(
+    tmp_path, capsys, monkeypatch):
+  started = tmp_path / "started"
+  monkeypatch.setattr(scaling, "train_command", lambda *_: [
+      sys.executable, "-c", "import os, sys, time\n"
+      f"open({str(started)!r}, 'w').write(str(os.getpid()))\n"
+      "time.sleep(120)"])
+  timer = threading.Timer(0.1, _signal_when_started, (started,))
+  timer.start()
+  out = tmp_path / "out"
+  try:
+    code = scaling.main([f"--out={out}", "--replicas=1,2", "--workers=",
+                         "--no_plot"])
+  finally:
+    timer.cancel()
+  assert code == 143
+  assert "got SIGTERM: the running point was stopped" in (
+      capsys.readouterr().err)
+  with pytest.raises(ProcessLookupError):  # The run is gone, not orphaned.
+    os.kill(int(started.read_text()), 0)
+  assert not (out / "scaling.json").exists()
+  assert not (out / "replicas_2").exists()  # The sweep went no further.
+
+
+def _signal_when_started(started, deadline=60.0):
+  """SIGTERMs this process once the fake run has written its pid."""
+  end = time.monotonic() + deadline
+  while not started.exists() and time.monotonic() < end:
+    time.sleep(0.05)
+  time.sleep(0.2)
+  os.kill(os.getpid(), signal.SIGTERM)
+
+
+# ---- ONE real sweep (slow) ---------------------------------------------------
 
 
 @pytest.mark.slow

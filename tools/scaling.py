@@ -46,21 +46,24 @@ either way: those points measure contention, not scaling; the tool prints
 the core count and warns about them, and the plot shades them.
 
 Writes, at the end and atomically: OUT/scaling.json (every point with each
-run's throughput, the failed runs, the host) and OUT/scaling.png (throughput against replicas with the
-ideal line; efficiency and sync fraction; multi-worker points marked apart),
-which needs matplotlib: pip install -e ".[tools]". TensorBoard's HParams tab
+run's throughput, the failed runs, the host) and OUT/scaling.png
+(throughput against replicas with the ideal line; efficiency and sync
+fraction; multi-worker points marked apart), which needs matplotlib:
+pip install -e ".[tools]". TensorBoard's HParams tab
 (tensorboard --logdir OUT) sets the points side by side: the experiment is
 declared at OUT, and each run's hparams and metrics are written into its
 workdir as soon as it finishes.
 
 Exit status: 0 every run succeeded; 1 some run failed (its exit code and
 the tail of its log were printed; the sweep went on and the rest was
-written); 2 bad arguments (one line, nothing run); 130 interrupted (Ctrl-C:
-the running point is stopped, nothing more is written).
+written); 2 bad arguments (one line, nothing run); 130 or 143 stopped by
+SIGINT (Ctrl-C) or SIGTERM: the running point is stopped (its processes
+too), no scaling.json or scaling.png is written.
 """
 import argparse
 import dataclasses
 import datetime
+import importlib
 import json
 import math
 import os
@@ -80,7 +83,7 @@ if REPO not in sys.path:
 import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PROG = "scaling"
-EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 # The sweep sets these keys itself, per point.
 SWEEP_KEYS = ("runtime.strategy", "runtime.num_cpu_devices",
               "train.global_batch_size", "train.steps")
@@ -107,6 +110,18 @@ METRICS = (("scaling/examples_per_sec", "examples/s"),
 
 class BadInput(Exception):
   """A bad command-line value; its message is one line naming the fix."""
+
+
+class Stopped(Exception):
+  """SIGINT or SIGTERM reached the tool; `signum` says which."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+def _raise_stopped(signum, _frame):
+  raise Stopped(signum)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -435,7 +450,7 @@ def clear_out(out: str) -> None:
 
 def require_matplotlib() -> None:
   try:
-    import matplotlib  # pylint: disable=g-import-not-at-top,unused-import
+    importlib.import_module("matplotlib")
   except ImportError:
     raise BadInput('matplotlib is needed for scaling.png: pip install -e '
                    '".[tools]" (or pass --no_plot).') from None
@@ -501,7 +516,7 @@ def run_command(command: list[str], log_path: str,
   Returns:
     (exit status, or None if it timed out and was stopped; wall seconds).
   Raises:
-    KeyboardInterrupt: after stopping the command.
+    Stopped: the tool got SIGINT or SIGTERM; the command was stopped first.
   """
   start = time.monotonic()
   with open(log_path, "wb") as log:
@@ -515,7 +530,7 @@ def run_command(command: list[str], log_path: str,
     except subprocess.TimeoutExpired:
       stop(proc)
       return None, time.monotonic() - start
-    except KeyboardInterrupt:
+    except Stopped:
       stop(proc)
       raise
   code = 128 - code if code < 0 else code  # Killed by signal S: 128+S.
@@ -770,7 +785,7 @@ def _title(report: dict) -> str:
   return title
 
 
-# ---- TensorBoard HParams ------------------------------------------------------
+# ---- TensorBoard HParams -----------------------------------------------------
 
 
 def _tf():
@@ -960,11 +975,18 @@ def main(argv=None) -> int:
     clear_out(args.out)
   os.makedirs(args.out, exist_ok=True)
   write_hparams_config(args.out, args.points, args.config, args.mode)
+  # A run has its own session, so a Ctrl-C reaches only this tool: the
+  # handler stops the run (and the launcher its workers) before exiting.
+  previous = {s: signal.signal(s, _raise_stopped)
+              for s in (signal.SIGINT, signal.SIGTERM)}
   try:
     summaries, failed = sweep(args)
-  except KeyboardInterrupt:
-    say("interrupted: the running point was stopped; no scaling.json written")
-    return EXIT_INTERRUPTED
+  except Stopped as e:
+    say(f"got {e}: the running point was stopped; no scaling.json written")
+    return 128 + e.signum
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
   rows = results(args.points, summaries)
   print(format_table(rows), flush=True)
   data = report(args, rows, failed, host, over, time.monotonic() - start)
