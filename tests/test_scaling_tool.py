@@ -67,6 +67,9 @@ def test_weak_scaling_fixes_the_batch_per_replica(tmp_path):
       "one_device", "mirrored", "mirrored", "multi_worker_mirrored",
       "multi_worker_mirrored"]
   assert points["workers_3"].replicas == points["workers_3"].workers == 3
+  for spelling in ("configs/cnn_shapes.py", "cnn_shapes.py",
+                   os.path.join(helpers.REPO, "configs", "cnn_shapes.py")):
+    assert scaling.config_name(spelling) == "cnn_shapes"
   assert points["replicas_4"].workers == 1
   small = _points([f"--out={tmp_path}/n", "--per_replica_batch=32",
                    "--replicas=2", "--workers="])
@@ -93,6 +96,8 @@ def test_strong_scaling_fixes_the_global_batch(tmp_path):
     (["--workers=1"], "--workers='1' must be comma-separated integers >= 2"),
     (["--replicas=", "--workers="], "are both empty"),
     (["--config=nope"], "--config='nope' is not a config in configs/"),
+    (["--config=/tmp/lstm_longmem.py"],
+     "--config='/tmp/lstm_longmem.py' is not a config in configs/"),
     (["--steps=30"], "--steps=30 would time only 5 step(s)"),
     (["--mode=fast"], "argument --mode: invalid choice: 'fast'"),
     (["--mode=strong", "--global_batch=250"],

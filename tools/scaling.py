@@ -172,12 +172,16 @@ class Point:
     return (f"{where}, global batch {self.global_batch} "
             f"({self.per_replica_batch} per replica), {self.cores_text()}")
 
+  @property
+  def cores_spec(self) -> str:
+    """The core sets as tools/pin_cores.py takes them: "0,1" or "0/1/0"."""
+    return "/".join(",".join(map(str, c)) for c in self.cores)
+
   def cores_text(self) -> str:
     if not self.cores:
       return "unpinned"
-    sets = "/".join(",".join(map(str, c)) for c in self.cores)
     many = len(self.cores) > 1 or len(self.cores[0]) > 1
-    return f"pinned to core{'s' if many else ''} {sets}"
+    return f"pinned to core{'s' if many else ''} {self.cores_spec}"
 
   def oversubscribed(self, host_cores: int) -> bool:
     """Whether its replicas share cores: pinned, more cores than the host
@@ -216,7 +220,11 @@ def config_name(text: str) -> str:
   """"lstm_longmem" or "configs/lstm_longmem.py" -> "lstm_longmem"."""
   name = os.path.basename(text)
   name = name[:-3] if name.endswith(".py") else name
-  if name not in configs.names():
+  shipped = os.path.join(REPO, "configs", f"{name}.py")
+  # A path must lead to the shipped file (from here or from the checkout).
+  elsewhere = os.path.dirname(text) and shipped not in {
+      os.path.abspath(text), os.path.abspath(os.path.join(REPO, text))}
+  if name not in configs.names() or elsewhere:
     raise BadInput(f"--config={text!r} is not a config in configs/; use one "
                    f"of {', '.join(configs.names())}.")
   return name
@@ -264,7 +272,7 @@ def _override_error(e: Exception) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  """Parses and checks the arguments; adds .overrides, .config_dict, .points.
+  """Parses and checks the arguments; adds .overrides and .points.
 
   Raises:
     BadInput: a value is missing, malformed or inconsistent.
@@ -490,9 +498,8 @@ def train_command(point: Point, args, workdir: str) -> list[str]:
            f"--config.train.steps={args.steps}",
            *(f"--config.{o}" for o in (*POINT_DEFAULTS, *args.overrides))]
   if point.cores:  # Each process pins itself, then execs the trainer.
-    sets = "/".join(",".join(map(str, c)) for c in point.cores)
     train = [sys.executable, os.path.join(REPO, "tools", "pin_cores.py"),
-             f"--cores={sets}", "--", *train]
+             f"--cores={point.cores_spec}", "--", *train]
   if not point.multi_worker:
     return train
   return [sys.executable, os.path.join(REPO, "tools", "launch_local.py"),
