@@ -552,6 +552,9 @@ def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path, capsys,
   assert report["failed_runs"] == [f"{out}/workers_2/run1",
                                    f"{out}/workers_2/run2"]
   assert report["host"]["cores"] == scaling.host_cores()
+  assert report["command"] == [os.path.join("tools", "scaling.py"),
+                               f"--out={out}", "--replicas=1,2",
+                               "--workers=2", "--repeats=2"]
   assert (out / "scaling.png").exists()
   assert (out / "workers_2" / "run1" / "train.log").exists()
   _, groups = hparams_tab(str(out))

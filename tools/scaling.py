@@ -272,13 +272,13 @@ def _override_error(e: Exception) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  """Parses and checks the arguments; adds .overrides and .points.
+  """Parses and checks the arguments; adds .argv, .overrides and .points.
 
   Raises:
     BadInput: a value is missing, malformed or inconsistent.
   """
-  options, extra = _split_overrides(
-      list(sys.argv[1:] if argv is None else argv))
+  argv = list(sys.argv[1:] if argv is None else argv)
+  options, extra = _split_overrides(argv)
   p = _Parser(prog="scaling.py", allow_abbrev=False,
               usage="%(prog)s --out=DIR [options] [-- --config.KEY=VALUE ...]",
               description=__doc__.splitlines()[0])
@@ -322,6 +322,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--no_plot", action="store_true",
                  help="Skip scaling.png (no matplotlib needed).")
   args = p.parse_args(options)
+  args.argv = argv
   args.config = config_name(args.config)
   args.overrides = config_overrides(extra)
   config = load_config(args.config, args.overrides)
@@ -965,7 +966,7 @@ def report(args, rows, failed, host, over, seconds) -> dict:
       "points": rows, "failed_runs": failed,
       "seconds": round(seconds, 1),
       "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-      "command": [os.path.relpath(__file__, REPO), *sys.argv[1:]],
+      "command": [os.path.relpath(__file__, REPO), *args.argv],
   }
 
 
