@@ -39,10 +39,13 @@ setuptools.setup(
         "tpu": [f"tensorflow-tpu{_TF}", "libtpu<0.0.32"],
         # nbclient, nbformat, ipykernel: tests/test_notebook.py runs
         # notebooks/colab_tpu.ipynb (it is skipped without them).
+        # matplotlib: tests/test_scaling_tool.py draws tools/scaling.py's plot.
         "test": ["pytest", "pytest-timeout", "nbclient", "nbformat",
-                 "ipykernel"],
+                 "ipykernel", "matplotlib"],
         # TensorBoard's Profile tab, for traces from log.profile_steps.
         "profile": ["tensorboard-plugin-profile"],
+        # tools/scaling.py's figure (scaling.png).
+        "tools": ["matplotlib"],
     },
     entry_points={
         "console_scripts": ["dist-keras-train=dist_keras.train:run"],
