@@ -61,7 +61,7 @@ def validate(config):
   CPU into logical devices.
   """
   _check_train_cfg(config.train, config.eval)
-  spec = data_lib.input_spec(config.data)
+  spec = data_lib.input_spec(config.data, models.inputs(config.model))
   models.check(config.model, spec)
   parse_profile_steps(config.log.profile_steps)
   check_optimizer(config.train)
@@ -181,6 +181,8 @@ class Trainer:
     if on_tpu and (config.log.sync_timing or config.log.calibration_steps):
       self.log("TPU: log.sync_timing and log.calibration_steps are off "
                "(tf.timestamp has no TPU kernel)")
+    if config.data.name == data_lib.SYNTHETIC:
+      self.log(data_lib.constant_batch.NOTE)
     data_lib.per_replica_batch_size(config.train.global_batch_size,
                                     self.replicas)
     if self.chief:
@@ -255,10 +257,10 @@ class Trainer:
     # Resumed runs start where the checkpointed step left the data stream.
     train = data_lib.distribute(self.strategy, cfg.data, "train",
                                 cfg.train.global_batch_size, seed,
-                                start_step=self.step)
+                                start_step=self.step, spec=self.spec)
     evals = data_lib.distribute(self.strategy, cfg.data, "eval",
                                 cfg.train.global_batch_size, seed,
-                                steps=cfg.eval.steps)
+                                steps=cfg.eval.steps, spec=self.spec)
     return train, evals
 
   def run(self) -> dict:
