@@ -27,19 +27,26 @@ def get_config() -> ml_collections.ConfigDict:
   c.runtime.seed = 0
 
   c.data = ml_collections.ConfigDict()
-  c.data.name = "longmem"  # longmem | shapes | tfds:NAME
+  # longmem | shapes | tfds:NAME | synthetic (one random batch, repeated:
+  # compute + sync without an input pipeline; accuracy is meaningless).
+  c.data.name = "longmem"
   c.data.data_dir = ""  # TFDS: local path or gs://; "" = ~/tensorflow_datasets.
   # TFDS: download and prepare a dataset missing from data_dir (needs the
   # network); otherwise fail at once saying how to prepare it.
   c.data.download = False
   c.data.train_size = 16384  # Examples in the (repeated) train split.
   c.data.eval_size = 2048  # Examples in the held-out eval split.
+  # The shape of the config's data. The built-in data and data.name=synthetic
+  # (which builds the same model as the real data) take them from here; TFDS
+  # reads channels and num_classes (and tiny_shakespeare's 256 byte values)
+  # from the data and warns when the config declares other values.
   # longmem: the label is the first token mod num_classes; the rest is noise.
   c.data.seq_len = 50
   c.data.vocab_size = 16  # imdb_reviews: hash buckets (0 = padding).
-  c.data.num_classes = 4  # Built-in data only; TFDS reads it from the data.
+  c.data.num_classes = 4
   # shapes: images of num_classes shapes (<= 4), image_size pixels square.
   c.data.image_size = 32  # TFDS: side to resize to; 0 keeps the native size.
+  c.data.channels = 1  # Image channels: 1 grey, 3 RGB.
   c.data.noise = 0.1
   c.data.shuffle_buffer = 4096
   # One tf.data pipeline per replica instead of per worker: a one-process run

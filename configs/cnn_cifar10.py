@@ -15,6 +15,7 @@ def get_config():
   c = base.get_config()
   c.data.name = "tfds:cifar10"
   c.data.image_size = 32  # Native size: no resize.
+  c.data.channels, c.data.num_classes = 3, 10  # For data.name=synthetic.
   c.model.name = "cnn"
   c.model.filters = (32, 64, 128)
   c.model.dense_units = 128

@@ -20,6 +20,7 @@ def get_config():
   c.data.name = "tfds:imdb_reviews"
   c.data.seq_len = 200
   c.data.vocab_size = 20000  # Hash buckets + 1 for padding.
+  c.data.num_classes = 2  # For data.name=synthetic.
   c.model.name = "sequence_classifier"
   c.model.cell = "lstm"
   c.model.embed_dim = 64

@@ -19,6 +19,8 @@ def get_config():
   c = base.get_config()
   c.data.name = "tfds:tiny_shakespeare"
   c.data.seq_len = 100
+  # Bytes in, the next byte out (for data.name=synthetic).
+  c.data.vocab_size = c.data.num_classes = 256
   c.model.name = "char_lm"
   c.model.cell = "lstm"
   c.model.embed_dim = 64

@@ -62,7 +62,7 @@ def validate(config):
   CPU into logical devices.
   """
   _check_train_cfg(config.train, config.eval)
-  spec = data_lib.input_spec(config.data)
+  spec = data_lib.input_spec(config.data, models.inputs(config.model))
   models.check(config.model, spec)
   parse_profile_steps(config.log.profile_steps)
   check_optimizer(config.train)
@@ -141,6 +141,8 @@ class Throughput:
   seconds: float = 0.0
   steps: int = 0
   warmup_done: bool = False
+  # Wall ms per step of each counted interval (log window), for the jitter.
+  window_ms: list = dataclasses.field(default_factory=list)
 
   def add(self, steps: int, seconds: float) -> bool:
     """Counts an interval; returns False for the warm-up one (not counted)."""
@@ -149,6 +151,7 @@ class Throughput:
       return False
     self.seconds += seconds
     self.steps += steps
+    self.window_ms.append(1e3 * seconds / steps)
     return True
 
   @property
@@ -158,6 +161,28 @@ class Throughput:
   @property
   def examples_per_sec(self) -> float | None:
     return self.examples_per_step / self.step_seconds if self.steps else None
+
+
+def step_time_stats(window_ms) -> dict:
+  """Median and 90th percentile of the log windows' wall ms per step, and
+  their jitter: std / mean in % (None below 2 windows; all None for none)."""
+  if not len(window_ms):
+    return {"step_ms_median": None, "step_ms_p90": None,
+            "step_ms_jitter": None}
+  ms = np.asarray(window_ms, np.float64)
+  return {"step_ms_median": float(np.median(ms)),
+          "step_ms_p90": float(np.percentile(ms, 90)),
+          "step_ms_jitter": (float(100 * ms.std() / ms.mean())
+                             if len(ms) > 1 else None)}
+
+
+def throughput_line(examples_per_sec: float, stats: dict) -> str:
+  """'throughput 1,234 ex/s (step 12.3 ms median, p90 13.0 ms, jitter 2.1%)'."""
+  jitter = stats["step_ms_jitter"]
+  return (f"throughput {examples_per_sec:,.0f} ex/s (step "
+          f"{stats['step_ms_median']:.1f} ms median, p90 "
+          f"{stats['step_ms_p90']:.1f} ms, jitter "
+          + (f"{jitter:.1f}%)" if jitter is not None else "n/a: one window)"))
 
 
 def _eta(seconds: float | None) -> str:
@@ -194,6 +219,8 @@ class Trainer:
     if on_tpu and (config.log.sync_timing or config.log.calibration_steps):
       self.log("TPU: log.sync_timing and log.calibration_steps are off "
                "(tf.timestamp has no TPU kernel)")
+    if config.data.name == data_lib.SYNTHETIC:
+      self.log(data_lib.constant_batch.NOTE)
     data_lib.per_replica_batch_size(config.train.global_batch_size,
                                     self.replicas)
     if self.chief:
@@ -270,10 +297,10 @@ class Trainer:
     # Resumed runs start where the checkpointed step left the data stream.
     train = data_lib.distribute(self.strategy, cfg.data, "train",
                                 cfg.train.global_batch_size, seed,
-                                start_step=self.step)
+                                start_step=self.step, spec=self.spec)
     evals = data_lib.distribute(self.strategy, cfg.data, "eval",
                                 cfg.train.global_batch_size, seed,
-                                steps=cfg.eval.steps)
+                                steps=cfg.eval.steps, spec=self.spec)
     return train, evals
 
   def run(self) -> dict:
@@ -481,6 +508,9 @@ class Trainer:
   def _finish(self, last, final_eval, throughput, sync_log,
               calibrated) -> dict:
     means = sync_log.means()
+    step_stats = step_time_stats(throughput.window_ms)
+    if throughput.examples_per_sec:
+      self.log(throughput_line(throughput.examples_per_sec, step_stats))
     summary = {
         "strategy": strategy_lib.display_name(self.strategy),
         "replicas": self.replicas,
@@ -495,6 +525,8 @@ class Trainer:
         "examples_per_sec_per_replica": (
             throughput.examples_per_sec / self.replicas
             if throughput.examples_per_sec else None),
+        # Wall ms per step over the log windows (the warm-up one left out).
+        **step_stats,
         "gradient_bytes": self.gradient_bytes,
         # Means over the instrumented steps (None with log.sync_timing off).
         "sync_fraction": means.get("fraction"),

@@ -2,12 +2,16 @@
 
 Builders return unbatched examples of one split, already sharded by input
 pipeline; this module batches them per replica and hands them to the strategy.
+data.name=synthetic is the exception: one constant random batch per pipeline,
+shaped like the config's real data (constant_batch, declared_spec).
 """
 import dataclasses
+import sys
 from typing import Callable
 
 import tensorflow as tf
 
+from dist_keras.data import constant_batch
 from dist_keras.data import synthetic
 from dist_keras.data import tfds_sources
 from dist_keras.errors import UserError
@@ -47,11 +51,26 @@ _BUILDERS: dict[str, Callable] = _Registry({
 })
 
 
-def input_spec(data_cfg) -> InputSpec:
-  """The InputSpec of the dataset `data_cfg.name`."""
+# Random constant batches shaped like the config's real data (constant_batch).
+SYNTHETIC = "synthetic"
+# What a model reads (models.inputs): data.name=synthetic builds batches of it.
+INPUT_KINDS = ("images", "tokens", "per_token")
+
+
+def input_spec(data_cfg, inputs: str = "") -> InputSpec:
+  """The InputSpec of the dataset `data_cfg.name`.
+
+  `inputs` (one of INPUT_KINDS: what the model reads) is needed only by
+  data.name=synthetic, whose spec is the one the config declares for its
+  real data (declared_spec); TFDS reads its spec from the data.
+  """
   _check(data_cfg)
+  if data_cfg.name == SYNTHETIC:
+    return declared_spec(data_cfg, inputs)
   if tfds_sources.is_tfds(data_cfg.name):
-    return InputSpec(**tfds_sources.spec(data_cfg))
+    spec = InputSpec(**tfds_sources.spec(data_cfg))
+    _warn_if_declared_differs(data_cfg, spec)
+    return spec
   if data_cfg.name == "longmem":
     return InputSpec((data_cfg.seq_len,), "int32", data_cfg.num_classes,
                      data_cfg.vocab_size)
@@ -59,16 +78,68 @@ def input_spec(data_cfg) -> InputSpec:
   return InputSpec((size, size, 1), "float32", data_cfg.num_classes)
 
 
+def _declared_keys(inputs: str, spec: InputSpec) -> dict:
+  """{data config key: value} that describe `spec` for model `inputs`."""
+  if inputs == "images":
+    return {"image_size": spec.shape[0], "channels": spec.shape[2],
+            "num_classes": spec.num_classes}
+  return {"seq_len": spec.shape[0], "vocab_size": spec.vocab_size,
+          "num_classes": spec.num_classes}
+
+
+def declared_spec(data_cfg, inputs: str) -> InputSpec:
+  """The InputSpec of the data `data_cfg` declares (data.image_size,
+  channels, num_classes; data.seq_len, vocab_size, num_classes) for a model
+  reading `inputs` (INPUT_KINDS); raises UserError for sizes below 1."""
+  if inputs not in INPUT_KINDS:
+    raise ValueError(f"data.name={data_cfg.name} needs the model's inputs, "
+                     f"one of {INPUT_KINDS} (models.inputs), not {inputs!r}.")
+  keys = ("image_size", "channels") if inputs == "images" else (
+      "seq_len", "vocab_size")
+  for key in (*keys, "num_classes"):
+    if getattr(data_cfg, key) < 1:
+      raise UserError(f"data.{key}={getattr(data_cfg, key)} must be >= 1 for "
+                      f"data.name={data_cfg.name}, which builds the inputs "
+                      f"the config declares: set the real data's {key}.")
+  if inputs == "images":
+    size = data_cfg.image_size
+    return InputSpec((size, size, data_cfg.channels), "float32",
+                     data_cfg.num_classes)
+  return InputSpec((data_cfg.seq_len,), "int32", data_cfg.num_classes,
+                   data_cfg.vocab_size, per_token=inputs == "per_token")
+
+
+_warned = set()
+
+
+def _warn_if_declared_differs(data_cfg, spec: InputSpec) -> None:
+  """One stderr line (once) if data.name=synthetic would build another model
+  than `spec`, the real data's: the config declares other shape keys."""
+  inputs = ("per_token" if spec.per_token else "tokens" if spec.vocab_size
+            else "images")
+  fixes = " ".join(f"data.{key}={value}" for key, value in
+                   _declared_keys(inputs, spec).items()
+                   if getattr(data_cfg, key) != value)
+  if fixes and fixes not in _warned:
+    _warned.add(fixes)
+    print(f"dist_keras: warning: data.name={data_cfg.name!r} gives inputs "
+          f"{spec.shape} with {spec.num_classes} classes; the config declares "
+          f"other values, so data.name={SYNTHETIC} would build another model: "
+          f"set {fixes} in the config.", file=sys.stderr, flush=True)
+
+
 def _check(data_cfg):
   if data_cfg.threads < 0:
     raise UserError(f"data.threads={data_cfg.threads} must be >= 0 (0: "
                     "TensorFlow's shared pool).")
+  if data_cfg.name == SYNTHETIC:
+    return None  # declared_spec checks the sizes it reads.
   if tfds_sources.is_tfds(data_cfg.name):
     return tfds_sources.check(data_cfg)
   if data_cfg.name not in _BUILDERS:
     raise UserError(f"data.name={data_cfg.name!r} is not one of "
-                    f"{', '.join(sorted(_BUILDERS))}, or tfds:NAME; pick one "
-                    "of those.")
+                    f"{', '.join(sorted([*_BUILDERS, SYNTHETIC]))}, or "
+                    "tfds:NAME; pick one of those.")
   synthetic.check(data_cfg, data_cfg.name)
 
 
@@ -92,7 +163,7 @@ def num_examples(data_cfg, split: str) -> int:
 
 
 def dataset_fn(data_cfg, split: str, global_batch_size: int, seed: int,
-               steps: int = 0, start_step: int = 0):
+               steps: int = 0, start_step: int = 0, spec=None):
   """The `(InputContext) -> tf.data.Dataset` for one split.
 
   Train: shuffled with `seed`, repeated, per-replica batches with static
@@ -105,16 +176,26 @@ def dataset_fn(data_cfg, split: str, global_batch_size: int, seed: int,
   any number of replicas and workers, the last partial batch included, and
   every replica runs the same number of steps (as collectives require). At
   most `steps` global batches when `steps` > 0.
+  data.name=synthetic needs the model's InputSpec `spec` (input_spec): its
+  train stream is one constant batch (constant_batch) and its eval split
+  data.eval_size examples of it, through the same exact-eval path.
   """
   _check(data_cfg)
-  build = _BUILDERS[data_cfg.name]
+  synthetic_batches = data_cfg.name == SYNTHETIC
+  if synthetic_batches and spec is None:
+    raise ValueError("data.name=synthetic: pass the model's InputSpec "
+                     "(spec=input_spec(data_cfg, models.inputs(model_cfg))).")
+  build = None if synthetic_batches else _BUILDERS[data_cfg.name]
   size = num_examples(data_cfg, split) if split != "train" else 0
 
   def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch = ctx.get_per_replica_batch_size(global_batch_size)
     # Each pipeline feeds num_replicas_in_sync / num_input_pipelines replicas.
     per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-    if split == "train":
+    if split == "train" and synthetic_batches:
+      # Constant: the stream from any start_step is the same, no skip.
+      ds = constant_batch.train(spec, batch, seed, ctx)
+    elif split == "train":
       ds = build(data_cfg, split, seed, ctx)
       if data_cfg.name in _CACHED:
         ds = ds.cache()
@@ -123,8 +204,11 @@ def dataset_fn(data_cfg, split: str, global_batch_size: int, seed: int,
       ds = ds.batch(batch, drop_remainder=True)
       ds = ds.skip(start_step * per_pipeline)
     else:
-      ds = _padded_eval(build(data_cfg, split, seed, ctx, with_ids=True),
-                        size, ctx.num_input_pipelines, batch * per_pipeline)
+      ds = (constant_batch.eval_examples(spec, size, batch, seed, ctx)
+            if synthetic_batches else
+            build(data_cfg, split, seed, ctx, with_ids=True))
+      ds = _padded_eval(ds, size, ctx.num_input_pipelines,
+                        batch * per_pipeline)
       ds = ds.batch(batch, drop_remainder=True)
       if steps > 0:
         ds = ds.take(steps * per_pipeline)
@@ -172,10 +256,12 @@ def _padded_eval(ds, size: int, num_pipelines: int, group: int):
 
 
 def distribute(strategy, data_cfg, split, global_batch_size, seed, steps=0,
-               start_step=0):
-  """A distributed dataset of `split` for `strategy`'s replicas."""
+               start_step=0, spec=None):
+  """A distributed dataset of `split` for `strategy`'s replicas (`spec`: see
+  dataset_fn)."""
   per_replica_batch_size(global_batch_size, strategy.num_replicas_in_sync)
-  fn = dataset_fn(data_cfg, split, global_batch_size, seed, steps, start_step)
+  fn = dataset_fn(data_cfg, split, global_batch_size, seed, steps, start_step,
+                  spec)
   options = None
   if data_cfg.pipeline_per_replica:
     # Batches stay on the host, where each replica's pipeline runs (TF

@@ -112,6 +112,9 @@ def check(data_cfg, name):
                      f"must be 1..{len(SHAPE_NAMES)} ({', '.join(SHAPE_NAMES)}).")
   if name == "shapes" and data_cfg.image_size < 16:
     raise UserError(f"data.image_size={data_cfg.image_size} must be >= 16.")
+  if name == "shapes" and data_cfg.channels != 1:
+    raise UserError(f"data.channels={data_cfg.channels} for shapes must be 1 "
+                    "(grey images).")
   if name == "longmem" and data_cfg.vocab_size < data_cfg.num_classes:
     raise UserError(f"data.vocab_size={data_cfg.vocab_size} must be >= "
                      f"data.num_classes={data_cfg.num_classes}.")

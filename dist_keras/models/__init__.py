@@ -12,12 +12,22 @@ _MODULES = {"sequence_classifier": sequence, "cnn": cnn, "char_lm": language,
             "resnet50": resnet}
 
 
-def check(model_cfg, input_spec) -> None:
-  """Raises UserError if `model_cfg` cannot be built for `input_spec`."""
+def _module(model_cfg):
   if model_cfg.name not in _MODULES:
     raise UserError(f"model.name={model_cfg.name!r} is not one of "
                     f"{', '.join(sorted(_MODULES))}; pick one of those.")
-  _MODULES[model_cfg.name].check(model_cfg, input_spec)
+  return _MODULES[model_cfg.name]
+
+
+def inputs(model_cfg) -> str:
+  """What model `model_cfg.name` reads: images | tokens | per_token (tokens
+  with one label each); data.name=synthetic makes batches of that kind."""
+  return _module(model_cfg).INPUTS
+
+
+def check(model_cfg, input_spec) -> None:
+  """Raises UserError if `model_cfg` cannot be built for `input_spec`."""
+  _module(model_cfg).check(model_cfg, input_spec)
 
 
 def build(model_cfg, input_spec) -> keras.Model:

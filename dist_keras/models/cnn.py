@@ -8,6 +8,8 @@ import keras
 
 from dist_keras.errors import UserError
 
+INPUTS = "images"
+
 
 def check(model_cfg, input_spec) -> None:
   """Raises UserError for inputs or filters this model cannot take."""

@@ -4,6 +4,8 @@ import numpy as np
 
 from dist_keras.errors import UserError
 
+INPUTS = "tokens"  # Token ids in, one label per sequence out.
+
 CELLS = {
     "lstm": keras.layers.LSTM,
     "gru": keras.layers.GRU,
