@@ -5,7 +5,7 @@ import tensorflow as tf
 
 import helpers
 from dist_keras import data
-from dist_keras.data import synthetic
+from dist_keras.data import generated
 from dist_keras.errors import UserError
 
 
@@ -19,13 +19,13 @@ def _examples(ds, n=None):
 
 def test_longmem_label_is_first_token_and_rest_is_noise():
   c = helpers.tiny_config("lstm_longmem").data
-  x, y = _examples(synthetic.longmem(c, "train", seed=0))
+  x, y = _examples(generated.longmem(c, "train", seed=0))
   assert x.shape == (c.train_size, c.seq_len) and x.dtype == np.int32
   np.testing.assert_array_equal(y, x[:, 0] % c.num_classes)
   assert set(np.unique(x[:, 1:])) == set(range(c.vocab_size))
 
 
-@pytest.mark.parametrize("builder", [synthetic.longmem, synthetic.shapes])
+@pytest.mark.parametrize("builder", [generated.longmem, generated.shapes])
 def test_deterministic_from_seed(builder):
   c = helpers.tiny_config("cnn_shapes").data
   a, _ = _examples(builder(c, "train", seed=3), 16)
@@ -35,7 +35,7 @@ def test_deterministic_from_seed(builder):
   assert not np.array_equal(a, other)
 
 
-@pytest.mark.parametrize("builder", [synthetic.longmem, synthetic.shapes])
+@pytest.mark.parametrize("builder", [generated.longmem, generated.shapes])
 def test_train_and_eval_splits_are_disjoint(builder):
   c = helpers.tiny_config("cnn_shapes").data
   train, _ = _examples(builder(c, "train", seed=0))
@@ -48,7 +48,7 @@ def test_train_and_eval_splits_are_disjoint(builder):
 def test_shapes_images_are_balanced_and_in_range():
   c = helpers.tiny_config("cnn_shapes").data
   c.image_size, c.train_size = 32, 400
-  x, y = _examples(synthetic.shapes(c, "train", seed=0))
+  x, y = _examples(generated.shapes(c, "train", seed=0))
   assert x.shape == (400, 32, 32, 1) and x.dtype == np.float32
   assert 0.0 <= x.min() and x.max() <= 1.0
   counts = np.bincount(y, minlength=c.num_classes)
@@ -59,9 +59,9 @@ def test_shapes_images_are_balanced_and_in_range():
 
 def test_sharding_by_input_pipeline_covers_the_split_exactly_once():
   c = helpers.tiny_config("lstm_longmem").data
-  whole = set(synthetic.indices(c, "eval").as_numpy_iterator())
+  whole = set(generated.indices(c, "eval").as_numpy_iterator())
   shards = [
-      list(synthetic.indices(c, "eval", tf.distribute.InputContext(
+      list(generated.indices(c, "eval", tf.distribute.InputContext(
           num_input_pipelines=3, input_pipeline_id=i)).as_numpy_iterator())
       for i in range(3)
   ]

@@ -12,7 +12,7 @@ from typing import Callable
 import tensorflow as tf
 
 from dist_keras.data import constant_batch
-from dist_keras.data import synthetic
+from dist_keras.data import generated
 from dist_keras.data import tfds_sources
 from dist_keras.errors import UserError
 
@@ -39,8 +39,8 @@ class _Registry(dict):
 
 
 _BUILDERS: dict[str, Callable] = _Registry({
-    "longmem": synthetic.longmem,
-    "shapes": synthetic.shapes,
+    "longmem": generated.longmem,
+    "shapes": generated.shapes,
     # TFDS datasets, prepared in data.data_dir (see tfds_sources).
     "tfds:mnist": tfds_sources.build,
     "tfds:fashion_mnist": tfds_sources.build,
@@ -140,7 +140,7 @@ def _check(data_cfg):
     raise UserError(f"data.name={data_cfg.name!r} is not one of "
                     f"{', '.join(sorted([*_BUILDERS, SYNTHETIC]))}, or "
                     "tfds:NAME; pick one of those.")
-  synthetic.check(data_cfg, data_cfg.name)
+  generated.check(data_cfg, data_cfg.name)
 
 
 def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
@@ -159,7 +159,7 @@ def num_examples(data_cfg, split: str) -> int:
   """Examples in `split` of `data_cfg.name` (all pipelines together)."""
   if tfds_sources.is_tfds(data_cfg.name):
     return tfds_sources.num_examples(data_cfg, split)
-  return synthetic.num_examples(data_cfg, split)
+  return generated.num_examples(data_cfg, split)
 
 
 def dataset_fn(data_cfg, split: str, global_batch_size: int, seed: int,

@@ -4,7 +4,7 @@ Supported: mnist, fashion_mnist, cifar10 and any other TFDS dataset with an
 `image` Image and a `label` ClassLabel feature (CNN); imdb_reviews (LSTM
 classifier); tiny_shakespeare (character-level LM); imagenet2012 (ResNet-50).
 Each builder returns unbatched `(features, label)` of one split, already
-sharded by input pipeline, like dist_keras.data.synthetic.
+sharded by input pipeline, like dist_keras.data.generated.
 
 Preparing. A dataset must be prepared in `data.data_dir` ("" means TFDS's
 default, ~/tensorflow_datasets; gs:// works). `check` looks for the prepared
