@@ -130,15 +130,14 @@ def _tiny_synthetic(name):
   return c
 
 
-def _marked(name):
-  # Tracing ResNet-50's train step takes 35-60 s on this 2-core CPU (the
-  # whole test 40-100 s): slow, like tests/test_xla.py's; its spec is checked
-  # above at 224x224 and fast.
-  slow = name == "resnet50_imagenet"
-  return pytest.param(name, marks=[pytest.mark.slow] if slow else [])
+# ResNet-50 is left out: tracing its train step takes 35-60 s on this 2-core
+# CPU, which CI's budget cannot spare twice; its synthetic spec is checked
+# above at 224x224, its step compiles and learns in tests/test_xla.py, and
+# the README's synthetic ResNet-50 run was measured by hand.
+TRAINED = [n for n in configs.names() if n != "resnet50_imagenet"]
 
 
-@pytest.mark.parametrize("name", [_marked(name) for name in configs.names()])
+@pytest.mark.parametrize("name", TRAINED)
 def test_every_config_trains_on_synthetic_data(tmp_path, mirrored, capsys,
                                                name):
   c = _tiny_synthetic(name)
