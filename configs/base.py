@@ -73,6 +73,17 @@ def get_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.optimizer = "adam"  # sgd | adam | adamw | rmsprop
   c.train.learning_rate = 3e-3
+  # Batch-size rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD"):
+  # learning_rate is meant for a global batch of base_batch_size; the rate
+  # used is learning_rate * k for k = global_batch_size / base_batch_size
+  # ("linear", the paper's rule for SGD), * sqrt(k) ("sqrt", often the better
+  # fit for Adam, whose update size depends less on gradient noise), or
+  # unchanged ("none").
+  c.train.lr_scaling = "none"  # none | linear | sqrt
+  c.train.base_batch_size = 256
+  # Gradual warmup: ramp linearly from learning_rate (unscaled) to the scaled
+  # rate over this many steps, then stay there (0: start at the scaled rate).
+  c.train.warmup_steps = 0
   # Clip the global gradient norm (after the all-reduce); 0 disables.
   c.train.global_clipnorm = 1.0
   c.train.global_batch_size = 256

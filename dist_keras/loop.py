@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from dist_keras import calibration
+from dist_keras import lr as lr_lib
 from dist_keras import preemption
 from dist_keras import data as data_lib
 from dist_keras import mfu as mfu_lib
@@ -40,19 +41,24 @@ warnings.filterwarnings(
 
 
 def check_optimizer(train_cfg) -> None:
-  """Raises UserError for an unknown optimizer or a non-positive rate."""
+  """Raises UserError for an unknown optimizer, a non-positive rate or a bad
+  batch-size rule (lr.check)."""
   if train_cfg.optimizer not in OPTIMIZERS:
     raise UserError(f"train.optimizer={train_cfg.optimizer!r} is not one of "
                     f"{', '.join(OPTIMIZERS)}; pick one of those.")
   if not train_cfg.learning_rate > 0:
     raise UserError(f"train.learning_rate={train_cfg.learning_rate} must be "
                     "> 0.")
+  lr_lib.check(train_cfg)
 
 
 def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
-  """The optimizer `train_cfg.optimizer` names, at `train_cfg.learning_rate`."""
+  """The optimizer `train_cfg.optimizer` names, at `train_cfg.learning_rate`
+  scaled for the global batch and warmed up as train.lr_scaling and
+  train.warmup_steps say (dist_keras.lr)."""
   check_optimizer(train_cfg)
-  return OPTIMIZERS[train_cfg.optimizer](learning_rate=train_cfg.learning_rate)
+  return OPTIMIZERS[train_cfg.optimizer](
+      learning_rate=lr_lib.learning_rate(train_cfg))
 
 
 def validate(config):
@@ -310,6 +316,9 @@ class Trainer:
       workdir_lib.write_json(self.workdir, workdir_lib.CONFIG_JSON,
                              cfg.to_dict())
     self.summaries.config(cfg.to_dict())
+    rule = lr_lib.describe(cfg.train)
+    if rule:
+      self.log(rule)
     self.summaries.sync_layout()
     self.utilisation = mfu_lib.for_run(self.model, self.strategy, cfg,
                                        num_workers(self.strategy), self.chief)
@@ -469,8 +478,7 @@ class Trainer:
     accuracy = window.correct / (window.steps * cfg.global_batch_size
                                  * predictions)
     values = {"loss": loss, "accuracy": accuracy,
-              "learning_rate": float(
-                  keras.ops.convert_to_numpy(self.optimizer.learning_rate))}
+              "learning_rate": lr_lib.last_applied(self.optimizer)}
     if self.spec.per_token:  # The loss is the mean per token: exp is perplexity.
       values["perplexity"] = float(np.exp(min(loss, 50.0)))
     scale = step_lib.loss_scale_of(self.optimizer)
@@ -516,6 +524,7 @@ class Trainer:
         "replicas": self.replicas,
         "steps": self.step,
         "global_batch_size": self.config.train.global_batch_size,
+        "peak_learning_rate": lr_lib.peak(self.config.train),
         "train_loss": last.get("loss"),
         "train_accuracy": last.get("accuracy"),
         "eval_accuracy": final_eval["accuracy"],

@@ -1,0 +1,159 @@
+"""Batch-size rules for the learning rate (dist_keras.lr): Goyal et al.
+2017's linear scaling and gradual warmup, exact across a resume and with
+several steps per tf.function call."""
+import glob
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+import configs
+import helpers
+from dist_keras import loop, lr
+
+
+def _train_cfg(**overrides):
+  c = configs.load("lstm_longmem")
+  for key, value in overrides.items():
+    setattr(c.train, key, value)
+  return c.train
+
+
+def test_warmup_ramps_from_the_base_rate_to_the_peak_then_stays():
+  schedule = lr.WarmupToPeak(0.003, 0.024, warmup_steps=50)
+  values = {step: float(schedule(step)) for step in (0, 1, 25, 49, 50, 51,
+                                                     10_000)}
+  expected = {0: 0.003, 1: 0.00342, 25: 0.0135, 49: 0.02358, 50: 0.024,
+              51: 0.024, 10_000: 0.024}
+  assert values == pytest.approx(expected, rel=1e-6)
+  assert values[50] == np.float32(0.024)  # Exactly the peak, no rounding.
+  assert float(lr.WarmupToPeak(0.003, 0.024, 0)(0)) == np.float32(0.024)
+
+
+@pytest.mark.parametrize("rule,batch,expected_factor", [
+    ("linear", 2048, 8.0),
+    ("sqrt", 2048, 8 ** 0.5),
+    ("none", 2048, 1.0),
+    ("linear", 128, 0.5),
+    ("linear", 256, 1.0),
+])
+def test_scaling_factor_and_peak(rule, batch, expected_factor):
+  cfg = _train_cfg(lr_scaling=rule, global_batch_size=batch,
+                   learning_rate=0.003)
+  assert lr.factor(cfg) == pytest.approx(expected_factor)
+  assert lr.peak(cfg) == pytest.approx(0.003 * expected_factor)
+
+
+def test_nothing_scaled_keeps_a_plain_float_rate():
+  cfg = _train_cfg()
+  assert (cfg.lr_scaling, cfg.base_batch_size, cfg.warmup_steps) == (
+      "none", 256, 0)
+  assert lr.learning_rate(cfg) == cfg.learning_rate
+  assert lr.describe(cfg) is None
+
+
+def test_the_schedule_survives_optimizer_serialization():
+  cfg = _train_cfg(lr_scaling="sqrt", global_batch_size=1024,
+                   warmup_steps=10)
+  optimizer = loop.make_optimizer(cfg)
+  restored = keras.optimizers.deserialize(
+      keras.optimizers.serialize(optimizer))
+  schedule = restored._learning_rate  # pylint: disable=protected-access
+  assert isinstance(schedule, lr.WarmupToPeak)
+  assert schedule.get_config() == {"initial": 0.003, "peak": 0.006,
+                                   "warmup_steps": 10}
+
+
+def test_the_start_line_says_the_rule():
+  cfg = _train_cfg(lr_scaling="linear", global_batch_size=2048,
+                   warmup_steps=50)
+  assert lr.describe(cfg) == ("learning rate 0.003 x 8 (linear, batch 2048 "
+                              "/ 256) = 0.024, warmup 50 steps from 0.003")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"lr_scaling": "cubic"}, "train.lr_scaling='cubic' is not one of none, "
+     "linear, sqrt; pick one of those."),
+    ({"base_batch_size": 0}, "train.base_batch_size=0 must be >= 1"),
+    ({"warmup_steps": -1}, "train.warmup_steps=-1 must be >= 0."),
+    ({"lr_scaling": "linear", "warmup_steps": 801},
+     "train.warmup_steps=801 is more than train.steps=800; use at most 800."),
+    ({"warmup_steps": 10}, "train.warmup_steps=10 does nothing with "
+     "train.lr_scaling='none'"),
+])
+def test_bad_settings_are_one_line_user_errors(overrides, message):
+  c = configs.load("lstm_longmem")
+  for key, value in overrides.items():
+    setattr(c.train, key, value)
+  with pytest.raises(loop.UserError) as error:
+    loop.validate(c)
+  assert str(error.value).startswith(message)
+  assert "\n" not in str(error.value)
+
+
+def test_bad_rule_on_the_command_line_exits_2(tmp_path):
+  result = helpers.run_module(["-m", "dist_keras.train",
+                               f"--workdir={tmp_path / 'run'}",
+                               "--config.train.lr_scaling=cubic"])
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.strip() == (
+      "dist_keras: error: train.lr_scaling='cubic' is not one of none, "
+      "linear, sqrt; pick one of those.")
+  assert not os.path.exists(tmp_path / "run")
+
+
+WARMUP = 6
+# Linear x2 (batch 64 for 32), warmup over 6 steps: the rate of updates 1..8.
+RATES = [0.003, 0.0035, 0.004, 0.0045, 0.005, 0.0055, 0.006, 0.006]
+
+
+def _warmup_config(**train):
+  c = helpers.tiny_config()
+  c.train.global_batch_size, c.train.base_batch_size = 64, 32
+  c.train.lr_scaling, c.train.warmup_steps = "linear", WARMUP
+  c.train.log_every = 1
+  c.eval.every = 0
+  for key, value in train.items():
+    setattr(c.train, key, value)
+  return c
+
+
+def _run(config, workdir, strategy):
+  trainer = loop.Trainer(config, str(workdir), strategy)
+  try:
+    summary = trainer.run()
+  finally:
+    trainer.close()
+  return summary, [w.numpy() for w in trainer.model.weights]
+
+
+def test_warmup_is_logged_and_exact_across_resume_and_steps_per_loop(
+    tmp_path, mirrored, capsys):
+  config = _warmup_config()
+  config.log.progress = True
+  summary, whole = _run(config, tmp_path / "whole", mirrored)
+  assert ("learning rate 0.003 x 2 (linear, batch 64 / 32) = 0.006, warmup "
+          "6 steps from 0.003") in capsys.readouterr().out
+  assert summary["peak_learning_rate"] == pytest.approx(0.006)
+  logged = dict(helpers.scalar_tags(str(tmp_path / "whole"))["learning_rate"])
+  assert logged == pytest.approx(dict(zip(range(1, 9), RATES)), rel=1e-6)
+
+  # A run killed after its step-4 checkpoint, mid-warmup, then rerun.
+  cut = tmp_path / "cut" / "checkpoints"
+  cut.mkdir(parents=True)
+  for path in glob.glob(str(tmp_path / "whole" / "checkpoints" / "ckpt-4.*")):
+    shutil.copy(path, cut)
+  (cut / "checkpoint").write_text('model_checkpoint_path: "ckpt-4"\n')
+  _, resumed = _run(_warmup_config(), tmp_path / "cut", mirrored)
+  after = dict(helpers.scalar_tags(str(tmp_path / "cut"))["learning_rate"])
+  assert after == pytest.approx({s: logged[s] for s in (5, 6, 7, 8)},
+                                rel=1e-6)
+
+  # Four updates per call: each still reads its own step's rate.
+  looped = _warmup_config(steps_per_loop=4, log_every=8, checkpoint_every=8)
+  _, grouped = _run(looped, tmp_path / "loop", mirrored)
+  for expected, got_resumed, got_grouped in zip(whole, resumed, grouped):
+    np.testing.assert_allclose(got_resumed, expected, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got_grouped, expected, rtol=0, atol=1e-6)
