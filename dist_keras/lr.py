@@ -94,6 +94,8 @@ def last_applied(optimizer) -> float:
   A scheduled optimizer's `learning_rate` is the rate of its NEXT update;
   a log line at step s describes the steps up to s, so it shows s's rate.
   """
+  # float16: the LossScaleOptimizer's inner optimizer holds the schedule.
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
   schedule = optimizer._learning_rate  # pylint: disable=protected-access
   if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
     step = max(int(optimizer.iterations.numpy()) - 1, 0)

@@ -157,3 +157,12 @@ def test_warmup_is_logged_and_exact_across_resume_and_steps_per_loop(
   for expected, got_resumed, got_grouped in zip(whole, resumed, grouped):
     np.testing.assert_allclose(got_resumed, expected, rtol=0, atol=1e-6)
     np.testing.assert_allclose(got_grouped, expected, rtol=0, atol=1e-6)
+
+
+def test_float16_logs_the_schedule_of_its_inner_optimizer(tmp_path, mirrored):
+  """A LossScaleOptimizer wraps the scheduled one: the logged rate is still
+  the rate each step used."""
+  config = _warmup_config(precision="float16")
+  _run(config, tmp_path, mirrored)
+  logged = dict(helpers.scalar_tags(str(tmp_path))["learning_rate"])
+  assert logged == pytest.approx(dict(zip(range(1, 9), RATES)), rel=1e-6)
