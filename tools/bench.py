@@ -28,7 +28,7 @@ def keras_fit_block(c, strategy, data_lib, models, loop):
   """A `(steps) -> seconds` running model.fit for `steps` steps."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  spec = data_lib.input_spec(c.data)
+  spec = data_lib.input_spec(c.data, models.inputs(c.model))
   with strategy.scope():
     keras.utils.set_random_seed(c.runtime.seed)
     model = models.build(c.model, spec)
@@ -37,7 +37,7 @@ def keras_fit_block(c, strategy, data_lib, models, loop):
                       from_logits=True), metrics=["accuracy"])
   # The same examples, shuffled and batched globally, as fit expects.
   fn = data_lib.dataset_fn(c.data, "train", c.train.global_batch_size,
-                           c.runtime.seed)
+                           c.runtime.seed, spec=spec)
   ds = fn(tf.distribute.InputContext()).unbatch().batch(
       c.train.global_batch_size, drop_remainder=True).prefetch(
           tf.data.AUTOTUNE)
@@ -59,7 +59,7 @@ def loop_block(c, strategy, data_lib, loop, sync_timing):
     trainer.close()
   gb, log_every = c.train.global_batch_size, c.train.log_every
   iterator = iter(data_lib.distribute(strategy, c.data, "train", gb,
-                                      c.runtime.seed))
+                                      c.runtime.seed, spec=trainer.spec))
   steps_fn = {timed: step_lib.make_train_step(
       strategy, trainer.model, trainer.optimizer, gb,
       c.train.global_clipnorm, timed=timed) for timed in (False, True)}

@@ -49,7 +49,8 @@ def in_process(config_path: str, blocks: int, block_steps: int = 25):
   with tempfile.TemporaryDirectory() as workdir:
     trainer = loop.Trainer(c, workdir, strategy)
   gb = c.train.global_batch_size
-  it = iter(data.distribute(strategy, c.data, "train", gb, c.runtime.seed))
+  it = iter(data.distribute(strategy, c.data, "train", gb, c.runtime.seed,
+                            spec=trainer.spec))
   steps = {timed: step_lib.make_train_step(strategy, trainer.model,
                                        trainer.optimizer, gb,
                                        c.train.global_clipnorm, timed=timed)
