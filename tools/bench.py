@@ -124,10 +124,16 @@ def main():
             "repeats": args.repeats, "ms_per_step": {}}
   print(f"{args.config}: {mirrored.num_replicas_in_sync} replicas, global "
         f"batch {gb}, {args.repeats} x {args.steps} steps each (medians)")
+  result["ms_per_step_quartiles"] = {}
   for name, values in seconds.items():
     ms = 1e3 * statistics.median(values) / args.steps
     result["ms_per_step"][name] = ms
-    print(f"  {name:24} {ms:8.2f} ms/step {1e3 * gb / ms:10,.0f} ex/s")
+    # The spread of the blocks: how far one block's figure can be trusted.
+    q1, _, q3 = (1e3 * q / args.steps for q in statistics.quantiles(
+        values, n=4)) if len(values) > 1 else (ms, ms, ms)
+    result["ms_per_step_quartiles"][name] = [q1, q3]
+    print(f"  {name:24} {ms:8.2f} ms/step {1e3 * gb / ms:10,.0f} ex/s  "
+          f"(quartiles {q1:.2f}-{q3:.2f})")
   ms = result["ms_per_step"]
   result["ratios"] = {
       "dist_keras / fit, Mirrored (speed)": ms["fit, Mirrored"]
