@@ -134,7 +134,9 @@ def measure_matmul_tflops(dtype: str = "float32", device: str = "/cpu:0",
   streams are untouched.
   """
 
-  @tf.function
+  # reduce_retracing: one trace for every side tried (TensorFlow warns about
+  # a function traced once per shape).
+  @tf.function(reduce_retracing=True)
   def matmul(a, b):
     return tf.reduce_sum(tf.matmul(a, b))  # One scalar back: a sync point.
 
