@@ -101,9 +101,10 @@ def report(args, strategy, results):
   """Medians per variant and speed relative to the first one."""
   table = {}
   for v, runs in results.items():
+    rates = [r["examples_per_sec"] for r in runs]
     table[v or "baseline"] = {
-        "examples_per_sec": statistics.median(
-            r["examples_per_sec"] for r in runs),
+        "examples_per_sec": statistics.median(rates),
+        "examples_per_sec_range": [min(rates), max(rates)],
         "eval_accuracy": [r["eval_accuracy"] for r in runs],
         "sync_fraction": statistics.median(
             r["sync_fraction"] or 0.0 for r in runs),
@@ -115,7 +116,9 @@ def report(args, strategy, results):
         "repeats, medians")
   for name, row in table.items():
     row["speed_vs_first"] = row["examples_per_sec"] / reference
-    print(f"  {name:52} {row['examples_per_sec']:10,.0f} ex/s  "
+    low, high = row["examples_per_sec_range"]
+    print(f"  {name:52} {row['examples_per_sec']:10,.0f} ex/s "
+          f"({low:,.0f}-{high:,.0f})  "
           f"x{row['speed_vs_first']:.2f}  sync {100 * row['sync_fraction']:4.1f}%"
           f"  eval acc {min(row['eval_accuracy']):.3f}")
   if args.out:
