@@ -25,6 +25,13 @@ class UserError(ValueError):
   exit_code = EXIT_CONFIG_ERROR
 
 
+def check_choice(key: str, value, choices) -> None:
+  """Raises UserError unless `value` of config key `key` is in `choices`."""
+  if value not in choices:
+    raise UserError(f"{key}={value!r} is not one of {', '.join(choices)}; "
+                    "pick one of those.")
+
+
 class Diverged(UserError):
   """Loss or gradients became non-finite; nothing after it was saved."""
 

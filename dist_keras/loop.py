@@ -43,9 +43,7 @@ warnings.filterwarnings(
 def check_optimizer(train_cfg) -> None:
   """Raises UserError for an unknown optimizer, a non-positive rate or a bad
   batch-size rule (lr.check)."""
-  if train_cfg.optimizer not in OPTIMIZERS:
-    raise UserError(f"train.optimizer={train_cfg.optimizer!r} is not one of "
-                    f"{', '.join(OPTIMIZERS)}; pick one of those.")
+  errors.check_choice("train.optimizer", train_cfg.optimizer, OPTIMIZERS)
   if not train_cfg.learning_rate > 0:
     raise UserError(f"train.learning_rate={train_cfg.learning_rate} must be "
                     "> 0.")
@@ -73,7 +71,7 @@ def validate(config):
   parse_profile_steps(config.log.profile_steps)
   check_optimizer(config.train)
   check_precision(config.train)
-  _check_choice("runtime.allreduce_dtype", config.runtime.allreduce_dtype,
+  errors.check_choice("runtime.allreduce_dtype", config.runtime.allreduce_dtype,
                 sync.ALLREDUCE_DTYPES)
   strategy_lib.communication_options(config.runtime)  # Its checks.
   mfu_lib.check(config.log)
@@ -84,14 +82,8 @@ PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16",
               "float16": "mixed_float16"}
 
 
-def _check_choice(key: str, value, choices) -> None:
-  if value not in choices:
-    raise UserError(f"{key}={value!r} is not one of {', '.join(choices)}; "
-                    "pick one of those.")
-
-
 def check_precision(train_cfg) -> None:
-  _check_choice("train.precision", train_cfg.precision, PRECISIONS)
+  errors.check_choice("train.precision", train_cfg.precision, PRECISIONS)
 
 
 def build_in_scope(strategy, config, spec):

@@ -13,7 +13,7 @@ import math
 
 import keras
 
-from dist_keras.errors import UserError
+from dist_keras.errors import UserError, check_choice
 
 # Factor applied to train.learning_rate for a global batch `ratio` times
 # train.base_batch_size.
@@ -26,9 +26,7 @@ SCALINGS = {
 
 def check(train_cfg) -> None:
   """Raises UserError for a bad lr_scaling, base_batch_size or warmup."""
-  if train_cfg.lr_scaling not in SCALINGS:
-    raise UserError(f"train.lr_scaling={train_cfg.lr_scaling!r} is not one of "
-                    f"{', '.join(SCALINGS)}; pick one of those.")
+  check_choice("train.lr_scaling", train_cfg.lr_scaling, SCALINGS)
   if train_cfg.base_batch_size < 1:
     raise UserError(f"train.base_batch_size={train_cfg.base_batch_size} must "
                     "be >= 1 (the global batch train.learning_rate is for).")

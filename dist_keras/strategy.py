@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from dist_keras import tfconfig
 from dist_keras import tpu as tpu_lib
-from dist_keras.errors import UserError
+from dist_keras.errors import UserError, check_choice
 
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker_mirrored", "tpu")
 _COLLECTIVES = {
@@ -32,9 +32,7 @@ def choose(name: str, cluster, tpu_possible: bool = False) -> str:
     UserError: an unknown name, or a name that contradicts TF_CONFIG (a
       cluster run as a single host would train N unsynchronised copies).
   """
-  if name not in STRATEGIES:
-    raise UserError(f"runtime.strategy={name!r} is not one of "
-                    f"{', '.join(STRATEGIES)}; pick one of those.")
+  check_choice("runtime.strategy", name, STRATEGIES)
   multi = tfconfig.is_multi_worker(cluster)
   if name == "auto":
     if multi:
@@ -99,9 +97,7 @@ def display_name(strategy) -> str:
 
 def communication_options(runtime_cfg):
   """CommunicationOptions from `runtime.collective/bytes_per_pack/timeout`."""
-  if runtime_cfg.collective not in _COLLECTIVES:
-    raise UserError(f"runtime.collective={runtime_cfg.collective!r} is not "
-                    f"one of {', '.join(_COLLECTIVES)}; pick one of those.")
+  check_choice("runtime.collective", runtime_cfg.collective, _COLLECTIVES)
   if runtime_cfg.bytes_per_pack < 0:
     raise UserError(f"runtime.bytes_per_pack={runtime_cfg.bytes_per_pack} "
                     "must be >= 0 (0: one pack).")

@@ -5,7 +5,7 @@ builds them inside `strategy.scope()` so every variable is mirrored.
 """
 import keras
 
-from dist_keras.errors import UserError
+from dist_keras.errors import check_choice
 from dist_keras.models import cnn, language, resnet, sequence
 
 _MODULES = {"sequence_classifier": sequence, "cnn": cnn, "char_lm": language,
@@ -13,9 +13,7 @@ _MODULES = {"sequence_classifier": sequence, "cnn": cnn, "char_lm": language,
 
 
 def _module(model_cfg):
-  if model_cfg.name not in _MODULES:
-    raise UserError(f"model.name={model_cfg.name!r} is not one of "
-                    f"{', '.join(sorted(_MODULES))}; pick one of those.")
+  check_choice("model.name", model_cfg.name, sorted(_MODULES))
   return _MODULES[model_cfg.name]
 
 

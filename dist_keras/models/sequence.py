@@ -2,7 +2,7 @@
 import keras
 import numpy as np
 
-from dist_keras.errors import UserError
+from dist_keras.errors import UserError, check_choice
 
 INPUTS = "tokens"  # Token ids in, one label per sequence out.
 
@@ -65,9 +65,7 @@ def check(model_cfg, input_spec) -> None:
 
 def check_stack(model_cfg) -> None:
   """Raises UserError for a cell or size the recurrent stack cannot take."""
-  if model_cfg.cell not in CELLS:
-    raise UserError(f"model.cell={model_cfg.cell!r} is not one of "
-                    f"{', '.join(CELLS)}; pick one of those.")
+  check_choice("model.cell", model_cfg.cell, CELLS)
   if model_cfg.num_layers < 1 or model_cfg.units < 1:
     raise UserError(f"model.num_layers={model_cfg.num_layers} and "
                     f"model.units={model_cfg.units} must be >= 1.")
