@@ -73,6 +73,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.optimizer = "adam"  # sgd | adam | adamw | rmsprop
   c.train.learning_rate = 3e-3
+  # sgd, rmsprop: momentum (0.9 with sgd is Goyal et al.'s setting below).
+  c.train.momentum = 0.0
   # Batch-size rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD"):
   # learning_rate is meant for a global batch of base_batch_size; the rate
   # used is learning_rate * k for k = global_batch_size / base_batch_size

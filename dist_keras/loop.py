@@ -34,6 +34,10 @@ OPTIMIZERS = {
     "rmsprop": keras.optimizers.RMSprop,
 }
 
+# The optimizers train.momentum applies to (Adam-style optimizers have their
+# own first-moment decay, beta_1, instead).
+MOMENTUM_OPTIMIZERS = ("sgd", "rmsprop")
+
 # Iterating a distributed dataset inside tf.function reads its options in
 # graph mode, which warns on every eval trace; the behaviour is intended.
 warnings.filterwarnings(
@@ -41,12 +45,20 @@ warnings.filterwarnings(
 
 
 def check_optimizer(train_cfg) -> None:
-  """Raises UserError for an unknown optimizer, a non-positive rate or a bad
-  batch-size rule (lr.check)."""
+  """Raises UserError for an unknown optimizer, a non-positive rate, a
+  momentum it cannot use or a bad batch-size rule (lr.check)."""
   errors.check_choice("train.optimizer", train_cfg.optimizer, OPTIMIZERS)
   if not train_cfg.learning_rate > 0:
     raise UserError(f"train.learning_rate={train_cfg.learning_rate} must be "
                     "> 0.")
+  if not 0.0 <= train_cfg.momentum < 1.0:
+    raise UserError(f"train.momentum={train_cfg.momentum} must be in [0, 1) "
+                    "(0.9 is the usual SGD momentum).")
+  if train_cfg.momentum and train_cfg.optimizer not in MOMENTUM_OPTIMIZERS:
+    raise UserError(f"train.momentum={train_cfg.momentum} does nothing with "
+                    f"train.optimizer={train_cfg.optimizer!r} (its beta_1 "
+                    "plays that part); use it with "
+                    f"{' or '.join(MOMENTUM_OPTIMIZERS)}, or set momentum=0.")
   lr_lib.check(train_cfg)
 
 
@@ -55,8 +67,10 @@ def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
   scaled for the global batch and warmed up as train.lr_scaling and
   train.warmup_steps say (dist_keras.lr)."""
   check_optimizer(train_cfg)
-  return OPTIMIZERS[train_cfg.optimizer](
-      learning_rate=lr_lib.learning_rate(train_cfg))
+  kwargs = {"learning_rate": lr_lib.learning_rate(train_cfg)}
+  if train_cfg.optimizer in MOMENTUM_OPTIMIZERS:
+    kwargs["momentum"] = train_cfg.momentum
+  return OPTIMIZERS[train_cfg.optimizer](**kwargs)
 
 
 def validate(config):

@@ -107,6 +107,9 @@ def test_progress_lines_show_step_loss_throughput_and_eta(
     ("global_batch_size", 31, "global_batch_size=31 is not divisible by the 2"),
     ("learning_rate", -1.0, "learning_rate=-1.0 must be > 0"),
     ("optimizer", "lbfgs", "train.optimizer='lbfgs' is not one of sgd"),
+    ("momentum", 1.0, r"train.momentum=1.0 must be in \[0, 1\)"),
+    ("momentum", 0.9, "train.momentum=0.9 does nothing with "
+     "train.optimizer='adam' .* use it with sgd or rmsprop"),
 ])
 def test_bad_train_settings_fail_before_writing(tmp_path, mirrored, key, value,
                                                 message):
@@ -115,6 +118,13 @@ def test_bad_train_settings_fail_before_writing(tmp_path, mirrored, key, value,
   with pytest.raises(ValueError, match=message):
     loop.train(c, str(tmp_path), mirrored)
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["sgd", "rmsprop"])
+def test_momentum_reaches_the_optimizer(name):
+  c = helpers.tiny_config()
+  c.train.optimizer, c.train.momentum = name, 0.9
+  assert loop.make_optimizer(c.train).momentum == pytest.approx(0.9)
 
 
 def test_workdir_that_cannot_be_written_is_refused(tmp_path):
