@@ -1,0 +1,229 @@
+"""Does k times the global batch, at the same epochs, reach the base accuracy?
+
+For each seed, trains a config at its own global batch B for S steps (the
+base), then at k*B for S/k steps (the same examples: the same epochs) once per
+learning-rate rule (`train.lr_scaling` with `train.warmup_steps`, Goyal et
+al. 2017), each run its own `python -m dist_keras.train` process, evaluated
+once at its end. Prints each run as it ends, then per rule its accuracies,
+the gap to the base's mean and whether every seed is within the tolerance.
+A benchmark, not a test: it prints figures.
+
+  python tools/large_batch.py --config=lstm_longmem --k=8 --seeds=0,1,2 \
+      --rules=none:0,linear:20 --out=/tmp/large_batch.json
+
+`--override` applies to every run (e.g. `--override=train.optimizer=sgd`);
+`--scale_steps=4` lengthens the schedule of base and large runs alike.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+import train_run
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from dist_keras import quiet  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+with quiet.startup_lines_filtered():
+  from dist_keras import lr as lr_lib  # pylint: disable=g-import-not-at-top
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--config", default="lstm_longmem",
+                 help="A config name under configs/.")
+  p.add_argument("--k", type=int, default=8,
+                 help="Large global batch = k x the config's.")
+  p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--rules", default="none:0,linear:20",
+                 help="RULE:WARMUP_STEPS pairs for the large batch, RULE "
+                 f"one of {', '.join(lr_lib.SCALINGS)}.")
+  p.add_argument("--scale_steps", type=float, default=1.0,
+                 help="Multiply the config's train.steps by this (both runs).")
+  p.add_argument("--tolerance", type=float, default=0.01,
+                 help="Largest accepted drop below the base's mean accuracy.")
+  p.add_argument("--override", action="append", default=[],
+                 help="section.key=value for every run (repeatable).")
+  p.add_argument("--root", help="Keep the runs here (must be empty or new; "
+                 "default: a temporary folder).")
+  p.add_argument("--out", help="Write the results here as JSON, after every "
+                 "run (an interrupted sweep keeps what it finished).")
+  return p.parse_args(argv)
+
+
+def fail(message: str):
+  raise SystemExit(f"large_batch.py: {message}")
+
+
+def parse_rules(text: str) -> list[tuple[str, int]]:
+  """"linear:20,none:0" -> [("linear", 20), ("none", 0)]."""
+  rules = []
+  for item in text.split(","):
+    rule, _, warmup = item.partition(":")
+    if rule not in lr_lib.SCALINGS or not warmup.isdigit():
+      fail(f"--rules item {item!r} is not RULE:WARMUP_STEPS with RULE one "
+           f"of {', '.join(lr_lib.SCALINGS)}; e.g. --rules=linear:20.")
+    if rule == "none" and int(warmup):
+      fail(f"--rules item {item!r}: warmup ramps to a scaled rate, so "
+           "'none' takes warmup 0.")
+    rules.append((rule, int(warmup)))
+  return rules
+
+
+def load_config(name: str, overrides: list[str]):
+  """The config with the overrides; fails on a malformed or unknown key."""
+  config = configs.load(name)
+  for override in overrides:
+    key, equals, _ = override.partition("=")
+    section, dot, field = key.partition(".")
+    if not (equals and dot and section in config and field in config[section]):
+      fail(f"--override={override!r} is not section.key=value for a key of "
+           f"configs/{name}.py (e.g. train.optimizer=sgd).")
+  try:
+    return configs.load(name, overrides)
+  except (ValueError, TypeError) as e:  # A value of the wrong type.
+    fail(f"--override: {str(e).splitlines()[0]}")
+
+
+def plan(args) -> dict:
+  """The base and large schedules; fails on anything that cannot run."""
+  if args.config not in configs.names():
+    fail(f"--config={args.config!r} is not one of "
+         f"{', '.join(configs.names())}.")
+  if args.k < 2:
+    fail(f"--k={args.k} must be >= 2 (the large batch is k x the base).")
+  try:
+    seeds = [int(s) for s in args.seeds.split(",")]
+  except ValueError:
+    fail(f"--seeds={args.seeds!r} is not a comma-separated list of integers.")
+  rules = parse_rules(args.rules)
+  config = load_config(args.config, args.override)
+  batch = config.train.global_batch_size
+  base_steps = round(config.train.steps * args.scale_steps)
+  large_steps = base_steps // args.k
+  if large_steps < 1:
+    fail(f"{base_steps} base steps / k={args.k} leave no large-batch step; "
+         "raise --scale_steps.")
+  for rule, warmup in rules:
+    if warmup > large_steps:
+      fail(f"--rules {rule}:{warmup}: warmup is longer than the "
+           f"{large_steps} large-batch steps; use at most {large_steps}.")
+  return {"config": args.config, "k": args.k, "seeds": seeds, "rules": rules,
+          "batch": batch, "base_steps": base_steps, "large_steps": large_steps,
+          "learning_rate": config.train.learning_rate,
+          "optimizer": config.train.optimizer}
+
+
+def run_overrides(p: dict, seed: int, batch: int, steps: int,
+                  rule: str = "none", warmup: int = 0) -> list[str]:
+  return [f"--config.runtime.seed={seed}",
+          f"--config.train.global_batch_size={batch}",
+          f"--config.train.steps={steps}",
+          # The base batch is the config's, whatever its base_batch_size.
+          f"--config.train.base_batch_size={p['batch']}",
+          f"--config.train.lr_scaling={rule}",
+          f"--config.train.warmup_steps={warmup}",
+          # One evaluation and one checkpoint, at the end: the question is
+          # the final accuracy, and the large runs have few steps to spend.
+          "--config.eval.every=0", f"--config.train.checkpoint_every={steps}"]
+
+
+def run(p: dict, args, root: str, name: str, overrides: list[str]) -> dict:
+  summary, seconds = train_run.train(
+      f"configs/{p['config']}.py", os.path.join(root, name),
+      overrides + [f"--config.{o}" for o in args.override])
+  return {"name": name, "eval_accuracy": summary["eval_accuracy"],
+          "train_loss": summary["train_loss"], "wall_s": seconds,
+          "peak_learning_rate": summary.get("peak_learning_rate")}
+
+
+def verdicts(p: dict, results: dict, tolerance: float) -> list[dict]:
+  """Per rule: accuracies, gap of the mean and of the worst seed to the
+  base's mean, and whether every seed is within `tolerance`."""
+  base = statistics.mean(r["eval_accuracy"] for r in results["base"])
+  rows = []
+  for rule, warmup in p["rules"]:
+    accs = [r["eval_accuracy"] for r in results[f"{rule}:{warmup}"]]
+    if not accs:
+      continue
+    rows.append({"rule": rule, "warmup": warmup, "accuracies": accs,
+                 "mean_gap": statistics.mean(accs) - base,
+                 "worst_gap": min(accs) - base,
+                 "within": min(accs) >= base - tolerance,
+                 "complete": len(accs) == len(p["seeds"])})
+  return rows
+
+
+def print_verdicts(p: dict, results: dict, tolerance: float) -> None:
+  base = [r["eval_accuracy"] for r in results["base"]]
+  print(f"\n{p['config']}: base batch {p['batch']} x {p['base_steps']} steps "
+        f"-> {', '.join(f'{a:.3f}' for a in base)} (mean "
+        f"{statistics.mean(base):.3f}); {p['k']}x batch "
+        f"{p['batch'] * p['k']} x {p['large_steps']} steps:")
+  print(f"{'rule':<7} {'warmup':>6} {'eval accuracy per seed':<26} "
+        f"{'mean gap':>9} {'worst gap':>9}  within {tolerance * 100:g} pt")
+  for v in verdicts(p, results, tolerance):
+    accs = ", ".join(f"{a:.3f}" for a in v["accuracies"])
+    within = "yes" if v["within"] else "no"
+    if not v["complete"]:
+      within += f" ({len(v['accuracies'])} of {len(p['seeds'])} seeds)"
+    print(f"{v['rule']:<7} {v['warmup']:>6} {accs:<26} "
+          f"{v['mean_gap'] * 100:>+8.1f}p {v['worst_gap'] * 100:>+8.1f}p  "
+          f"{within}")
+
+
+def save(path, p, results, tolerance) -> None:
+  if not path:
+    return
+  document = {"plan": p, "runs": results, "tolerance": tolerance,
+              "verdicts": verdicts(p, results, tolerance)
+                          if results["base"] else []}
+  with open(path + ".tmp", "w") as f:
+    json.dump(document, f, indent=2)
+  os.replace(path + ".tmp", path)  # Never a half-written file.
+
+
+def sweep(p: dict, args, root: str) -> dict:
+  results = {"base": [], **{f"{r}:{w}": [] for r, w in p["rules"]}}
+  print(f"{'run':<28} {'eval acc':>8} {'train loss':>10} {'peak lr':>9} "
+        f"{'wall s':>7}", flush=True)
+  for seed in p["seeds"]:
+    jobs = [("base", f"base-s{seed}",
+             run_overrides(p, seed, p["batch"], p["base_steps"]))]
+    for rule, warmup in p["rules"]:
+      jobs.append((f"{rule}:{warmup}", f"{rule}-w{warmup}-s{seed}",
+                   run_overrides(p, seed, p["batch"] * p["k"],
+                                 p["large_steps"], rule, warmup)))
+    for key, name, overrides in jobs:
+      row = run(p, args, root, name, overrides)
+      results[key].append(row)
+      peak = row["peak_learning_rate"] or p["learning_rate"]
+      print(f"{name:<28} {row['eval_accuracy']:>8.4f} "
+            f"{row['train_loss']:>10.4f} {peak:>9.4g} {row['wall_s']:>7.0f}",
+            flush=True)
+      save(args.out, p, results, args.tolerance)
+  return results
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  p = plan(args)
+  if args.root and os.path.isdir(args.root) and os.listdir(args.root):
+    # A run's workdir with a checkpoint would resume, not train afresh.
+    fail(f"--root={args.root} is not empty; its runs would resume instead "
+         "of training. Name a new folder.")
+  print(f"{p['config']} ({p['optimizer']}, learning rate "
+        f"{p['learning_rate']:g} for batch {p['batch']}): seeds "
+        f"{p['seeds']}, k={p['k']}", flush=True)
+  with tempfile.TemporaryDirectory() as scratch:
+    results = sweep(p, args, args.root or scratch)
+  print_verdicts(p, results, args.tolerance)
+
+
+if __name__ == "__main__":
+  main()
