@@ -13,6 +13,9 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+# The tools import their sibling modules (train_run, config_args) as they do
+# when run as scripts from tools/.
+sys.path.insert(0, os.path.join(REPO, "tools"))
 
 from dist_keras import strategy  # pylint: disable=g-import-not-at-top
 

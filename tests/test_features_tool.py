@@ -1,10 +1,7 @@
 """tools/features.py: variant parsing and argument errors (not its figures)."""
-import os
-import sys
 
 import helpers
 
-sys.path.insert(0, os.path.join(helpers.REPO, "tools"))
 import features  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 

@@ -23,6 +23,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 
 def keras_fit_block(c, strategy, data_lib, models, loop):
   """A `(steps) -> seconds` running model.fit for `steps` steps."""
@@ -88,6 +90,7 @@ def main():
   p.add_argument("--override", action="append", default=[])
   p.add_argument("--out", default="")
   args = p.parse_args()
+  args.config = config_args.checked(p, args.config, args.override)
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top

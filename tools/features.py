@@ -27,6 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 
 def parse_variant(text: str) -> list[str]:
   """'a.b=1,c.d=x' -> ['a.b=1', 'c.d=x']; '' (the baseline) -> []."""
@@ -67,6 +69,9 @@ def main():
                  help="repeats run first and not counted (process warm-up)")
   p.add_argument("--out", default="")
   args = p.parse_args()
+  args.config = config_args.checked(p, args.config, args.override)
+  for v in args.variant:
+    config_args.checked(p, args.config, parse_variant(v), "--variant ")
   variants = args.variant or [""]
   if args.steps < 2 * 25 or args.repeats < 1:
     p.error(f"--steps={args.steps} must cover at least two log windows "

@@ -26,6 +26,7 @@ import train_run
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
 import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from dist_keras import quiet  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -33,7 +34,7 @@ with quiet.startup_lines_filtered():
   from dist_keras import lr as lr_lib  # pylint: disable=g-import-not-at-top
 
 
-def parse_args(argv=None):
+def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--config", default="lstm_longmem",
                  help="A config name under configs/.")
@@ -53,11 +54,15 @@ def parse_args(argv=None):
                  "default: a temporary folder).")
   p.add_argument("--out", help="Write the results here as JSON, after every "
                  "run (an interrupted sweep keeps what it finished).")
-  return p.parse_args(argv)
+  return p
+
+
+class BadInput(ValueError):
+  """An argument that cannot make a sweep; main() exits 2 with it."""
 
 
 def fail(message: str):
-  raise SystemExit(f"large_batch.py: {message}")
+  raise BadInput(message)
 
 
 def parse_rules(text: str) -> list[tuple[str, int]]:
@@ -75,26 +80,13 @@ def parse_rules(text: str) -> list[tuple[str, int]]:
   return rules
 
 
-def load_config(name: str, overrides: list[str]):
-  """The config with the overrides; fails on a malformed or unknown key."""
-  config = configs.load(name)
-  for override in overrides:
-    key, equals, _ = override.partition("=")
-    section, dot, field = key.partition(".")
-    if not (equals and dot and section in config and field in config[section]):
-      fail(f"--override={override!r} is not section.key=value for a key of "
-           f"configs/{name}.py (e.g. train.optimizer=sgd).")
-  try:
-    return configs.load(name, overrides)
-  except (ValueError, TypeError) as e:  # A value of the wrong type.
-    fail(f"--override: {str(e).splitlines()[0]}")
-
-
 def plan(args) -> dict:
   """The base and large schedules; fails on anything that cannot run."""
-  if args.config not in configs.names():
-    fail(f"--config={args.config!r} is not one of "
-         f"{', '.join(configs.names())}.")
+  try:
+    name = config_args.config_name(args.config)
+    config_args.check_overrides(name, args.override, "--override=")
+  except config_args.BadConfigArg as e:
+    fail(str(e))
   if args.k < 2:
     fail(f"--k={args.k} must be >= 2 (the large batch is k x the base).")
   try:
@@ -102,7 +94,7 @@ def plan(args) -> dict:
   except ValueError:
     fail(f"--seeds={args.seeds!r} is not a comma-separated list of integers.")
   rules = parse_rules(args.rules)
-  config = load_config(args.config, args.override)
+  config = configs.load(name, args.override)
   batch = config.train.global_batch_size
   base_steps = round(config.train.steps * args.scale_steps)
   large_steps = base_steps // args.k
@@ -113,7 +105,7 @@ def plan(args) -> dict:
     if warmup > large_steps:
       fail(f"--rules {rule}:{warmup}: warmup is longer than the "
            f"{large_steps} large-batch steps; use at most {large_steps}.")
-  return {"config": args.config, "k": args.k, "seeds": seeds, "rules": rules,
+  return {"config": name, "k": args.k, "seeds": seeds, "rules": rules,
           "batch": batch, "base_steps": base_steps, "large_steps": large_steps,
           "learning_rate": config.train.learning_rate,
           "optimizer": config.train.optimizer}
@@ -211,12 +203,16 @@ def sweep(p: dict, args, root: str) -> dict:
 
 
 def main(argv=None):
-  args = parse_args(argv)
-  p = plan(args)
-  if args.root and os.path.isdir(args.root) and os.listdir(args.root):
-    # A run's workdir with a checkpoint would resume, not train afresh.
-    fail(f"--root={args.root} is not empty; its runs would resume instead "
-         "of training. Name a new folder.")
+  arg_parser = parser()
+  args = arg_parser.parse_args(argv)
+  try:
+    p = plan(args)
+    if args.root and os.path.isdir(args.root) and os.listdir(args.root):
+      # A run's workdir with a checkpoint would resume, not train afresh.
+      fail(f"--root={args.root} is not empty; its runs would resume "
+           "instead of training. Name a new folder.")
+  except BadInput as e:
+    arg_parser.error(str(e))  # One line, exit 2, nothing run.
   print(f"{p['config']} ({p['optimizer']}, learning rate "
         f"{p['learning_rate']:g} for batch {p['batch']}): seeds "
         f"{p['seeds']}, k={p['k']}", flush=True)

@@ -80,6 +80,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
+import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
 import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PROG = "scaling"
@@ -218,16 +219,10 @@ def counts(flag: str, text: str, minimum: int) -> list[int]:
 
 def config_name(text: str) -> str:
   """"lstm_longmem" or "configs/lstm_longmem.py" -> "lstm_longmem"."""
-  name = os.path.basename(text)
-  name = name[:-3] if name.endswith(".py") else name
-  shipped = os.path.join(REPO, "configs", f"{name}.py")
-  # A path must lead to the shipped file (from here or from the checkout).
-  elsewhere = os.path.dirname(text) and shipped not in {
-      os.path.abspath(text), os.path.abspath(os.path.join(REPO, text))}
-  if name not in configs.names() or elsewhere:
-    raise BadInput(f"--config={text!r} is not a config in configs/; use one "
-                   f"of {', '.join(configs.names())}.")
-  return name
+  try:
+    return config_args.config_name(text)
+  except config_args.BadConfigArg as e:
+    raise BadInput(str(e)) from None
 
 
 def config_overrides(args: list[str]) -> list[str]:
@@ -252,23 +247,11 @@ def load_config(name: str, overrides: list[str]):
 
   Checked here, before any run: a typo must not fail every point in turn.
   """
-  for override in overrides:  # One at a time, to name the bad one.
-    try:
-      configs.load(name, [override])
-    except (AttributeError, KeyError, TypeError, ValueError) as e:
-      raise BadInput(f"--config.{override}: {_override_error(e)}; every key "
-                     "and its type is in configs/base.py.") from None
+  try:
+    config_args.check_overrides(name, overrides, "--config.")
+  except config_args.BadConfigArg as e:
+    raise BadInput(str(e)) from None
   return configs.load(name, [*POINT_DEFAULTS, *overrides])
-
-
-def _override_error(e: Exception) -> str:
-  """One line from ConfigDict's multi-line errors."""
-  text = str(e.args[0] if e.args else e)
-  hint = re.search(r'Did you mean "(\w+)"', text)
-  if "does not exist" in text or isinstance(e, KeyError):
-    return "names no config key" + (f" (did you mean {hint.group(1)!r}?)"
-                                     if hint else "")
-  return text.splitlines()[0]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
