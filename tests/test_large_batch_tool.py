@@ -47,6 +47,9 @@ def _plan(*argv):
      "key; every key and its type is in configs/base.py."),
     (["--override=train.steps"], "--override=train.steps is not "
      "SECTION.KEY=VALUE"),
+    (["--override=train.lr_scaling=sqrt"], "--override=train.lr_scaling=sqrt: "
+     "the tool sets train.lr_scaling for each run; use --rules instead."),
+    (["--override=eval.every=5"], "the tool sets eval.every for each run."),
     (["--override=train.steps=many"], "--override=train.steps=many: Could "
      "not override field "
      "'steps'"),
@@ -88,11 +91,18 @@ def test_sweep_runs_every_seed_and_rule_and_judges_against_the_base_mean(
   monkeypatch.setattr(large_batch.train_run, "train", fake_train)
   out = tmp_path / "result.json"
   large_batch.main(["--seeds=0,1", "--rules=none:0,linear:20", f"--out={out}",
-                    "--override=train.optimizer=sgd"])
+                    "--override=train.optimizer=sgd",
+                    "--override=train.global_batch_size=128"])
   assert [c[1] for c in calls] == ["base-s0", "none-w0-s0", "linear-w20-s0",
                                    "base-s1", "none-w0-s1", "linear-w20-s1"]
   assert all(c[0] == "configs/lstm_longmem.py" for c in calls)
   assert all("--config.train.optimizer=sgd" in c[2] for c in calls)
+  # The user's batch is the base; each run's own batch comes after it and
+  # wins (absl keeps a flag's last value).
+  batches = [[o for o in c[2] if "global_batch_size" in o] for c in calls]
+  assert batches[0] == ["--config.train.global_batch_size=128"] * 2
+  assert batches[1] == ["--config.train.global_batch_size=128",
+                        "--config.train.global_batch_size=1024"]
   verdicts = {v["rule"]: v for v in json.loads(out.read_text())["verdicts"]}
   # Base mean 0.99: linear's worst seed (0.975) is 1.5 points below it.
   assert verdicts["linear"]["worst_gap"] == pytest.approx(-0.015)

@@ -57,6 +57,13 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 
+# Keys each run sets for itself; train.global_batch_size and train.steps
+# may be overridden: they are the base run's.
+RUN_KEYS = {"runtime.seed": "--seeds", "train.base_batch_size": "--k",
+            "train.lr_scaling": "--rules", "train.warmup_steps": "--rules",
+            "eval.every": None, "train.checkpoint_every": None}
+
+
 class BadInput(ValueError):
   """An argument that cannot make a sweep; main() exits 2 with it."""
 
@@ -87,6 +94,11 @@ def plan(args) -> dict:
     config_args.check_overrides(name, args.override, "--override=")
   except config_args.BadConfigArg as e:
     fail(str(e))
+  for override in args.override:
+    key = override.split("=", 1)[0]
+    if key in RUN_KEYS:
+      fail(f"--override={override}: the tool sets {key} for each run"
+           + (f"; use {RUN_KEYS[key]} instead." if RUN_KEYS[key] else "."))
   if args.k < 2:
     fail(f"--k={args.k} must be >= 2 (the large batch is k x the base).")
   try:
@@ -126,9 +138,11 @@ def run_overrides(p: dict, seed: int, batch: int, steps: int,
 
 
 def run(p: dict, args, root: str, name: str, overrides: list[str]) -> dict:
+  # The run's own settings last: absl keeps the last value of a flag, and
+  # the user's global_batch_size and steps are the base run's.
   summary, seconds = train_run.train(
       f"configs/{p['config']}.py", os.path.join(root, name),
-      overrides + [f"--config.{o}" for o in args.override])
+      [f"--config.{o}" for o in args.override] + overrides)
   return {"name": name, "eval_accuracy": summary["eval_accuracy"],
           "train_loss": summary["train_loss"], "wall_s": seconds,
           "peak_learning_rate": summary.get("peak_learning_rate")}
