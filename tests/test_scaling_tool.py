@@ -1,5 +1,7 @@
 """tools/scaling.py: arguments, the efficiency math, the plot, HParams, runs.
 
+The math and the table are tools/scaling_report.py's.
+
 Everything but the last test is fast: the math and the outputs work on
 fabricated summary.json files, and the sweep's control flow (a failed point,
 the rest going on, exit 1) runs small Python snippets in place of training.
@@ -18,6 +20,7 @@ import time
 import pytest
 
 import helpers
+import scaling_report  # tools/, on sys.path by conftest.py
 
 TOOL = os.path.join(helpers.REPO, "tools", "scaling.py")
 # Shrinks every run of the real sweep to seconds (as helpers.tiny_config).
@@ -307,7 +310,7 @@ def test_efficiency_weak_scaling(tmp_path):
   for p in points:
     for s in summaries.get(p.name, []):
       scaling.check_summary(p, s, 300)
-  rows = {r["point"]: r for r in scaling.results(points, summaries)}
+  rows = {r["point"]: r for r in scaling_report.results(points, summaries)}
   assert rows["replicas_1"]["scaling_efficiency"] == 1.0
   assert rows["replicas_2"]["speedup"] == pytest.approx(1.8)
   assert rows["replicas_2"]["scaling_efficiency"] == pytest.approx(0.9)
@@ -317,7 +320,7 @@ def test_efficiency_weak_scaling(tmp_path):
   assert rows["workers_2"]["scaling_efficiency"] == pytest.approx(0.75)
   assert rows["workers_3"]["examples_per_sec"] is None
   assert rows["workers_3"]["scaling_efficiency"] is None
-  table = scaling.format_table(list(rows.values())).splitlines()
+  table = scaling_report.format_table(list(rows.values())).splitlines()
   assert table[0].split()[:4] == ["point", "replicas", "batch", "ex/s"]
   r2 = table[2].split()
   assert r2[:6] == ["replicas_2", "2", "256", "1,800", "900", "1.80"]
@@ -334,14 +337,14 @@ def test_strong_scaling_and_repeats_use_medians(tmp_path):
       "replicas_1": [_summary(1, 256, r) for r in (900.0, 1000.0, 1300.0)],
       "replicas_2": [_summary(2, 256, r) for r in (1700.0, 2000.0, 1500.0)],
   })
-  rows = scaling.results(points, summaries)
+  rows = scaling_report.results(points, summaries)
   assert [r["examples_per_sec"] for r in rows] == [1000.0, 1700.0]
   assert (rows[0]["examples_per_sec_min"],
           rows[0]["examples_per_sec_max"]) == (900.0, 1300.0)
   assert rows[1]["examples_per_sec_runs"] == [1700.0, 2000.0, 1500.0]
   assert rows[1]["speedup"] == pytest.approx(1.7)
   assert rows[1]["scaling_efficiency"] == pytest.approx(0.85)
-  table = scaling.format_table(rows).splitlines()
+  table = scaling_report.format_table(rows).splitlines()
   assert table[0].split()[-1] == "spread"
   assert table[1].split()[-1] == "40%"  # (1300 - 900) / 1000.
 
@@ -350,10 +353,11 @@ def test_no_one_replica_point_no_efficiency(tmp_path):
   points = _sweep_points(tmp_path, "--replicas=2", "--workers=2")
   summaries = {"replicas_2": [_summary(2, 256, 1800.0)],
                "workers_2": [_summary(2, 256, 1500.0)]}
-  rows = scaling.results(points, summaries)
+  rows = scaling_report.results(points, summaries)
   assert [r["scaling_efficiency"] for r in rows] == [None, None]
   assert rows[0]["examples_per_sec_per_replica"] == 900.0
-  assert scaling.format_table(rows).splitlines()[1].split()[5:7] == ["-", "-"]
+  table = scaling_report.format_table(rows).splitlines()
+  assert table[1].split()[5:7] == ["-", "-"]
 
 
 def test_summaries_that_do_not_match_the_point_are_refused(tmp_path):
@@ -382,14 +386,14 @@ def _report(tmp_path, rows):
           "cores_per_replica": 1,
           "host": {"cores": 2, "machine": "x86_64", "tensorflow": "2.21.0"},
           "oversubscribed": ["replicas_4", "workers_3"],
-          "baseline_examples_per_sec": scaling.baseline_rate(rows),
+          "baseline_examples_per_sec": scaling_report.baseline_rate(rows),
           "points": rows}
 
 
 def test_plot_is_written_whole(tmp_path):
   from matplotlib import image  # pylint: disable=g-import-not-at-top
   points = _sweep_points(tmp_path, "--repeats=2")
-  rows = scaling.results(points, {
+  rows = scaling_report.results(points, {
       "replicas_1": [_summary(1, 128, 1000.0), _summary(1, 128, 1100.0)],
       "replicas_2": [_summary(2, 256, 1800.0)],
       "replicas_4": [_summary(4, 512, 2000.0)],

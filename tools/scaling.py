@@ -71,10 +71,11 @@ import platform
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
+
+import scaling_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -92,10 +93,6 @@ SWEEP_KEYS = ("runtime.strategy", "runtime.num_cpu_devices",
 # post-training calibration and no mid-run eval, which cost wall time and
 # are not what a sweep compares.
 POINT_DEFAULTS = ("log.calibration_steps=0", "eval.every=0")
-SUMMARY_KEYS = ("examples_per_sec", "replicas", "sync_fraction",
-                "allreduce_ms", "straggler_ms", "compute_ms", "input_wait_ms",
-                "step_ms")
-BREAKDOWN_KEYS = SUMMARY_KEYS[2:]
 # What --overwrite may delete from OUT: only what this tool writes.
 _OWN_ENTRY = re.compile(r"^((replicas|workers)_\d+|scaling\.(json|png)|"
                         r"events\.out\.tfevents\..*|.*\.tmp)$")
@@ -581,98 +578,6 @@ def check_summary(point: Point, summary: dict, steps: int) -> None:
     raise ValueError("summary.json has no examples_per_sec (no timed steps)")
 
 
-# ---- results (pure) ----------------------------------------------------------
-
-
-def median_or_none(values):
-  values = [v for v in values if v is not None]
-  return statistics.median(values) if values else None
-
-
-def point_row(point: Point, summaries: list[dict]) -> dict:
-  """One point's figures: medians over its successful runs' summaries."""
-  rates = [s["examples_per_sec"] for s in summaries]
-  row = {"point": point.name, "strategy": point.strategy,
-         "replicas": point.replicas, "workers": point.workers,
-         "global_batch_size": point.global_batch,
-         "per_replica_batch": point.per_replica_batch,
-         "cores": [list(c) for c in point.cores],
-         "runs_ok": len(summaries)}
-  row["examples_per_sec"] = median_or_none(rates)
-  row["examples_per_sec_min"] = min(rates) if rates else None
-  row["examples_per_sec_max"] = max(rates) if rates else None
-  row["examples_per_sec_runs"] = rates
-  for key in BREAKDOWN_KEYS:
-    row[key] = median_or_none(s.get(key) for s in summaries)
-  return row
-
-
-def baseline_rate(rows: list[dict]) -> float | None:
-  """examples/s of the 1-replica, 1-process point, if it has any."""
-  for row in rows:
-    if row["replicas"] == 1 and row["workers"] == 1:
-      return row["examples_per_sec"]
-  return None
-
-
-def efficiency(rate, replicas: int, baseline) -> tuple[float | None, ...]:
-  """(speedup, efficiency) of `rate` at `replicas` against `baseline`."""
-  if rate is None or not baseline:
-    return None, None
-  speedup = rate / baseline
-  return speedup, speedup / replicas
-
-
-def results(points: list[Point], summaries: dict) -> list[dict]:
-  """Rows of the table: per point its medians, speedup and efficiency.
-
-  Args:
-    points: the sweep's points.
-    summaries: {point name: [summary.json dicts of its successful runs]}.
-  """
-  rows = [point_row(p, summaries.get(p.name, [])) for p in points]
-  baseline = baseline_rate(rows)
-  for row in rows:
-    rate = row["examples_per_sec"]
-    row["examples_per_sec_per_replica"] = (
-        rate / row["replicas"] if rate is not None else None)
-    row["speedup"], row["scaling_efficiency"] = efficiency(
-        rate, row["replicas"], baseline)
-  return rows
-
-
-def _fmt(value, spec: str, width: int) -> str:
-  return f"{'-' if value is None else format(value, spec):>{width}}"
-
-
-def format_table(rows: list[dict]) -> str:
-  """The results as an aligned text table (times in ms, medians)."""
-  spread = any(r["runs_ok"] > 1 for r in rows)
-  head = (f"{'point':<12}{'replicas':>9}{'batch':>7}{'ex/s':>9}"
-          f"{'ex/s/rep':>9}{'speedup':>8}{'effic.':>7}{'step':>7}"
-          f"{'compute':>8}{'input':>6}{'strag.':>7}{'allred':>7}{'sync':>6}"
-          + (f"{'spread':>8}" if spread else ""))
-  lines = [head]
-  for r in rows:
-    rate = r["examples_per_sec"]
-    line = (f"{r['point']:<12}{r['replicas']:>9}{r['global_batch_size']:>7}"
-            + _fmt(rate, ",.0f", 9)
-            + _fmt(r["examples_per_sec_per_replica"], ",.0f", 9)
-            + _fmt(r["speedup"], ".2f", 8)
-            + _fmt(r["scaling_efficiency"], ".0%", 7)
-            + _fmt(r["step_ms"], ".1f", 7) + _fmt(r["compute_ms"], ".1f", 8)
-            + _fmt(r["input_wait_ms"], ".1f", 6)
-            + _fmt(r["straggler_ms"], ".1f", 7)
-            + _fmt(r["allreduce_ms"], ".2f", 7)
-            + _fmt(r["sync_fraction"], ".0%", 6))
-    if spread:
-      width = ((r["examples_per_sec_max"] - r["examples_per_sec_min"]) / rate
-               if rate else None)
-      line += _fmt(width, ".0%", 8)
-    lines.append(line + ("" if rate is not None else "  (failed)"))
-  return "\n".join(lines)
-
-
 # ---- outputs -----------------------------------------------------------------
 
 
@@ -825,8 +730,8 @@ def write_run_hparams(workdir: str, point: Point, config: str, mode: str,
   rate = summary["examples_per_sec"]
   values = {"scaling/examples_per_sec": rate,
             "scaling/examples_per_sec_per_replica": rate / point.replicas,
-            "scaling/efficiency": efficiency(rate, point.replicas,
-                                             baseline)[1],
+            "scaling/efficiency": scaling_report.efficiency(
+                rate, point.replicas, baseline)[1],
             "scaling/sync_fraction": summary.get("sync_fraction")}
   writer = tf.summary.create_file_writer(workdir)
   with writer.as_default(step=steps):
@@ -903,7 +808,7 @@ def run_once(args, point: Point, repeat: int, label: str, baseline):
   rate = summary["examples_per_sec"]
   if point.is_baseline:
     baseline = rate
-  eff = efficiency(rate, point.replicas, baseline)[1]
+  eff = scaling_report.efficiency(rate, point.replicas, baseline)[1]
   print(f"{label} {point.name}: {rate:,.0f} ex/s ({rate / point.replicas:,.0f}"
         " per replica" + (f", efficiency {eff:.0%}" if eff is not None else "")
         + f") in {seconds:.0f} s", flush=True)
@@ -945,7 +850,7 @@ def report(args, rows, failed, host, over, seconds) -> dict:
       "global_batch_size": (args.points[0].global_batch
                             if args.mode == "strong" else None),
       "overrides": args.overrides, "host": host, "oversubscribed": over,
-      "baseline_examples_per_sec": baseline_rate(rows),
+      "baseline_examples_per_sec": scaling_report.baseline_rate(rows),
       "points": rows, "failed_runs": failed,
       "seconds": round(seconds, 1),
       "finished": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -978,8 +883,8 @@ def main(argv=None) -> int:
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
-  rows = results(args.points, summaries)
-  print(format_table(rows), flush=True)
+  rows = scaling_report.results(args.points, summaries)
+  print(scaling_report.format_table(rows), flush=True)
   data = report(args, rows, failed, host, over, time.monotonic() - start)
   plotted = not args.no_plot and any(
       r["examples_per_sec"] is not None for r in rows)
