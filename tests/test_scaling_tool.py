@@ -1,6 +1,6 @@
 """tools/scaling.py: arguments, the efficiency math, the plot, HParams, runs.
 
-The math and the table are tools/scaling_report.py's.
+The math, the table, scaling.json and the plot are tools/scaling_report.py's.
 
 Everything but the last test is fast: the math and the outputs work on
 fabricated summary.json files, and the sweep's control flow (a failed point,
@@ -400,12 +400,12 @@ def test_plot_is_written_whole(tmp_path):
       "workers_2": [_summary(2, 256, 1500.0)],
       "workers_3": []})  # A failed point is left out of the figure.
   path = tmp_path / "scaling.png"
-  scaling.plot(_report(tmp_path, rows), str(path))
+  scaling_report.plot(_report(tmp_path, rows), str(path))
   assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   height, width = image.imread(str(path)).shape[:2]
   assert width > 1000 and height > 400
   assert os.listdir(tmp_path) == ["scaling.png"]  # No temporary left.
-  assert "shaded: replicas share cores" in scaling._title(
+  assert "shaded: replicas share cores" in scaling_report._title(
       _report(tmp_path, rows))
 
 
@@ -418,9 +418,9 @@ def test_a_failed_write_leaves_nothing(tmp_path):
     raise OSError("disk full")
 
   with pytest.raises(OSError):
-    scaling.write_atomically(str(path), half_then_fail)
+    scaling_report.write_atomically(str(path), half_then_fail)
   assert not os.listdir(tmp_path)
-  scaling.write_json(str(path), {"a": 1})
+  scaling_report.write_json(str(path), {"a": 1})
   assert json.loads(path.read_text()) == {"a": 1}
 
 

@@ -578,109 +578,6 @@ def check_summary(point: Point, summary: dict, steps: int) -> None:
     raise ValueError("summary.json has no examples_per_sec (no timed steps)")
 
 
-# ---- outputs -----------------------------------------------------------------
-
-
-def write_atomically(path: str, write) -> None:
-  """Calls write(tmp_path), then renames: `path` is whole or absent."""
-  tmp = path + ".tmp"
-  try:
-    write(tmp)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
-def write_json(path: str, data: dict) -> None:
-  def write(tmp):
-    with open(tmp, "w") as f:
-      f.write(json.dumps(data, indent=2) + "\n")
-  write_atomically(path, write)
-
-
-def plot(report: dict, path: str) -> None:
-  """scaling.png: throughput with the ideal line; efficiency, sync fraction."""
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  rows = [r for r in report["points"] if r["examples_per_sec"] is not None]
-  cores = report["host"]["cores"]
-  # Replica counts past this share cores (see Point.oversubscribed).
-  fits = cores // (report["cores_per_replica"] or 1)
-  baseline = report["baseline_examples_per_sec"]
-  fig = Figure(figsize=(12, 4.8), layout="constrained")
-  rate_ax, frac_ax = fig.subplots(1, 2)
-  xs = sorted({r["replicas"] for r in report["points"]})
-  for multi in (False, True):
-    group = [r for r in rows if (r["workers"] > 1) == multi]
-    if group:
-      _plot_group(rate_ax, frac_ax, group, multi)
-  if baseline:
-    rate_ax.plot(xs, [baseline * n for n in xs], color="gray", ls="--",
-                 label="ideal: N x 1 replica")
-    frac_ax.axhline(1.0, color="gray", ls="--", lw=1)
-  for ax in (rate_ax, frac_ax):
-    ax.set_xticks(xs)
-    ax.set_xlabel("replicas (logical CPU devices or workers)")
-    ax.grid(alpha=0.3)
-    if xs and xs[-1] > fits:
-      ax.axvspan(fits + 0.5, xs[-1] + 0.5, color="red", alpha=0.07,
-                 label=f"replicas share the {cores} cores: contention")
-  rate_ax.set_ylabel("examples/s (train steps, median)")
-  rate_ax.set_ylim(bottom=0)
-  frac_ax.set_ylabel("fraction")
-  frac_ax.set_ylim(0, max([1.1, *(r["scaling_efficiency"] or 0 for r in rows)]))
-  rate_ax.legend(fontsize=8, loc="upper left")
-  frac_ax.legend(fontsize=8, loc="best")
-  fig.suptitle(_title(report), fontsize=10)
-  write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-
-
-def _plot_group(rate_ax, frac_ax, rows, multi: bool) -> None:
-  """One series: single-process points (circles) or multi-worker (squares)."""
-  style = (dict(color="tab:red", marker="s", ls=":", ms=8) if multi
-           else dict(color="tab:blue", marker="o", ls="-", ms=7))
-  label = ("MultiWorkerMirrored: N processes x 1 replica" if multi
-           else "1 process: OneDevice (1), Mirrored (N logical CPUs)")
-  # Shifted a little right: a worker point and a Mirrored one at the same
-  # replica count stay visible side by side.
-  xs = [r["replicas"] + (0.04 if multi else 0) for r in rows]
-  rates = [r["examples_per_sec"] for r in rows]
-  errors = [[rate - r["examples_per_sec_min"] for rate, r in zip(rates, rows)],
-            [r["examples_per_sec_max"] - rate for rate, r in zip(rates, rows)]]
-  rate_ax.errorbar(xs, rates, yerr=errors, capsize=3, label=label, **style)
-  for x, rate in zip(xs, rates):
-    # Below right: clear of the ideal line, which rises to the right.
-    rate_ax.annotate(f"{rate:,.0f}", (x, rate), textcoords="offset points",
-                     xytext=(7, -11), fontsize=7, color=style["color"])
-  tag = "workers" if multi else "1 process"
-  eff = [(x, r["scaling_efficiency"]) for x, r in zip(xs, rows)
-         if r["scaling_efficiency"] is not None]
-  if eff:
-    frac_ax.plot(*zip(*eff), label=f"scaling efficiency ({tag})", **style)
-  sync = [(x, r["sync_fraction"]) for x, r in zip(xs, rows)
-          if r["sync_fraction"] is not None]
-  if sync:
-    frac_ax.plot(*zip(*sync), label=f"sync fraction of the step ({tag})",
-                 **dict(style, ls="--", mfc="none"))
-
-
-def _title(report: dict) -> str:
-  batch = (f"{report['per_replica_batch']} examples per replica"
-           if report["mode"] == "weak"
-           else f"global batch {report['global_batch_size']}")
-  host, k = report["host"], report["cores_per_replica"]
-  pinning = (f"{k} core(s) per replica (pinned)" if k else
-             "unpinned: every run on all cores (costs, not scaling)")
-  title = (f"{report['config']}: {report['mode']} scaling ({batch}), "
-           f"{report['steps']} steps x {report['repeats']} run(s) per point\n"
-           f"host: {host['cores']} CPU cores, {host['machine']}, "
-           f"TensorFlow {host['tensorflow']}; {pinning}")
-  if report["oversubscribed"]:
-    title += ("\nshaded: replicas share cores, so those points measure "
-              "contention, not scaling")
-  return title
-
-
 # ---- TensorBoard HParams -----------------------------------------------------
 
 
@@ -889,8 +786,8 @@ def main(argv=None) -> int:
   plotted = not args.no_plot and any(
       r["examples_per_sec"] is not None for r in rows)
   if plotted:
-    plot(data, os.path.join(args.out, "scaling.png"))
-  write_json(os.path.join(args.out, "scaling.json"), data)
+    scaling_report.plot(data, os.path.join(args.out, "scaling.png"))
+  scaling_report.write_json(os.path.join(args.out, "scaling.json"), data)
   print(f"{PROG}: wrote {os.path.join(args.out, 'scaling.json')}"
         + (" and scaling.png" if plotted else "")
         + f" in {data['seconds']:.0f} s; tensorboard --logdir {args.out} "
