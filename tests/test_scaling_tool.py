@@ -1,6 +1,7 @@
 """tools/scaling.py: arguments, the efficiency math, the plot, HParams, runs.
 
-The math, the table, scaling.json and the plot are tools/scaling_report.py's.
+The report (the math, the table, scaling.json, the plot and HParams) is
+tools/scaling_report.py's.
 
 Everything but the last test is fast: the math and the outputs work on
 fabricated summary.json files, and the sweep's control flow (a failed point,
@@ -467,22 +468,22 @@ def test_hparams_tab_sets_the_points_side_by_side(tmp_path):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   points = _sweep_points(tmp_path, "--replicas=1,2", "--workers=2")
   out = str(tmp_path / "out")
-  scaling.write_hparams_config(out, points, "lstm_longmem", "weak")
+  scaling_report.write_hparams_config(out, points, "lstm_longmem", "weak")
   rates = {"replicas_1": 1000.0, "replicas_2": 1800.0, "workers_2": 1500.0}
   for p in points:
     workdir = os.path.join(out, p.name)
     # The trainer's own events share the folder, as in a real sweep.
     with tf.summary.create_file_writer(workdir).as_default(step=8):
       tf.summary.scalar("loss", 0.5)
-    scaling.write_run_hparams(workdir, p, "lstm_longmem", "weak", 300,
-                              _summary(p.replicas, p.global_batch,
-                                       rates[p.name]), baseline=1000.0)
+    scaling_report.write_run_hparams(
+        workdir, p, "lstm_longmem", "weak", 300,
+        _summary(p.replicas, p.global_batch, rates[p.name]), baseline=1000.0)
   experiment, groups = hparams_tab(out)
   assert {h.name for h in experiment.hparam_infos} == {
       "config", "mode", "strategy", "replicas", "workers",
       "global_batch_size", "per_replica_batch", "cores_per_replica"}
   assert [m.name.tag for m in experiment.metric_infos] == [
-      t for t, _ in scaling.METRICS]
+      t for t, _ in scaling_report.METRICS]
   assert set(groups) == set(rates)
   assert _hparams(groups["workers_2"]) == {
       "config": "lstm_longmem", "mode": "weak",

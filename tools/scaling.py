@@ -99,11 +99,6 @@ _OWN_ENTRY = re.compile(r"^((replicas|workers)_\d+|scaling\.(json|png)|"
 LOG_FILE = "train.log"
 TAIL_LINES = 15
 STOP_GRACE_SECONDS = 20  # > launch_local's 10 s grace for its workers.
-# TensorBoard metric tags, written by the tool into each run's logdir.
-METRICS = (("scaling/examples_per_sec", "examples/s"),
-           ("scaling/examples_per_sec_per_replica", "examples/s per replica"),
-           ("scaling/efficiency", "scaling efficiency"),
-           ("scaling/sync_fraction", "sync fraction"))
 
 
 class BadInput(Exception):
@@ -578,67 +573,6 @@ def check_summary(point: Point, summary: dict, steps: int) -> None:
     raise ValueError("summary.json has no examples_per_sec (no timed steps)")
 
 
-# ---- TensorBoard HParams -----------------------------------------------------
-
-
-def _tf():
-  """TensorFlow and the hparams API, imported on first use (seconds)."""
-  from dist_keras import quiet  # pylint: disable=g-import-not-at-top
-  with quiet.startup_lines_filtered():
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
-  return tf, hp
-
-
-def point_hparams(point: Point, config: str, mode: str) -> dict:
-  """The HParams-tab columns of one point (names are the config's terms)."""
-  return {"config": config, "mode": mode, "strategy": point.strategy,
-          "replicas": point.replicas, "workers": point.workers,
-          "global_batch_size": point.global_batch,
-          "per_replica_batch": point.per_replica_batch,
-          "cores_per_replica": point.cores_per_replica}
-
-
-def write_hparams_config(out: str, points: list[Point], config: str,
-                         mode: str) -> None:
-  """Declares the experiment (its hparams, their values, the metrics) in OUT."""
-  tf, hp = _tf()
-  columns = {}
-  for point in points:
-    for name, value in point_hparams(point, config, mode).items():
-      columns.setdefault(name, set()).add(value)
-  hparams = [hp.HParam(name, hp.Discrete(sorted(values)))
-             for name, values in columns.items()]
-  metrics = [hp.Metric(tag, display_name=label) for tag, label in METRICS]
-  writer = tf.summary.create_file_writer(out)
-  with writer.as_default():
-    hp.hparams_config(hparams=hparams, metrics=metrics)
-  writer.close()
-
-
-def write_run_hparams(workdir: str, point: Point, config: str, mode: str,
-                      steps: int, summary: dict, baseline) -> None:
-  """One run's hparams and metrics, beside the trainer's events.
-
-  The trial id is the point's name, so repeats of a point form one session
-  group. `baseline` is the 1-replica run's examples/s (None: no efficiency).
-  """
-  tf, hp = _tf()
-  rate = summary["examples_per_sec"]
-  values = {"scaling/examples_per_sec": rate,
-            "scaling/examples_per_sec_per_replica": rate / point.replicas,
-            "scaling/efficiency": scaling_report.efficiency(
-                rate, point.replicas, baseline)[1],
-            "scaling/sync_fraction": summary.get("sync_fraction")}
-  writer = tf.summary.create_file_writer(workdir)
-  with writer.as_default(step=steps):
-    hp.hparams(point_hparams(point, config, mode), trial_id=point.name)
-    for tag, value in values.items():
-      if value is not None:
-        tf.summary.scalar(tag, value)
-  writer.close()
-
-
 # ---- the sweep ---------------------------------------------------------------
 
 
@@ -709,8 +643,8 @@ def run_once(args, point: Point, repeat: int, label: str, baseline):
   print(f"{label} {point.name}: {rate:,.0f} ex/s ({rate / point.replicas:,.0f}"
         " per replica" + (f", efficiency {eff:.0%}" if eff is not None else "")
         + f") in {seconds:.0f} s", flush=True)
-  write_run_hparams(workdir, point, args.config, args.mode, args.steps,
-                    summary, baseline)
+  scaling_report.write_run_hparams(workdir, point, args.config, args.mode,
+                                   args.steps, summary, baseline)
   return summary
 
 
@@ -767,7 +701,8 @@ def main(argv=None) -> int:
   if args.overwrite:
     clear_out(args.out)
   os.makedirs(args.out, exist_ok=True)
-  write_hparams_config(args.out, args.points, args.config, args.mode)
+  scaling_report.write_hparams_config(args.out, args.points, args.config,
+                                      args.mode)
   # A run has its own session, so a Ctrl-C reaches only this tool: the
   # handler stops the run (and the launcher its workers) before exiting.
   previous = {s: signal.signal(s, _raise_stopped)

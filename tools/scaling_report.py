@@ -1,10 +1,11 @@
-"""The scaling sweep's report: its figures, table and files.
+"""The scaling sweep's report: its figures, table, files and HParams.
 
 tools/scaling.py runs the points; this module turns their summary.json
 figures into what the sweep reports: per point the medians, speedup and
-scaling efficiency (results), the printed table (format_table), and
-scaling.json and scaling.png, each written whole or not at all (write_json,
-plot). The definitions are in scaling.py's docstring.
+scaling efficiency (results), the printed table (format_table), scaling.json
+and scaling.png, each written whole or not at all (write_json, plot), and
+TensorBoard's HParams tab (write_hparams_config, write_run_hparams). The
+definitions are in scaling.py's docstring.
 
 A point is a scaling.Point, of which only attributes are read: this module
 does not import scaling.py, which imports it.
@@ -17,6 +18,11 @@ SUMMARY_KEYS = ("examples_per_sec", "replicas", "sync_fraction",
                 "allreduce_ms", "straggler_ms", "compute_ms", "input_wait_ms",
                 "step_ms")
 BREAKDOWN_KEYS = SUMMARY_KEYS[2:]
+# TensorBoard metric tags, written by the tool into each run's logdir.
+METRICS = (("scaling/examples_per_sec", "examples/s"),
+           ("scaling/examples_per_sec_per_replica", "examples/s per replica"),
+           ("scaling/efficiency", "scaling efficiency"),
+           ("scaling/sync_fraction", "sync fraction"))
 
 
 # ---- results (pure) ----------------------------------------------------------
@@ -212,3 +218,64 @@ def _title(report: dict) -> str:
     title += ("\nshaded: replicas share cores, so those points measure "
               "contention, not scaling")
   return title
+
+
+# ---- TensorBoard HParams -----------------------------------------------------
+
+
+def _tf():
+  """TensorFlow and the hparams API, imported on first use (seconds)."""
+  from dist_keras import quiet  # pylint: disable=g-import-not-at-top
+  with quiet.startup_lines_filtered():
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
+  return tf, hp
+
+
+def point_hparams(point, config: str, mode: str) -> dict:
+  """The HParams-tab columns of one point (names are the config's terms)."""
+  return {"config": config, "mode": mode, "strategy": point.strategy,
+          "replicas": point.replicas, "workers": point.workers,
+          "global_batch_size": point.global_batch,
+          "per_replica_batch": point.per_replica_batch,
+          "cores_per_replica": point.cores_per_replica}
+
+
+def write_hparams_config(out: str, points: list, config: str,
+                         mode: str) -> None:
+  """Declares the experiment (its hparams, their values, the metrics) in OUT."""
+  tf, hp = _tf()
+  columns = {}
+  for point in points:
+    for name, value in point_hparams(point, config, mode).items():
+      columns.setdefault(name, set()).add(value)
+  hparams = [hp.HParam(name, hp.Discrete(sorted(values)))
+             for name, values in columns.items()]
+  metrics = [hp.Metric(tag, display_name=label) for tag, label in METRICS]
+  writer = tf.summary.create_file_writer(out)
+  with writer.as_default():
+    hp.hparams_config(hparams=hparams, metrics=metrics)
+  writer.close()
+
+
+def write_run_hparams(workdir: str, point, config: str, mode: str,
+                      steps: int, summary: dict, baseline) -> None:
+  """One run's hparams and metrics, beside the trainer's events.
+
+  The trial id is the point's name, so repeats of a point form one session
+  group. `baseline` is the 1-replica run's examples/s (None: no efficiency).
+  """
+  tf, hp = _tf()
+  rate = summary["examples_per_sec"]
+  values = {"scaling/examples_per_sec": rate,
+            "scaling/examples_per_sec_per_replica": rate / point.replicas,
+            "scaling/efficiency": efficiency(rate, point.replicas,
+                                             baseline)[1],
+            "scaling/sync_fraction": summary.get("sync_fraction")}
+  writer = tf.summary.create_file_writer(workdir)
+  with writer.as_default(step=steps):
+    hp.hparams(point_hparams(point, config, mode), trial_id=point.name)
+    for tag, value in values.items():
+      if value is not None:
+        tf.summary.scalar(tag, value)
+  writer.close()
