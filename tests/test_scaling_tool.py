@@ -1,5 +1,8 @@
 """tools/scaling.py: arguments, the efficiency math, the plot, HParams, runs.
 
+The report (the math, the table, scaling.json, the plot and HParams) is
+tools/scaling_report.py's.
+
 Everything but the last test is fast: the math and the outputs work on
 fabricated summary.json files, and the sweep's control flow (a failed point,
 the rest going on, exit 1) runs small Python snippets in place of training.
@@ -18,6 +21,7 @@ import time
 import pytest
 
 import helpers
+import scaling_report  # tools/, on sys.path by conftest.py
 
 TOOL = os.path.join(helpers.REPO, "tools", "scaling.py")
 # Shrinks every run of the real sweep to seconds (as helpers.tiny_config).
@@ -307,7 +311,7 @@ def test_efficiency_weak_scaling(tmp_path):
   for p in points:
     for s in summaries.get(p.name, []):
       scaling.check_summary(p, s, 300)
-  rows = {r["point"]: r for r in scaling.results(points, summaries)}
+  rows = {r["point"]: r for r in scaling_report.results(points, summaries)}
   assert rows["replicas_1"]["scaling_efficiency"] == 1.0
   assert rows["replicas_2"]["speedup"] == pytest.approx(1.8)
   assert rows["replicas_2"]["scaling_efficiency"] == pytest.approx(0.9)
@@ -317,7 +321,7 @@ def test_efficiency_weak_scaling(tmp_path):
   assert rows["workers_2"]["scaling_efficiency"] == pytest.approx(0.75)
   assert rows["workers_3"]["examples_per_sec"] is None
   assert rows["workers_3"]["scaling_efficiency"] is None
-  table = scaling.format_table(list(rows.values())).splitlines()
+  table = scaling_report.format_table(list(rows.values())).splitlines()
   assert table[0].split()[:4] == ["point", "replicas", "batch", "ex/s"]
   r2 = table[2].split()
   assert r2[:6] == ["replicas_2", "2", "256", "1,800", "900", "1.80"]
@@ -334,14 +338,14 @@ def test_strong_scaling_and_repeats_use_medians(tmp_path):
       "replicas_1": [_summary(1, 256, r) for r in (900.0, 1000.0, 1300.0)],
       "replicas_2": [_summary(2, 256, r) for r in (1700.0, 2000.0, 1500.0)],
   })
-  rows = scaling.results(points, summaries)
+  rows = scaling_report.results(points, summaries)
   assert [r["examples_per_sec"] for r in rows] == [1000.0, 1700.0]
   assert (rows[0]["examples_per_sec_min"],
           rows[0]["examples_per_sec_max"]) == (900.0, 1300.0)
   assert rows[1]["examples_per_sec_runs"] == [1700.0, 2000.0, 1500.0]
   assert rows[1]["speedup"] == pytest.approx(1.7)
   assert rows[1]["scaling_efficiency"] == pytest.approx(0.85)
-  table = scaling.format_table(rows).splitlines()
+  table = scaling_report.format_table(rows).splitlines()
   assert table[0].split()[-1] == "spread"
   assert table[1].split()[-1] == "40%"  # (1300 - 900) / 1000.
 
@@ -350,10 +354,11 @@ def test_no_one_replica_point_no_efficiency(tmp_path):
   points = _sweep_points(tmp_path, "--replicas=2", "--workers=2")
   summaries = {"replicas_2": [_summary(2, 256, 1800.0)],
                "workers_2": [_summary(2, 256, 1500.0)]}
-  rows = scaling.results(points, summaries)
+  rows = scaling_report.results(points, summaries)
   assert [r["scaling_efficiency"] for r in rows] == [None, None]
   assert rows[0]["examples_per_sec_per_replica"] == 900.0
-  assert scaling.format_table(rows).splitlines()[1].split()[5:7] == ["-", "-"]
+  table = scaling_report.format_table(rows).splitlines()
+  assert table[1].split()[5:7] == ["-", "-"]
 
 
 def test_summaries_that_do_not_match_the_point_are_refused(tmp_path):
@@ -382,26 +387,26 @@ def _report(tmp_path, rows):
           "cores_per_replica": 1,
           "host": {"cores": 2, "machine": "x86_64", "tensorflow": "2.21.0"},
           "oversubscribed": ["replicas_4", "workers_3"],
-          "baseline_examples_per_sec": scaling.baseline_rate(rows),
+          "baseline_examples_per_sec": scaling_report.baseline_rate(rows),
           "points": rows}
 
 
 def test_plot_is_written_whole(tmp_path):
   from matplotlib import image  # pylint: disable=g-import-not-at-top
   points = _sweep_points(tmp_path, "--repeats=2")
-  rows = scaling.results(points, {
+  rows = scaling_report.results(points, {
       "replicas_1": [_summary(1, 128, 1000.0), _summary(1, 128, 1100.0)],
       "replicas_2": [_summary(2, 256, 1800.0)],
       "replicas_4": [_summary(4, 512, 2000.0)],
       "workers_2": [_summary(2, 256, 1500.0)],
       "workers_3": []})  # A failed point is left out of the figure.
   path = tmp_path / "scaling.png"
-  scaling.plot(_report(tmp_path, rows), str(path))
+  scaling_report.plot(_report(tmp_path, rows), str(path))
   assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   height, width = image.imread(str(path)).shape[:2]
   assert width > 1000 and height > 400
   assert os.listdir(tmp_path) == ["scaling.png"]  # No temporary left.
-  assert "shaded: replicas share cores" in scaling._title(
+  assert "shaded: replicas share cores" in scaling_report._title(
       _report(tmp_path, rows))
 
 
@@ -414,9 +419,9 @@ def test_a_failed_write_leaves_nothing(tmp_path):
     raise OSError("disk full")
 
   with pytest.raises(OSError):
-    scaling.write_atomically(str(path), half_then_fail)
+    scaling_report.write_atomically(str(path), half_then_fail)
   assert not os.listdir(tmp_path)
-  scaling.write_json(str(path), {"a": 1})
+  scaling_report.write_json(str(path), {"a": 1})
   assert json.loads(path.read_text()) == {"a": 1}
 
 
@@ -463,22 +468,22 @@ def test_hparams_tab_sets_the_points_side_by_side(tmp_path):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   points = _sweep_points(tmp_path, "--replicas=1,2", "--workers=2")
   out = str(tmp_path / "out")
-  scaling.write_hparams_config(out, points, "lstm_longmem", "weak")
+  scaling_report.write_hparams_config(out, points, "lstm_longmem", "weak")
   rates = {"replicas_1": 1000.0, "replicas_2": 1800.0, "workers_2": 1500.0}
   for p in points:
     workdir = os.path.join(out, p.name)
     # The trainer's own events share the folder, as in a real sweep.
     with tf.summary.create_file_writer(workdir).as_default(step=8):
       tf.summary.scalar("loss", 0.5)
-    scaling.write_run_hparams(workdir, p, "lstm_longmem", "weak", 300,
-                              _summary(p.replicas, p.global_batch,
-                                       rates[p.name]), baseline=1000.0)
+    scaling_report.write_run_hparams(
+        workdir, p, "lstm_longmem", "weak", 300,
+        _summary(p.replicas, p.global_batch, rates[p.name]), baseline=1000.0)
   experiment, groups = hparams_tab(out)
   assert {h.name for h in experiment.hparam_infos} == {
       "config", "mode", "strategy", "replicas", "workers",
       "global_batch_size", "per_replica_batch", "cores_per_replica"}
   assert [m.name.tag for m in experiment.metric_infos] == [
-      t for t, _ in scaling.METRICS]
+      t for t, _ in scaling_report.METRICS]
   assert set(groups) == set(rates)
   assert _hparams(groups["workers_2"]) == {
       "config": "lstm_longmem", "mode": "weak",
