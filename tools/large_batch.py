@@ -206,10 +206,11 @@ def sweep(p: dict, args, root: str) -> dict:
                    run_overrides(p, seed, p["batch"] * p["k"],
                                  p["large_steps"], rule, warmup)))
     for key, name, overrides in jobs:
+      print(f"{name:<28}", end=" ", flush=True)  # Runs take minutes.
       row = run(p, args, root, name, overrides)
       results[key].append(row)
       peak = row["peak_learning_rate"] or p["learning_rate"]
-      print(f"{name:<28} {row['eval_accuracy']:>8.4f} "
+      print(f"{row['eval_accuracy']:>8.4f} "
             f"{row['train_loss']:>10.4f} {peak:>9.4g} {row['wall_s']:>7.0f}",
             flush=True)
       save(args.out, p, results, args.tolerance)
