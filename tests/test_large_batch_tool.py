@@ -4,7 +4,6 @@ The control flow runs on a fake trainer that returns an accuracy per run;
 the last test trains two tiny runs for real (~15 s here), so the overrides
 the tool passes are ones the trainer accepts and the rule reaches the run.
 """
-import importlib.util
 import json
 import os
 import re
@@ -14,18 +13,9 @@ import sys
 import pytest
 
 import helpers
+import large_batch  # tools/, on sys.path (conftest.py)
 
 TOOL = os.path.join(helpers.REPO, "tools", "large_batch.py")
-
-
-def _load_tool():
-  spec = importlib.util.spec_from_file_location("large_batch", TOOL)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-large_batch = _load_tool()
 
 
 def _plan(*argv):

@@ -3,7 +3,6 @@
 The workers are small Python snippets, not TensorFlow, so each launch takes
 well under a second (the grace-period test waits its one second).
 """
-import importlib.util
 import json
 import os
 import signal
@@ -12,6 +11,8 @@ import sys
 import time
 
 import pytest
+
+import launch_local  # tools/, on sys.path (conftest.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(REPO, "tools", "launch_local.py")
@@ -24,16 +25,6 @@ tf_config = json.loads(os.environ["TF_CONFIG"])
 task = tf_config["task"]["index"]
 """
 ANNOUNCE = "print('pid', os.getpid(), flush=True)\n"
-
-
-def _load_tool():
-  spec = importlib.util.spec_from_file_location("launch_local", TOOL)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-launch_local = _load_tool()
 
 
 def _command(body: str) -> list[str]:

@@ -9,7 +9,6 @@ the rest going on, exit 1) runs small Python snippets in place of training.
 The last test, marked slow, is ONE real sweep of tiny runs end to end:
 1 and 2 replicas in one process and 2 workers on 127.0.0.1 (~60 s here).
 """
-import importlib.util
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ import time
 import pytest
 
 import helpers
+import scaling  # tools/, on sys.path by conftest.py
 import scaling_report  # tools/, on sys.path by conftest.py
 
 TOOL = os.path.join(helpers.REPO, "tools", "scaling.py")
@@ -29,16 +29,6 @@ TINY = ["--config.train.log_every=4", "--config.train.checkpoint_every=100",
         "--config.data.train_size=512", "--config.data.eval_size=128",
         "--config.data.seq_len=12", "--config.model.units=16",
         "--config.model.embed_dim=8"]
-
-
-def _load_tool():
-  spec = importlib.util.spec_from_file_location("scaling", TOOL)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-scaling = _load_tool()
 
 
 def _summary(replicas, batch, rate, steps=300, **extra):
