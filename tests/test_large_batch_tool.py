@@ -1,7 +1,7 @@
 """tools/large_batch.py: arguments, schedules, verdicts, and one real sweep.
 
 The control flow runs on a fake trainer that returns an accuracy per run;
-the last test trains two tiny runs for real (~15 s here), so the overrides
+the last test, marked slow, trains two tiny runs for real (~20 s here), so the overrides
 the tool passes are ones the trainer accepts and the rule reaches the run.
 """
 import json
@@ -138,6 +138,7 @@ def test_a_root_with_runs_in_it_is_refused(tmp_path, monkeypatch, capsys):
   assert "is not empty; its runs would resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_real_sweep_scales_the_rate_of_the_large_run(tmp_path):
   tiny = ["train.log_every=4", "data.train_size=512", "data.eval_size=128",
           "data.seq_len=12", "model.units=16", "model.embed_dim=8",
