@@ -1,8 +1,9 @@
 """tools/large_batch.py: arguments, schedules, verdicts, and one real sweep.
 
 The control flow runs on a fake trainer that returns an accuracy per run;
-the last test, marked slow, trains two tiny runs for real (~20 s here), so the overrides
-the tool passes are ones the trainer accepts and the rule reaches the run.
+the last test, marked slow, trains two tiny runs for real (~20 s here), so
+the overrides the tool passes are ones the trainer accepts and the rule
+reaches the run.
 """
 import json
 import os
