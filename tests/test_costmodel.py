@@ -192,6 +192,9 @@ def test_scaling_tool_reads_a_run_summary(tmp_path):
     (["--compute_ms=1", "--gradient_bytes=1e6", "--devices=0,2"],
      "--devices='0,2'"),
     ([], "need --compute_ms and --gradient_bytes"),
+    (["--workdir=/nonexistent_run"], "--workdir=/nonexistent_run: no readable "
+     "/nonexistent_run/summary.json (No such file or directory); pass a "
+     "finished dist_keras run."),
 ])
 def test_scaling_tool_bad_input_is_one_line_and_exit_2(args, message):
   result = _tool(*args)

@@ -22,6 +22,7 @@ import pytest
 import helpers
 import scaling  # tools/, on sys.path by conftest.py
 import scaling_report  # tools/, on sys.path by conftest.py
+import train_run  # tools/, on sys.path by conftest.py
 
 TOOL = os.path.join(helpers.REPO, "tools", "scaling.py")
 # Shrinks every run of the real sweep to seconds (as helpers.tiny_config).
@@ -284,7 +285,7 @@ def _write_summaries(root, plan: dict) -> dict:
       workdir = root / f"{name}-{i}"
       workdir.mkdir()
       (workdir / "summary.json").write_text(json.dumps(summary))
-      read.setdefault(name, []).append(scaling.read_summary(str(workdir)))
+      read.setdefault(name, []).append(train_run.read_summary(str(workdir)))
   return read
 
 
@@ -364,10 +365,10 @@ def test_summaries_that_do_not_match_the_point_are_refused(tmp_path):
     with pytest.raises(ValueError, match=message):
       scaling.check_summary(point, summary, 300)
   with pytest.raises(ValueError, match="no readable .*summary.json"):
-    scaling.read_summary(str(tmp_path))
+    train_run.read_summary(str(tmp_path))
   (tmp_path / "summary.json").write_text('{"replicas": ')
   with pytest.raises(ValueError, match="is not valid JSON"):
-    scaling.read_summary(str(tmp_path))
+    train_run.read_summary(str(tmp_path))
 
 
 # ---- outputs -----------------------------------------------------------------

@@ -64,7 +64,6 @@ import argparse
 import dataclasses
 import datetime
 import importlib
-import json
 import math
 import os
 import platform
@@ -76,6 +75,7 @@ import sys
 import time
 
 import scaling_report
+import train_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -544,18 +544,6 @@ def tail(path: str, lines: int = TAIL_LINES) -> list[str]:
     return []
 
 
-def read_summary(workdir: str) -> dict:
-  """The run's summary.json. Raises ValueError saying what is wrong."""
-  path = os.path.join(workdir, "summary.json")
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except OSError as e:
-    raise ValueError(f"no readable {path} ({e.strerror})") from None
-  except json.JSONDecodeError:
-    raise ValueError(f"{path} is not valid JSON") from None
-
-
 def check_summary(point: Point, summary: dict, steps: int) -> None:
   """Refuses a summary that does not describe the run the sweep asked for.
 
@@ -628,7 +616,7 @@ def run_once(args, point: Point, repeat: int, label: str, baseline):
       raise ValueError(f"timed out after {args.timeout:g} s and was stopped")
     if code:
       raise ValueError(f"exit code {code}")
-    summary = read_summary(workdir)
+    summary = train_run.read_summary(workdir)
     check_summary(point, summary, args.steps)
   except ValueError as e:
     say(f"{label} {point.name}: FAILED after {seconds:.0f} s: {e}; last "

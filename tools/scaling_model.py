@@ -30,6 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from dist_keras import costmodel  # pylint: disable=g-import-not-at-top,wrong-import-position
+import train_run  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Nominal planning figures, not measurements: bus bandwidth (NCCL busbw sense,
 # GB/s = 1e9 bytes/s) and per-step latency of each link class. Calibrate on
@@ -108,16 +109,11 @@ def model_inputs(args) -> tuple[float, float]:
 
 
 def _read_summary(workdir: str) -> dict:
-  path = os.path.join(workdir, "summary.json")
   try:
-    with open(path) as f:
-      return json.load(f)
-  except OSError as e:
-    raise BadInput(f"--workdir={workdir}: cannot read {path} "
-                   f"({e.strerror}); pass a finished dist_keras run.") from e
-  except json.JSONDecodeError as e:
-    raise BadInput(f"--workdir={workdir}: {path} is not valid JSON; pass a "
-                   "finished dist_keras run.") from e
+    return train_run.read_summary(workdir)
+  except ValueError as e:
+    raise BadInput(f"--workdir={workdir}: {e}; pass a finished dist_keras "
+                   "run.") from None
 
 
 def _summary_value(summary: dict, key: str, workdir: str) -> float:

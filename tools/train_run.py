@@ -31,5 +31,16 @@ def train(config: str, workdir: str, overrides) -> tuple[dict, float]:
   if result.returncode:
     raise SystemExit(f"{' '.join(overrides)} failed:\n"
                      f"{result.stderr[-2000:]}")
-  with open(os.path.join(workdir, "summary.json")) as f:
-    return json.load(f), seconds
+  return read_summary(workdir), seconds
+
+
+def read_summary(workdir: str) -> dict:
+  """The run's summary.json. Raises ValueError saying what is wrong."""
+  path = os.path.join(workdir, "summary.json")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except OSError as e:
+    raise ValueError(f"no readable {path} ({e.strerror})") from None
+  except json.JSONDecodeError:
+    raise ValueError(f"{path} is not valid JSON") from None
