@@ -412,9 +412,9 @@ def test_a_failed_write_leaves_nothing(tmp_path):
     raise OSError("disk full")
 
   with pytest.raises(OSError):
-    scaling_report.write_atomically(str(path), half_then_fail)
+    train_run.write_atomically(str(path), half_then_fail)
   assert not os.listdir(tmp_path)
-  scaling_report.write_json(str(path), {"a": 1})
+  train_run.write_json(str(path), {"a": 1})
   assert json.loads(path.read_text()) == {"a": 1}
 
 

@@ -15,7 +15,6 @@ A benchmark, not a test: it prints figures.
 `--scale_steps=4` lengthens the schedule of base and large runs alike.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -189,9 +188,7 @@ def save(path, p, results, tolerance) -> None:
   document = {"plan": p, "runs": results, "tolerance": tolerance,
               "verdicts": verdicts(p, results, tolerance)
                           if results["base"] else []}
-  with open(path + ".tmp", "w") as f:
-    json.dump(document, f, indent=2)
-  os.replace(path + ".tmp", path)  # Never a half-written file.
+  train_run.write_json(path, document)  # Never a half-written file.
 
 
 def sweep(p: dict, args, root: str) -> dict:

@@ -710,7 +710,7 @@ def main(argv=None) -> int:
       r["examples_per_sec"] is not None for r in rows)
   if plotted:
     scaling_report.plot(data, os.path.join(args.out, "scaling.png"))
-  scaling_report.write_json(os.path.join(args.out, "scaling.json"), data)
+  train_run.write_json(os.path.join(args.out, "scaling.json"), data)
   print(f"{PROG}: wrote {os.path.join(args.out, 'scaling.json')}"
         + (" and scaling.png" if plotted else "")
         + f" in {data['seconds']:.0f} s; tensorboard --logdir {args.out} "

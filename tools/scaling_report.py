@@ -2,17 +2,17 @@
 
 tools/scaling.py runs the points; this module turns their summary.json
 figures into what the sweep reports: per point the medians, speedup and
-scaling efficiency (results), the printed table (format_table), scaling.json
-and scaling.png, each written whole or not at all (write_json, plot), and
-TensorBoard's HParams tab (write_hparams_config, write_run_hparams). The
-definitions are in scaling.py's docstring.
+scaling efficiency (results), the printed table (format_table), scaling.png,
+written whole or not at all (plot; scaling.py writes scaling.json with
+train_run.write_json), and TensorBoard's HParams tab (write_hparams_config,
+write_run_hparams). The definitions are in scaling.py's docstring.
 
 A point is a scaling.Point, of which only attributes are read: this module
 does not import scaling.py, which imports it.
 """
-import json
-import os
 import statistics
+
+import train_run
 
 SUMMARY_KEYS = ("examples_per_sec", "replicas", "sync_fraction",
                 "allreduce_ms", "straggler_ms", "compute_ms", "input_wait_ms",
@@ -120,24 +120,6 @@ def format_table(rows: list[dict]) -> str:
 # ---- outputs -----------------------------------------------------------------
 
 
-def write_atomically(path: str, write) -> None:
-  """Calls write(tmp_path), then renames: `path` is whole or absent."""
-  tmp = path + ".tmp"
-  try:
-    write(tmp)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
-def write_json(path: str, data: dict) -> None:
-  def write(tmp):
-    with open(tmp, "w") as f:
-      f.write(json.dumps(data, indent=2) + "\n")
-  write_atomically(path, write)
-
-
 def plot(report: dict, path: str) -> None:
   """scaling.png: throughput with the ideal line; efficiency, sync fraction."""
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
@@ -171,7 +153,7 @@ def plot(report: dict, path: str) -> None:
   rate_ax.legend(fontsize=8, loc="upper left")
   frac_ax.legend(fontsize=8, loc="best")
   fig.suptitle(_title(report), fontsize=10)
-  write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+  train_run.write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
 
 
 def _plot_group(rate_ax, frac_ax, rows, multi: bool) -> None:

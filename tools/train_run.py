@@ -1,4 +1,5 @@
-"""One `python -m dist_keras.train` run in a subprocess, for the benchmark tools.
+"""One `python -m dist_keras.train` run in a subprocess, for the benchmark
+tools, and the files the tools read and write around it.
 
 Calibration and progress lines are off: the tools time whole runs, and the
 post-training calibration would add seconds that are not training.
@@ -44,3 +45,21 @@ def read_summary(workdir: str) -> dict:
     raise ValueError(f"no readable {path} ({e.strerror})") from None
   except json.JSONDecodeError:
     raise ValueError(f"{path} is not valid JSON") from None
+
+
+def write_atomically(path: str, write) -> None:
+  """Calls write(tmp_path), then renames: `path` is whole or absent."""
+  tmp = path + ".tmp"
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def write_json(path: str, data: dict) -> None:
+  def write(tmp):
+    with open(tmp, "w") as f:
+      f.write(json.dumps(data, indent=2) + "\n")
+  write_atomically(path, write)
