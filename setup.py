@@ -39,7 +39,8 @@ setuptools.setup(
         "tpu": [f"tensorflow-tpu{_TF}", "libtpu<0.0.32"],
         # nbclient, nbformat, ipykernel: tests/test_notebook.py runs
         # notebooks/colab_tpu.ipynb (it is skipped without them).
-        # matplotlib: tests/test_scaling_tool.py draws the scaling sweep's plot (tools/scaling_report.py).
+        # matplotlib: tests/test_scaling_tool.py draws the scaling sweep's
+        # plot (tools/scaling_report.py).
         "test": ["pytest", "pytest-timeout", "nbclient", "nbformat",
                  "ipykernel", "matplotlib"],
         # TensorBoard's Profile tab, for traces from log.profile_steps.

@@ -85,8 +85,8 @@ def validate(config):
   parse_profile_steps(config.log.profile_steps)
   check_optimizer(config.train)
   check_precision(config.train)
-  errors.check_choice("runtime.allreduce_dtype", config.runtime.allreduce_dtype,
-                sync.ALLREDUCE_DTYPES)
+  errors.check_choice("runtime.allreduce_dtype",
+                      config.runtime.allreduce_dtype, sync.ALLREDUCE_DTYPES)
   strategy_lib.communication_options(config.runtime)  # Its checks.
   mfu_lib.check(config.log)
   return spec
