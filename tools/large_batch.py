@@ -87,12 +87,13 @@ def parse_rules(text: str) -> list[tuple[str, int]]:
 
 
 def plan(args) -> dict:
-  """The base and large schedules; fails on anything that cannot run."""
-  try:
-    name = config_args.config_name(args.config)
-    config_args.check_overrides(name, args.override, "--override=")
-  except config_args.BadConfigArg as e:
-    fail(str(e))
+  """The base and large schedules.
+
+  Raises:
+    BadInput, config_args.BadConfigArg: an argument that cannot run.
+  """
+  name = config_args.config_name(args.config)
+  config_args.check_overrides(name, args.override, "--override=")
   for override in args.override:
     key = override.split("=", 1)[0]
     if key in RUN_KEYS:
@@ -223,7 +224,7 @@ def main(argv=None):
       # A run's workdir with a checkpoint would resume, not train afresh.
       fail(f"--root={args.root} is not empty; its runs would resume "
            "instead of training. Name a new folder.")
-  except BadInput as e:
+  except (BadInput, config_args.BadConfigArg) as e:
     arg_parser.error(str(e))  # One line, exit 2, nothing run.
   print(f"{p['config']} ({p['optimizer']}, learning rate "
         f"{p['learning_rate']:g} for batch {p['batch']}): seeds "
