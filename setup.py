@@ -15,7 +15,12 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["dist_keras", "dist_keras.*"]),
+    # configs/ stays at the top of the repository (where users look for it)
+    # and ships inside the package as dist_keras.configs, so an installed
+    # dist_keras runs its built-in configs from any directory.
+    packages=[*setuptools.find_packages(include=["dist_keras", "dist_keras.*"]),
+              "dist_keras.configs"],
+    package_dir={"dist_keras.configs": "configs"},
     install_requires=[
         "keras>=3",
         "tensorflow-datasets",

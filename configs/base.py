@@ -124,6 +124,9 @@ def get_config() -> ml_collections.ConfigDict:
   # automatic (a table of known GPUs/TPUs at train.precision, else a timed
   # matmul: dist_keras/mfu.py).
   c.log.peak_tflops = 0.0
+  # Also log exp(loss) as `perplexity` / `eval/perplexity`: for language
+  # models, whose loss is the mean cross-entropy per token.
+  c.log.perplexity = False
 
   c.lock()
   return c

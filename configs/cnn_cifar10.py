@@ -8,7 +8,7 @@ Run:     python -m dist_keras.train --config=configs/cnn_cifar10.py \\
 Result:  not run on the real dataset here (no network); the pipeline is
          tested on mock data (tests/test_tfds.py).
 """
-from configs import base
+from dist_keras.configs import base
 
 
 def get_config():

@@ -5,7 +5,7 @@ Result: 2 logical CPU replicas on the 2-core CPU machine, global batch 256:
         300 steps in 47 s, eval accuracy 1.000, 1.000, 0.988 for seeds
         0, 1, 2 (~2,900 examples/s).
 """
-from configs import base
+from dist_keras.configs import base
 
 
 def get_config():

@@ -12,7 +12,7 @@ Run:     python -m dist_keras.train --config=configs/lstm_imdb.py \\
 Result:  not run on the real dataset here (no network); the pipeline and a
          few train steps are tested on mock data (tests/test_tfds.py).
 """
-from configs import base
+from dist_keras.configs import base
 
 
 def get_config():

@@ -12,7 +12,7 @@ Run:     python -m dist_keras.train --config=configs/lstm_lm_shakespeare.py \\
 Result:  not run on the real dataset here (no network); the pipeline is
          tested on mock data (tests/test_tfds.py).
 """
-from configs import base
+from dist_keras.configs import base
 
 
 def get_config():
@@ -31,4 +31,5 @@ def get_config():
   c.train.steps = 3000  # ~19 epochs of 10,038 windows at global batch 64.
   c.eval.every = 500
   c.train.checkpoint_every = 500
+  c.log.perplexity = True  # exp(mean per-byte loss).
   return c

@@ -8,7 +8,7 @@ Result: 2 logical CPU replicas on the 2-core CPU machine, global batch 256:
         biases (model.chrono_init=False) it sits at chance: eval accuracy
         0.260 after 800 steps (seed 0).
 """
-from configs import base
+from dist_keras.configs import base
 
 
 def get_config():

@@ -19,7 +19,7 @@ Images/sec without ImageNet (random constant batches: compute + sync only):
              --config.train.steps=100 --config.eval.every=0 \
              --config.eval.steps=1
 """
-from configs import base
+from dist_keras.configs import base
 
 
 def get_config():

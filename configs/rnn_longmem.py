@@ -7,7 +7,7 @@ Result: 2 logical CPU replicas on the 2-core CPU machine: 800 steps in
         stays at chance (0.247 after 1,000 steps, seed 0) while the LSTM
         reaches 0.998: see tools/longmem_contrast.py and the README.
 """
-from configs import lstm_longmem
+from dist_keras.configs import lstm_longmem
 
 
 def get_config():

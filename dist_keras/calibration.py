@@ -17,14 +17,14 @@ from dist_keras import sync
 _MIN_SWEEP_BYTES = 1 << 18
 
 
-def no_communication_step_ms(strategy, model, iterator, global_batch_size,
+def no_communication_step_ms(strategy, model, optimizer, iterator,
                              steps: int) -> float:
   """Median wall time of a step with the same forward and backward pass but
   no all-reduce and no update: the ideal-communication step."""
 
-  def replica_step(inputs, labels):
-    _, _, grads = step_lib.loss_and_grads(model, inputs, labels,
-                                          global_batch_size)
+  def replica_step(batch):
+    _, grads = step_lib.forward_backward(model, optimizer, batch,
+                                         update_metrics=False)
     grads = sync.dense_gradients(grads)  # As the train step does.
     # Consume every gradient so none is pruned; per replica, no collective.
     return tf.add_n([tf.reduce_sum(g) for g in grads if g is not None])
@@ -32,7 +32,7 @@ def no_communication_step_ms(strategy, model, iterator, global_batch_size,
   @tf.function
   def step(it):
     return strategy.experimental_local_results(
-        strategy.run(replica_step, args=next(it)))
+        strategy.run(replica_step, args=(next(it),)))
 
   step(iterator)  # Trace and warm up.
   samples = []

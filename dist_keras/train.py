@@ -1,11 +1,15 @@
 """Trains a Keras model data-parallel under tf.distribute.
 
-  python -m dist_keras.train --config=configs/NAME.py --workdir=DIR \
+  python -m dist_keras.train --config=NAME|PATH.py[:ARG] --workdir=DIR \
       [--config.train.steps=500 ...]
 
-With no flags: the default config (configs/lstm_longmem.py) into a fresh
-runs/<timestamp> folder. Exit codes: 0 done, 2 a bad value (fix the
-command), 1 an unexpected error (rerun with --verbose for the traceback).
+--config takes a built-in config by name (lstm_longmem, cnn_shapes, ...;
+configs/NAME.py in the repository) or a config file's path. With no flags:
+the default config (lstm_longmem) into a fresh runs/<timestamp> folder.
+Exit codes (errors.py): 0 done, 1 an unexpected error (rerun with --verbose
+for the traceback), 2 a bad value (fix the command), 3 training diverged,
+143 preempted by SIGTERM (rerun to resume), 200 a peer worker was lost
+(rerun every worker to resume).
 """
 import os
 import sys
@@ -14,12 +18,6 @@ import sys
 # it is imported; real errors still print. An explicit setting wins.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# Configs import `configs.base`: make the checkout's configs/ importable
-# wherever the command is started from.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-  sys.path.insert(1, _REPO)
-
 import datetime  # pylint: disable=g-import-not-at-top
 import re
 import traceback
@@ -27,10 +25,9 @@ import traceback
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dist_keras import errors, quiet, tfconfig
+from dist_keras import configs, errors, quiet, tfconfig
 
-DEFAULT_CONFIG = os.path.join(_REPO, "configs", "lstm_longmem.py")
-
+DEFAULT_CONFIG = configs.path("lstm_longmem")
 
 
 def _exit_bad_command_line(message: str) -> None:
@@ -44,8 +41,9 @@ def _define_config_flag():
   # flag, so an unknown key fails here, at import, with a traceback.
   try:
     return config_flags.DEFINE_config_file(
-        "config", DEFAULT_CONFIG, "Config file: configs/NAME.py[:ARG]; "
-        "override keys with --config.SECTION.KEY=VALUE.", lock_config=True)
+        "config", DEFAULT_CONFIG, "A built-in config's name (e.g. "
+        "cnn_shapes) or a config file: PATH.py[:ARG]; override keys with "
+        "--config.SECTION.KEY=VALUE.", lock_config=True)
   except (AttributeError, KeyError) as e:
     text = str(e)
     key = re.search(r"'(\w+)\\?'", text)
@@ -90,28 +88,15 @@ def main(argv) -> None:
 
 def _train(config, workdir: str) -> int:
   # Order matters: TF_CONFIG is checked before TensorFlow starts (a typo
-  # there fails now, not as a gRPC hang later), and the strategy (which
-  # splits the CPU into logical devices) comes before anything else
-  # initialises TensorFlow.
+  # there fails now, not as a gRPC hang later); dist_keras.fit checks the
+  # config before the strategy splits the CPU into logical devices and
+  # before anything else initialises TensorFlow.
   tfconfig.from_env()
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
-  from dist_keras import loop, strategy as strategy_lib, workdir as wd_lib  # pylint: disable=g-import-not-at-top
-  # Config values are checked before the strategy: a typo must not cost a
-  # cluster start-up (or print a header) first.
-  loop.validate(config)
-  strategy = strategy_lib.get_strategy(config.runtime)
-  chief = loop.is_chief(strategy)
-  if chief:
-    print(f"dist_keras: {strategy_lib.display_name(strategy)} with "
-          f"{strategy.num_replicas_in_sync} replica(s); workdir {workdir}\n"
-          f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
-  summary = loop.train(config, workdir, strategy)
-  if chief:
-    print(f"done: {summary['steps']} steps, eval accuracy "
-          f"{summary['eval_accuracy']:.4f}; results in "
-          f"{os.path.join(workdir, wd_lib.SUMMARY_JSON)}\n"
-          f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
+  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  api.fit(config.model.name, config.data.name, workdir=workdir,
+          config=config)
   return 0
 
 
@@ -177,18 +162,44 @@ def _parse_flags(argv):
       _exit_bad_command_line(f"{str(e).splitlines()[0]}; fix the value's "
                              "type (see configs/base.py).")
     _exit_bad_command_line(f"{str(e).split(':')[0][5:]} could not be loaded "
-                           "(the file or its argument); pass a config file "
-                           "such as --config=configs/lstm_longmem.py.")
+                           f"(the file or its argument); {_CONFIG_HINT}")
   except (OSError, ImportError, SyntaxError, AttributeError) as e:
     given = [a for a in argv[1:] if a.startswith("--config=")]
     _exit_bad_command_line(
         f"{given[-1] if given else '--config'} could not be loaded "
-        f"({type(e).__name__}); pass a config file such as "
-        "--config=configs/lstm_longmem.py.")
+        f"({type(e).__name__}: {_first_line(e)}); {_CONFIG_HINT}")
+
+
+_CONFIG_HINT = (f"pass a built-in config ({', '.join(configs.names())}) or "
+                "a config file's path.")
+
+
+def _first_line(error: Exception) -> str:
+  return str(error).splitlines()[0][:200] if str(error) else "no message"
+
+
+def builtin_config_paths(argv: list[str]) -> list[str]:
+  """`argv` with `--config=NAME[:ARG]` of a built-in config turned into its
+  file's path (which absl's config flag loads), e.g. --config=cnn_shapes.
+
+  A path that exists wins over a built-in of the same name.
+  """
+  out, argv = [], list(argv)
+  while argv:
+    arg = argv.pop(0)
+    if arg == "--config" and argv:  # `--config NAME`
+      arg = f"--config={argv.pop(0)}"
+    if arg.startswith("--config="):
+      name, colon, rest = arg[len("--config="):].partition(":")
+      if name in configs.names() and not os.path.exists(name):
+        arg = f"--config={configs.path(name)}{colon}{rest}"
+    out.append(arg)
+  return out
 
 
 def run() -> None:
   """Console-script entry point (`dist-keras-train`)."""
+  sys.argv[:] = builtin_config_paths(sys.argv)
   app.run(main, flags_parser=_parse_flags)
 
 

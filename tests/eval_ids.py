@@ -16,17 +16,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import helpers  # pylint: disable=g-import-not-at-top
-from dist_keras import data, strategy as strategy_lib, tfconfig  # pylint: disable=g-import-not-at-top
+from dist_keras import data, loop, strategy as strategy_lib, tfconfig  # pylint: disable=g-import-not-at-top
 
 
-def evaluated_ids(strategy, data_cfg, global_batch_size):
-  """Ids with weight 1 over one eval pass, from every local replica."""
+def evaluated_ids(strategy, config):
+  """Ids of the examples every local replica got in one eval pass, through
+  the loop's own distribution of the built-in eval split (replicas that run
+  out of data get empty batches)."""
   ids = []
-  dataset = data.distribute(strategy, data_cfg, "eval", global_batch_size, 0)
+  fn = data.dataset_fn(config, with_ids=True)
+  dataset, _ = loop.distribute(strategy, fn, "eval", config)
   for batch in dataset:
-    for _, _, i, w in zip(*[strategy.experimental_local_results(t)
-                            for t in batch]):
-      ids.extend(i.numpy()[w.numpy() > 0].tolist())
+    for _, _, i in zip(*[strategy.experimental_local_results(t)
+                         for t in batch]):
+      ids.extend(i.numpy().tolist())
   return np.array(ids, np.int64)
 
 
@@ -38,8 +41,9 @@ def main():
   args = parser.parse_args()
   c = helpers.tiny_config()
   c.data.eval_size = args.eval_size
+  c.train.global_batch_size = args.global_batch_size
   strategy = strategy_lib.get_strategy(c.runtime)
-  ids = evaluated_ids(strategy, c.data, args.global_batch_size)
+  ids = evaluated_ids(strategy, c)
   cluster = tfconfig.from_env()
   np.save(args.out.format(task=cluster.task_index if cluster else 0), ids)
 

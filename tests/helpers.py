@@ -1,17 +1,18 @@
 """Shared test helpers: tiny configs, subprocess runs, event-file reading."""
+import contextlib
 import glob
 import os
 import subprocess
 import sys
+import tempfile
 
-from dist_keras import summaries
+from dist_keras import configs, summaries
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny_config(name: str = "lstm_longmem"):
   """A config `name` shrunk to run in seconds."""
-  import configs  # pylint: disable=g-import-not-at-top
   c = configs.load(name)
   c.data.train_size, c.data.eval_size = 512, 128
   c.data.seq_len = 12
@@ -28,13 +29,44 @@ def tiny_config(name: str = "lstm_longmem"):
   return c
 
 
+def train(config, workdir, strategy) -> dict:
+  """Trains `config` (its model.name and data.name) through the public
+  `dist_keras.fit`, as the command line does; returns summary.json."""
+  return fit(config, workdir, strategy).summary
+
+
+def fit(config, workdir, strategy):
+  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  return api.fit(config.model.name, config.data.name, workdir=str(workdir),
+                 config=config, strategy=strategy)
+
+
+def trainer(config, workdir, strategy):
+  """The loop.Trainer of `config`'s named model and data (close() it)."""
+  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  return api.build(config.model.name, config.data.name, workdir=str(workdir),
+                   config=config, strategy=strategy)
+
+
+@contextlib.contextmanager
+def built(config, strategy):
+  """A Trainer of `config` in a throwaway workdir: its model, optimizer and
+  distributed datasets, built exactly as a run builds them."""
+  with tempfile.TemporaryDirectory() as workdir:
+    built_trainer = trainer(config, workdir, strategy)
+    try:
+      yield built_trainer
+    finally:
+      built_trainer.close()
+
+
 def run_module(args, timeout=300, env=None, cwd=REPO):
   """Runs `python ARGS` (e.g. `-m dist_keras.train ...`) from `cwd`.
 
   The checkout stays importable from any `cwd`, as for an installed user.
   """
-  full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO,
-                  **(env or {}))
+  full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO,
+              **(env or {})}
   return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env,
                         capture_output=True, text=True, timeout=timeout,
                         check=False)

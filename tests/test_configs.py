@@ -21,7 +21,7 @@ CONTRACT_KEYS = [
 
 
 def _load(name):
-  return importlib.import_module(f"configs.{name}").get_config()
+  return importlib.import_module(f"dist_keras.configs.{name}").get_config()
 
 
 def test_the_shipped_experiments_exist():
@@ -54,7 +54,7 @@ def test_config_rejects_wrong_types(name):
 
 @pytest.mark.parametrize("name", [n for n in CONFIG_FILES if n != "base"])
 def test_experiment_docstring_gives_run_command_and_result(name):
-  doc = importlib.import_module(f"configs.{name}").__doc__
+  doc = importlib.import_module(f"dist_keras.configs.{name}").__doc__
   assert f"python -m dist_keras.train --config=configs/{name}.py" in doc
   assert "Result:" in doc
 

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import data
+from dist_keras import data, loop
 from dist_keras.data import generated
 from dist_keras.errors import UserError
 
@@ -75,16 +75,17 @@ def test_per_replica_batches_have_static_shape():
   ctx = tf.distribute.InputContext(num_input_pipelines=1,
                                    input_pipeline_id=0,
                                    num_replicas_in_sync=4)
-  ds = data.dataset_fn(c.data, "train", 32, seed=0)(ctx)
+  c.train.global_batch_size = 32
+  ds = data.dataset_fn(c)("train", ctx)
   assert ds.element_spec[0].shape.as_list() == [8, c.data.seq_len]
   assert ds.element_spec[1].shape.as_list() == [8]
 
 
-def test_eval_steps_limits_global_batches():
+def test_eval_steps_limits_global_batches(mirrored):
   c = helpers.tiny_config("lstm_longmem")
-  ctx = tf.distribute.InputContext(1, 0, num_replicas_in_sync=2)
-  ds = data.dataset_fn(c.data, "eval", 32, seed=0, steps=2)(ctx)
-  assert sum(1 for _ in ds) == 4  # 2 global batches = 4 per-replica ones.
+  c.eval.steps = 2
+  ds, _ = loop.distribute(mirrored, data.dataset_fn(c), "eval", c)
+  assert sum(1 for _ in ds) == 2
 
 
 def test_pipeline_options_change_how_not_what_is_read():
@@ -94,7 +95,8 @@ def test_pipeline_options_change_how_not_what_is_read():
   for prefetch, threads in ((True, 0), (False, 0), (True, 3)):
     c = helpers.tiny_config("lstm_longmem")
     c.data.prefetch, c.data.threads = prefetch, threads
-    ds = data.dataset_fn(c.data, "train", 32, seed=0)(ctx)
+    c.train.global_batch_size = 32
+    ds = data.dataset_fn(c)("train", ctx)
     assert ds.options().threading.private_threadpool_size == (threads or None)
     streams.append(np.concatenate([x for x, _ in ds.take(5)]))
   np.testing.assert_array_equal(streams[0], streams[1])
@@ -121,7 +123,8 @@ def test_bad_data_settings_are_refused(key, value, message):
 @pytest.mark.parametrize("per_replica", [False, True])
 def test_eval_sees_every_example_exactly_once(mirrored, per_replica):
   import eval_ids  # pylint: disable=g-import-not-at-top
-  c = helpers.tiny_config().data
-  c.eval_size, c.pipeline_per_replica = 123, per_replica  # 123 = 3*32 + 27.
-  ids = eval_ids.evaluated_ids(mirrored, c, global_batch_size=32)
+  c = helpers.tiny_config()
+  c.data.eval_size = 123  # 123 = 3*32 + 27.
+  c.data.pipeline_per_replica = per_replica
+  ids = eval_ids.evaluated_ids(mirrored, c)
   np.testing.assert_array_equal(np.sort(ids), np.arange(123))

@@ -7,7 +7,7 @@ import pytest
 
 import helpers
 from dist_keras import data as data_lib
-from dist_keras import flops, loop, mfu, models
+from dist_keras import api, flops, mfu, models
 from dist_keras.errors import UserError
 
 
@@ -209,14 +209,14 @@ def test_negative_peak_is_a_user_error():
   config = helpers.tiny_config()
   config.log.peak_tflops = -1.0
   with pytest.raises(UserError, match=r"log.peak_tflops=-1.0"):
-    loop.validate(config)
+    api.validate(config)
 
 
 def test_tiny_run_logs_mfu_and_writes_it_to_summary(tmp_path, mirrored,
                                                     capsys):
   config = helpers.tiny_config()
   config.log.progress = True  # calibration_steps stays 0: still measured.
-  summary = loop.train(config, str(tmp_path), mirrored)
+  summary = helpers.train(config, str(tmp_path), mirrored)
   on_disk = json.load(open(os.path.join(tmp_path, "summary.json")))
   assert on_disk["peak_source"] == "measured matmul"
   assert on_disk["peak_tflops"] > 0 and on_disk["peak_devices"] == 1

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import loop, workdir as workdir_lib
+from dist_keras import loop, models, workdir as workdir_lib
 
 CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
                  "perf/examples_per_sec", "perf/examples_per_sec_per_replica",
@@ -17,7 +17,7 @@ CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
 @pytest.mark.parametrize("config_name", ["lstm_longmem", "cnn_shapes"])
 def test_train_writes_the_workdir_contract(tmp_path, mirrored, config_name):
   workdir = str(tmp_path)
-  summary = loop.train(helpers.tiny_config(config_name), workdir, mirrored)
+  summary = helpers.train(helpers.tiny_config(config_name), workdir, mirrored)
   for name in ("config.json", "summary.json", "model.keras", "checkpoints"):
     assert os.path.exists(os.path.join(workdir, name)), name
   on_disk = json.load(open(os.path.join(workdir, "summary.json")))
@@ -33,7 +33,7 @@ def test_train_writes_the_workdir_contract(tmp_path, mirrored, config_name):
 
 
 def test_summaries_carry_the_contract_tags(tmp_path, mirrored):
-  loop.train(helpers.tiny_config(), str(tmp_path), mirrored)
+  helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
   tags = helpers.scalar_tags(str(tmp_path))
   assert CONTRACT_TAGS <= set(tags), CONTRACT_TAGS - set(tags)
   assert [s for s, _ in tags["loss"]] == [4, 8]
@@ -46,7 +46,7 @@ def test_summaries_carry_the_contract_tags(tmp_path, mirrored):
 
 
 def test_config_text_summary(tmp_path, mirrored):
-  loop.train(helpers.tiny_config(), str(tmp_path), mirrored)
+  helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
   texts = []
   for path in helpers.event_files(str(tmp_path)):
     for event in tf.compat.v1.train.summary_iterator(path):
@@ -56,7 +56,7 @@ def test_config_text_summary(tmp_path, mirrored):
 
 
 def test_replica_variables_stay_identical(tmp_path, mirrored):
-  trainer = loop.Trainer(helpers.tiny_config(), str(tmp_path), mirrored)
+  trainer = helpers.trainer(helpers.tiny_config(), str(tmp_path), mirrored)
   trainer.run()
   for variable in trainer.model.weights + trainer.optimizer.variables:
     copies = mirrored.experimental_local_results(variable.value)
@@ -68,10 +68,10 @@ def test_replica_variables_stay_identical(tmp_path, mirrored):
 def test_restart_resumes_from_latest_checkpoint(tmp_path, mirrored, capsys):
   c = helpers.tiny_config()
   c.log.progress = True
-  loop.train(c, str(tmp_path), mirrored)
+  helpers.train(c, str(tmp_path), mirrored)
   first = json.load(open(os.path.join(tmp_path, "summary.json")))
   c.train.steps = 12
-  summary = loop.train(c, str(tmp_path), mirrored)
+  summary = helpers.train(c, str(tmp_path), mirrored)
   out = capsys.readouterr().out
   assert "at step 8" in out and "resumed" in out
   assert summary["steps"] == 12 and first["steps"] == 8
@@ -83,7 +83,7 @@ def test_restart_resumes_from_latest_checkpoint(tmp_path, mirrored, capsys):
 
 def test_only_the_chief_writes(tmp_path, mirrored, monkeypatch):
   monkeypatch.setattr(loop, "is_chief", lambda strategy: False)
-  loop.train(helpers.tiny_config(), str(tmp_path), mirrored)
+  helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
   assert not helpers.event_files(str(tmp_path))
   for name in ("summary.json", "model.keras", "config.json"):
     assert not os.path.exists(os.path.join(tmp_path, name)), name
@@ -93,7 +93,7 @@ def test_progress_lines_show_step_loss_throughput_and_eta(
     tmp_path, mirrored, capsys):
   c = helpers.tiny_config()
   c.log.progress = True
-  loop.train(c, str(tmp_path), mirrored)
+  helpers.train(c, str(tmp_path), mirrored)
   lines = capsys.readouterr().out.splitlines()
   step_lines = [l for l in lines if l.startswith("step")]
   assert len(step_lines) == 2
@@ -116,7 +116,7 @@ def test_bad_train_settings_fail_before_writing(tmp_path, mirrored, key, value,
   c = helpers.tiny_config()
   setattr(c.train, key, value)
   with pytest.raises(ValueError, match=message):
-    loop.train(c, str(tmp_path), mirrored)
+    helpers.train(c, str(tmp_path), mirrored)
   assert not os.listdir(tmp_path)
 
 
@@ -124,7 +124,7 @@ def test_bad_train_settings_fail_before_writing(tmp_path, mirrored, key, value,
 def test_momentum_reaches_the_optimizer(name):
   c = helpers.tiny_config()
   c.train.optimizer, c.train.momentum = name, 0.9
-  assert loop.make_optimizer(c.train).momentum == pytest.approx(0.9)
+  assert models.make_optimizer(c.train).momentum == pytest.approx(0.9)
 
 
 def test_workdir_that_cannot_be_written_is_refused(tmp_path):
@@ -136,7 +136,7 @@ def test_workdir_that_cannot_be_written_is_refused(tmp_path):
 
 def test_checkpoint_of_another_model_is_refused_not_overwritten(tmp_path,
                                                                 mirrored):
-  loop.train(helpers.tiny_config(), str(tmp_path), mirrored)
+  helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
   before = sorted(os.listdir(tmp_path / "checkpoints"))
   config_json = (tmp_path / "config.json").read_text()
   events = helpers.event_files(str(tmp_path))
@@ -144,7 +144,7 @@ def test_checkpoint_of_another_model_is_refused_not_overwritten(tmp_path,
   other.model.cell = "simple_rnn"
   with pytest.raises(ValueError, match="holds a checkpoint .* made by a "
                      "different model"):
-    loop.train(other, str(tmp_path), mirrored)
+    helpers.train(other, str(tmp_path), mirrored)
   assert sorted(os.listdir(tmp_path / "checkpoints")) == before
   assert (tmp_path / "config.json").read_text() == config_json
   assert helpers.event_files(str(tmp_path)) == events
@@ -157,7 +157,7 @@ SYNC_TAGS = ["sync/input_wait_ms", "sync/compute_ms", "sync/allreduce_ms",
 def test_logged_steps_carry_the_sync_breakdown(tmp_path, mirrored):
   c = helpers.tiny_config()
   c.train.steps, c.train.log_every = 12, 4
-  summary = loop.train(c, str(tmp_path), mirrored)
+  summary = helpers.train(c, str(tmp_path), mirrored)
   tags = helpers.scalar_tags(str(tmp_path))
   for tag in SYNC_TAGS:
     # Step 4 is the first logged step after warm-up (step 1 is discarded).
@@ -179,7 +179,7 @@ def test_logged_steps_carry_the_sync_breakdown(tmp_path, mirrored):
 def test_sync_timing_off_writes_no_sync_tags(tmp_path, mirrored):
   c = helpers.tiny_config()
   c.log.sync_timing = False
-  summary = loop.train(c, str(tmp_path), mirrored)
+  summary = helpers.train(c, str(tmp_path), mirrored)
   assert not [t for t in helpers.scalar_tags(str(tmp_path))
               if t.startswith("sync")]
   assert summary["sync_fraction"] is None
@@ -189,7 +189,7 @@ def test_calibration_adds_the_ideal_step_and_the_allreduce_model(
     tmp_path, mirrored, capsys):
   c = helpers.tiny_config()
   c.log.calibration_steps, c.log.progress = 3, True
-  summary = loop.train(c, str(tmp_path), mirrored)
+  summary = helpers.train(c, str(tmp_path), mirrored)
   assert summary["ideal_step_ms"] > 0
   assert summary["ideal_speedup"] == pytest.approx(
       1e3 * 32 / summary["examples_per_sec"] / summary["ideal_step_ms"])
@@ -209,7 +209,7 @@ def test_a_failed_allreduce_fit_does_not_cost_the_run(tmp_path, mirrored,
   monkeypatch.setattr(costmodel, "fit", refuse)
   c = helpers.tiny_config()
   c.log.calibration_steps, c.log.progress = 2, True
-  summary = loop.train(c, str(tmp_path), mirrored)
+  summary = helpers.train(c, str(tmp_path), mirrored)
   assert summary["allreduce_predicted_ms"] is None
   assert "does not grow" in summary["allreduce_fit_error"]
   assert summary["ideal_step_ms"] > 0
@@ -221,7 +221,7 @@ def test_profile_steps_write_a_trace_of_marked_steps(tmp_path, mirrored):
   from dist_keras import trace  # pylint: disable=g-import-not-at-top
   c = helpers.tiny_config()
   c.train.steps, c.log.profile_steps = 8, "3,5"
-  loop.train(c, str(tmp_path), mirrored)
+  helpers.train(c, str(tmp_path), mirrored)
   (path,) = trace.find_traces(str(tmp_path))
   result = trace.collective_ms_per_step(path)
   assert result["step_nums"] == [3, 4, 5]
@@ -233,7 +233,7 @@ def test_bad_profile_steps_are_refused(tmp_path, mirrored, spec):
   c = helpers.tiny_config()
   c.log.profile_steps = spec
   with pytest.raises(ValueError, match="log.profile_steps="):
-    loop.train(c, str(tmp_path), mirrored)
+    helpers.train(c, str(tmp_path), mirrored)
   assert not os.listdir(tmp_path)
 
 
@@ -241,7 +241,7 @@ def test_profile_window_at_the_last_steps_is_still_written(tmp_path, mirrored):
   from dist_keras import trace  # pylint: disable=g-import-not-at-top
   c = helpers.tiny_config()
   c.train.steps, c.log.profile_steps = 8, "7,8"
-  loop.train(c, str(tmp_path), mirrored)
+  helpers.train(c, str(tmp_path), mirrored)
   (path,) = trace.find_traces(str(tmp_path))
   assert trace.collective_ms_per_step(path)["executions"] >= 2
 
@@ -254,7 +254,7 @@ def test_non_finite_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
   c.train.global_clipnorm = 0.0
   c.train.checkpoint_every, c.eval.every = 1, 0
   with pytest.raises(errors.Diverged) as e:
-    loop.train(c, str(tmp_path), mirrored)
+    helpers.train(c, str(tmp_path), mirrored)
   message = str(e.value)
   bad_step = int(message.split(" at step ")[1].split(":")[0])
   assert "training diverged" in message and "\n" not in message
@@ -274,7 +274,7 @@ def test_non_finite_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
 
 
 def _trained(c, workdir, strategy):
-  trainer = loop.Trainer(c, str(workdir), strategy)
+  trainer = helpers.trainer(c, str(workdir), strategy)
   try:
     summary = trainer.run()
   finally:
@@ -312,7 +312,7 @@ def test_steps_per_loop_stops_at_the_first_non_finite_step(tmp_path,
   c.train.steps, c.train.log_every, c.train.checkpoint_every = 40, 20, 20
   c.log.sync_timing, c.eval.every = False, 0
   with pytest.raises(errors.Diverged, match=r"at step 3:"):
-    loop.train(c, str(tmp_path), mirrored)
+    helpers.train(c, str(tmp_path), mirrored)
 
 
 def test_bfloat16_computes_in_bfloat16_keeps_float32_variables(tmp_path,
@@ -320,7 +320,7 @@ def test_bfloat16_computes_in_bfloat16_keeps_float32_variables(tmp_path,
   import keras  # pylint: disable=g-import-not-at-top
   c = helpers.tiny_config()
   c.train.precision = "bfloat16"
-  trainer = loop.Trainer(c, str(tmp_path), mirrored)
+  trainer = helpers.trainer(c, str(tmp_path), mirrored)
   try:
     summary = trainer.run()
   finally:
@@ -337,5 +337,5 @@ def test_unknown_precision_is_refused(tmp_path, mirrored):
   c = helpers.tiny_config()
   c.train.precision = "float8"
   with pytest.raises(ValueError, match="train.precision='float8' is not one"):
-    loop.train(c, str(tmp_path), mirrored)
+    helpers.train(c, str(tmp_path), mirrored)
   assert not os.listdir(tmp_path)

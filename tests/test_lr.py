@@ -9,9 +9,9 @@ import keras
 import numpy as np
 import pytest
 
-import configs
 import helpers
-from dist_keras import loop, lr
+from dist_keras import api, configs, lr, models
+from dist_keras.errors import UserError
 
 
 def _train_cfg(**overrides):
@@ -22,14 +22,15 @@ def _train_cfg(**overrides):
 
 
 def test_warmup_ramps_from_the_base_rate_to_the_peak_then_stays():
-  schedule = lr.WarmupToPeak(0.003, 0.024, warmup_steps=50)
+  schedule = lr.warmup_to(0.003, 0.024, warmup_steps=50)
   values = {step: float(schedule(step)) for step in (0, 1, 25, 49, 50, 51,
                                                      10_000)}
   expected = {0: 0.003, 1: 0.00342, 25: 0.0135, 49: 0.02358, 50: 0.024,
               51: 0.024, 10_000: 0.024}
   assert values == pytest.approx(expected, rel=1e-6)
   assert values[50] == np.float32(0.024)  # Exactly the peak, no rounding.
-  assert float(lr.WarmupToPeak(0.003, 0.024, 0)(0)) == np.float32(0.024)
+  assert values[10_000] == np.float32(0.024)
+  assert lr.warmup_to(0.003, 0.024, 0) == 0.024  # No ramp: a constant.
 
 
 @pytest.mark.parametrize("rule,batch,expected_factor", [
@@ -43,34 +44,55 @@ def test_scaling_factor_and_peak(rule, batch, expected_factor):
   cfg = _train_cfg(lr_scaling=rule, global_batch_size=batch,
                    learning_rate=0.003)
   assert lr.factor(cfg) == pytest.approx(expected_factor)
-  assert lr.peak(cfg) == pytest.approx(0.003 * expected_factor)
+  assert lr.apply(models.make_optimizer(cfg), cfg).peak == pytest.approx(
+      0.003 * expected_factor)
 
 
-def test_nothing_scaled_keeps_a_plain_float_rate():
-  cfg = _train_cfg()
+def _optimizer(**train):
+  cfg = _train_cfg(**train)
+  return models.make_optimizer(cfg), cfg
+
+
+def test_nothing_scaled_keeps_the_compiled_rate():
+  optimizer, cfg = _optimizer()
   assert (cfg.lr_scaling, cfg.base_batch_size, cfg.warmup_steps) == (
       "none", 256, 0)
-  assert lr.learning_rate(cfg) == cfg.learning_rate
-  assert lr.describe(cfg) is None
+  rate = lr.apply(optimizer, cfg)
+  assert rate == lr.Rate(pytest.approx(0.003), pytest.approx(0.003), None)
+  assert not isinstance(optimizer._learning_rate,  # pylint: disable=protected-access
+                        keras.optimizers.schedules.LearningRateSchedule)
 
 
-def test_the_schedule_survives_optimizer_serialization():
-  cfg = _train_cfg(lr_scaling="sqrt", global_batch_size=1024,
-                   warmup_steps=10)
-  optimizer = loop.make_optimizer(cfg)
-  restored = keras.optimizers.deserialize(
-      keras.optimizers.serialize(optimizer))
+def test_the_schedule_is_keras_own_and_survives_serialization():
+  """model.keras must load with Keras alone: the warmup is a built-in
+  schedule (CosineDecay with alpha=1), not a dist_keras class."""
+  optimizer, cfg = _optimizer(lr_scaling="sqrt", global_batch_size=1024,
+                              warmup_steps=10)
+  lr.apply(optimizer, cfg)
+  config = keras.optimizers.serialize(optimizer)
+  assert "dist_keras" not in str(config)
+  restored = keras.optimizers.deserialize(config)
   schedule = restored._learning_rate  # pylint: disable=protected-access
-  assert isinstance(schedule, lr.WarmupToPeak)
-  assert schedule.get_config() == {"initial": 0.003, "peak": 0.006,
-                                   "warmup_steps": 10}
+  assert isinstance(schedule, keras.optimizers.schedules.CosineDecay)
+  assert float(schedule(10)) == pytest.approx(0.006)
+  assert float(schedule(0)) == pytest.approx(0.003)
+
+
+def test_scaling_a_compiled_schedule_is_refused():
+  cfg = _train_cfg(lr_scaling="linear", global_batch_size=512)
+  optimizer = keras.optimizers.SGD(
+      keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.5))
+  with pytest.raises(UserError, match="compiled optimizer's is a schedule"):
+    lr.apply(optimizer, cfg)
+  assert lr.apply(optimizer, _train_cfg()).base is None  # Unscaled: kept.
 
 
 def test_the_start_line_says_the_rule():
   cfg = _train_cfg(lr_scaling="linear", global_batch_size=2048,
                    warmup_steps=50)
-  assert lr.describe(cfg) == ("learning rate 0.003 x 8 (linear, batch 2048 "
-                              "/ 256) = 0.024, warmup 50 steps from 0.003")
+  assert lr.describe(cfg, 0.003) == (
+      "learning rate 0.003 x 8 (linear, batch 2048 / 256) = 0.024, warmup "
+      "50 steps from 0.003")
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -87,8 +109,8 @@ def test_bad_settings_are_one_line_user_errors(overrides, message):
   c = configs.load("lstm_longmem")
   for key, value in overrides.items():
     setattr(c.train, key, value)
-  with pytest.raises(loop.UserError) as error:
-    loop.validate(c)
+  with pytest.raises(UserError) as error:
+    api.validate(c)
   assert str(error.value).startswith(message)
   assert "\n" not in str(error.value)
 
@@ -121,7 +143,7 @@ def _warmup_config(**train):
 
 
 def _run(config, workdir, strategy):
-  trainer = loop.Trainer(config, str(workdir), strategy)
+  trainer = helpers.trainer(config, str(workdir), strategy)
   try:
     summary = trainer.run()
   finally:

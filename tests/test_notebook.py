@@ -82,7 +82,11 @@ def test_notebook_runs_and_reports_eval_accuracy(executed):
   assert "Falling back to runtime.strategy=auto." in text[2]
   assert "MirroredStrategy with 2 replica(s)" in text[2]
   assert f"step {STEPS}/{STEPS}" in text[3]
-  # TensorBoard started and is shown in a frame (an error is plain text).
-  assert "<iframe" in _html(cells[4]) and "Failed" not in text[4], text[4]
-  assert f"MirroredStrategy x2: {STEPS} steps, eval accuracy " in text[5]
+  # A user's own model through dist_keras.fit (random guessing: MAE 1.6).
+  assert f"done: {STEPS} steps, eval mae " in text[4]
+  mae = float(text[4].split("eval MAE ")[1].split()[0])
+  assert 0 < mae < 1.6, text[4]
+  assert os.path.exists(os.path.join(workdir + "_own", "model.keras"))
+  assert "<iframe" in _html(cells[5]) and "Failed" not in text[5], text[5]
+  assert f"MirroredStrategy x2: {STEPS} steps, eval accuracy " in text[6]
   assert os.path.exists(os.path.join(workdir, "summary.json"))

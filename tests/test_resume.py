@@ -1,5 +1,8 @@
 """Nothing lost: a run SIGKILLed at a random step and restarted ends with the
-same weights as an uninterrupted one (one device, 2 replicas, 2 workers)."""
+same weights as an uninterrupted one (one device, 2 replicas, 2 workers),
+for the built-in LSTM and for a user's model with dropout (its random state
+is checkpointed: the masks after the resume are the ones the whole run
+drew)."""
 import os
 import random
 import signal
@@ -14,21 +17,33 @@ import helpers
 
 STEPS = 30
 LAUNCHER = os.path.join(helpers.REPO, "tools", "launch_local.py")
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=helpers.REPO,
-           PYTHONUNBUFFERED="1")
+TESTS = os.path.dirname(os.path.abspath(__file__))  # user_task.py's folder.
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+           PYTHONPATH=f"{helpers.REPO}:{TESTS}", PYTHONUNBUFFERED="1")
 
 
-def _command(workdir, strategy, workers):
+# The built-in LSTM, shrunk; a user's model with dropout 0.1 (import paths).
+MODELS = {
+    "lstm": ["--config.data.train_size=512", "--config.data.eval_size=64",
+             "--config.data.seq_len=12", "--config.model.units=16"],
+    "user_dropout": ["--config.model.name=user_task:model_fn_dropout",
+                     "--config.data.name=user_task:dataset_fn",
+                     "--config.train.global_batch_size=48"],
+}
+# One seed per session, printed: a failing kill step can be replayed with
+# DIST_KERAS_TEST_SEED=<seed>.
+SEED = int(os.environ.get("DIST_KERAS_TEST_SEED", random.randrange(10**6)))
+
+
+def _command(workdir, strategy, workers, model):
   train = [sys.executable, "-m", "dist_keras.train", f"--workdir={workdir}",
            f"--config.runtime.strategy={strategy}",
            f"--config.train.steps={STEPS}", "--config.train.log_every=1",
            "--config.train.checkpoint_every=4", "--config.eval.every=0",
-           "--config.data.train_size=512", "--config.data.eval_size=64",
-           "--config.data.seq_len=12", "--config.model.units=16",
            "--config.train.global_batch_size=32",
            "--config.log.calibration_steps=0",
            # A known MFU peak: no timed matmul at start (test_flops.py).
-           "--config.log.peak_tflops=1.0"]
+           "--config.log.peak_tflops=1.0", *MODELS[model]]
   if not workers:
     return train
   return [sys.executable, LAUNCHER, f"--num_workers={workers}",
@@ -41,7 +56,9 @@ def _final_weights(workdir):
   names = [n for n in reader.get_variable_to_shape_map()
            if n not in ("_CHECKPOINTABLE_OBJECT_GRAPH",)
            and not n.startswith("save_counter")]
-  assert any("_trainable_variables" in n for n in names), names
+  # Every model variable (dropout's seed state too) and optimizer variable.
+  assert any(n.startswith("model_variables/") for n in names), names
+  assert any(n.startswith("optimizer_variables/") for n in names), names
   return {n: reader.get_tensor(n) for n in names}
 
 
@@ -54,24 +71,28 @@ def _kill_at(proc, step, victim_pid=None):
   raise AssertionError(f"step {step} was never logged")
 
 
+@pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("strategy,workers,tolerance", [
     ("one_device", 0, 0.0),  # Bitwise.
     ("mirrored", 0, 1e-6),
     ("multi_worker_mirrored", 2, 1e-6),
 ])
 def test_killed_and_restarted_run_ends_with_the_same_weights(
-    tmp_path, strategy, workers, tolerance):
-  kill_step = random.Random().randint(6, STEPS - 3)
-  print(f"killing at step {kill_step}")  # Shown if the test fails.
-  whole = subprocess.run(_command(tmp_path / "whole", strategy, workers),
-                         capture_output=True, text=True, env=ENV,
-                         timeout=600, check=False, cwd=helpers.REPO)
+    tmp_path, strategy, workers, tolerance, model):
+  rng = random.Random(f"{SEED}-{strategy}-{model}")
+  kill_step = rng.randint(6, STEPS - 3)
+  # Shown if the test fails.
+  print(f"DIST_KERAS_TEST_SEED={SEED}: killing at step {kill_step}")
+  whole = subprocess.run(
+      _command(tmp_path / "whole", strategy, workers, model),
+      capture_output=True, text=True, env=ENV, timeout=600, check=False,
+      cwd=TESTS)
   assert whole.returncode == 0, whole.stderr[-3000:]
 
-  command = _command(tmp_path / "cut", strategy, workers)
+  command = _command(tmp_path / "cut", strategy, workers, model)
   proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=ENV,
-                          cwd=helpers.REPO)
+                          cwd=TESTS)
   if workers:
     # Kill one worker (worker 1's python), as a lost pod would be; the
     # launcher restarts the cluster (--max_restarts=1), which resumes.
@@ -89,7 +110,7 @@ def test_killed_and_restarted_run_ends_with_the_same_weights(
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     again = subprocess.run(command, capture_output=True, text=True, env=ENV,
-                           timeout=600, check=False, cwd=helpers.REPO)
+                           timeout=600, check=False, cwd=TESTS)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout
   expected, got = (_final_weights(tmp_path / "whole"),

@@ -7,25 +7,23 @@ import numpy as np
 import pytest
 
 import helpers
-from dist_keras import data, errors, loop, step as step_lib, sync
+from dist_keras import errors, step as step_lib, sync
 
 
 def _one_sgd_step(mirrored, c, scale=None):
   """(weights before, weights after, step output) of one SGD step of `c`."""
-  keras.utils.set_random_seed(0)
-  model, optimizer = loop.build_in_scope(mirrored, c,
-                                         data.input_spec(c.data))
-  if scale is not None:
-    optimizer.dynamic_scale.assign(scale)
-  before = [w.numpy() for w in model.trainable_variables]
-  iterator = iter(data.distribute(mirrored, c.data, "train",
-                                  c.train.global_batch_size, c.runtime.seed))
-  step = step_lib.make_train_step(
-      mirrored, model, optimizer, c.train.global_batch_size,
-      allreduce_dtype=c.runtime.allreduce_dtype,
-      bytes_per_pack=c.runtime.bytes_per_pack)
-  out = step(iterator)
-  return before, [w.numpy() for w in model.trainable_variables], out, optimizer
+  with helpers.built(c, mirrored) as run:
+    model, optimizer = run.model, run.optimizer
+    if scale is not None:
+      optimizer.dynamic_scale.assign(scale)
+    before = [w.numpy() for w in model.trainable_variables]
+    step = step_lib.make_train_step(
+        mirrored, model, optimizer,
+        allreduce_dtype=c.runtime.allreduce_dtype,
+        bytes_per_pack=c.runtime.bytes_per_pack)
+    out = step(iter(run.train_ds))
+    return (before, [w.numpy() for w in model.trainable_variables], out,
+            optimizer)
 
 
 def _sgd_config():
@@ -64,7 +62,7 @@ def test_float16_run_logs_the_loss_scale_and_skipped_steps(tmp_path,
                                                            mirrored):
   c = helpers.tiny_config()
   c.train.precision = "float16"
-  trainer = loop.Trainer(c, str(tmp_path), mirrored)
+  trainer = helpers.trainer(c, str(tmp_path), mirrored)
   try:
     summary = trainer.run()
   finally:
@@ -79,7 +77,7 @@ def test_float16_run_logs_the_loss_scale_and_skipped_steps(tmp_path,
 def test_a_skipped_float16_step_is_not_divergence(tmp_path, mirrored):
   c = helpers.tiny_config()
   c.train.precision = "float16"
-  trainer = loop.Trainer(c, str(tmp_path), mirrored)
+  trainer = helpers.trainer(c, str(tmp_path), mirrored)
   try:
     overflow = {"loss": np.float32(1.0), "grad_norm": np.float32(np.inf),
                 "skipped": 1}
@@ -130,15 +128,16 @@ def test_negative_bytes_per_pack_is_refused_before_training(tmp_path,
   c = helpers.tiny_config()
   c.runtime.bytes_per_pack = -1
   with pytest.raises(ValueError, match="runtime.bytes_per_pack=-1 must be"):
-    loop.train(c, str(tmp_path), mirrored)
+    helpers.train(c, str(tmp_path), mirrored)
   assert not os.listdir(tmp_path)
 
 
 def test_compressed_allreduce_halves_the_gradient_bytes(mirrored):
   c = _sgd_config()
-  model, _ = loop.build_in_scope(mirrored, c, data.input_spec(c.data))
-  full = sync.gradient_bytes(model.trainable_variables)
-  assert sync.gradient_bytes(model.trainable_variables, "bfloat16") * 2 == full
+  with helpers.built(c, mirrored) as run:
+    variables = run.model.trainable_variables
+    full = sync.gradient_bytes(variables)
+    assert sync.gradient_bytes(variables, "bfloat16") * 2 == full
 
 
 def test_unknown_allreduce_dtype_is_refused(tmp_path, mirrored):
@@ -146,5 +145,5 @@ def test_unknown_allreduce_dtype_is_refused(tmp_path, mirrored):
   c.runtime.allreduce_dtype = "int8"
   with pytest.raises(ValueError,
                      match="runtime.allreduce_dtype='int8' is not one of"):
-    loop.train(c, str(tmp_path), mirrored)
+    helpers.train(c, str(tmp_path), mirrored)
   assert not os.listdir(tmp_path)

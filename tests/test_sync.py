@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dist_keras import loop, sync
+from dist_keras import models, sync
 
 
-@pytest.mark.parametrize("name", sorted(loop.OPTIMIZERS))
+@pytest.mark.parametrize("name", sorted(models.OPTIMIZERS))
 def test_keras_still_has_the_hook_we_disable(name):
   """Fails loudly if a Keras release moves the optimizer's all-reduce."""
-  optimizer = loop.OPTIMIZERS[name]()
+  optimizer = models.OPTIMIZERS[name]()
   assert callable(getattr(optimizer, sync._KERAS_HOOK))  # pylint: disable=protected-access
   sync.disable_optimizer_allreduce(optimizer)
   pairs = [(tf.ones([2]), "v")]

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import configs
 import helpers
-from dist_keras import data, loop, models
+from dist_keras import configs, data, models, timing
 from dist_keras.data import constant_batch
 from dist_keras.errors import UserError
 from tools import mock_tfds
@@ -50,7 +49,7 @@ def test_tfds_warns_once_when_the_config_declares_other_shapes(
     meta_dir, no_network, capfd):
   c = configs.load("cnn_shapes", ["data.name=tfds:cifar10",
                                   f"data.data_dir={meta_dir}"])
-  for _ in range(2):  # train.py validates, then the Trainer again.
+  for _ in range(2):  # Asked twice, said once.
     assert _spec(c).shape == (32, 32, 3)  # The data's, not the config's.
   err = capfd.readouterr().err.strip().splitlines()
   assert len(err) == 1, err
@@ -62,9 +61,13 @@ def _ctx(pipelines=1, index=0, replicas=2):
 
 
 def _batches(c, n, start_step=0, ctx=None):
-  fn = data.dataset_fn(c.data, "train", 32, seed=0, start_step=start_step,
-                       spec=_spec(c))
-  return list(fn(ctx or _ctx()).take(n).as_numpy_iterator())
+  """The first `n` train batches of pipeline `ctx`, `start_step` steps in
+  (as the loop resumes a stream: skipping the batches trained on)."""
+  c.train.global_batch_size = 32
+  ctx = ctx or _ctx()
+  ds = data.dataset_fn(c, spec=_spec(c))("train", ctx)
+  per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+  return list(ds.skip(start_step * per_pipeline).take(n).as_numpy_iterator())
 
 
 @pytest.mark.parametrize("name,shape,classes", [
@@ -98,15 +101,16 @@ def test_train_batch_is_constant_and_shaped_like_the_real_data(
 
 def test_eval_split_counts_every_example_once():
   c = _synthetic("cnn_mnist")
-  c.data.eval_size = 45  # 2 pipelines x 2 batches of 8 + padding.
-  spec, seen = _spec(c), []
+  c.data.eval_size = 45  # 2 pipelines of 23 and 22: batches 8, 8, 7 / 6.
+  c.train.global_batch_size = 16
+  fn, seen, sizes = data.dataset_fn(c, spec=_spec(c), with_ids=True), [], []
   for index in range(2):
-    fn = data.dataset_fn(c.data, "eval", 16, seed=0, spec=spec)
-    for x, y, ids, weights in fn(_ctx(2, index)).as_numpy_iterator():
-      assert x.shape == (8, 28, 28, 1) and y.shape == (8,)
-      seen += list(ids[weights == 1])
-      assert (ids[weights == 0] == -1).all()
+    for x, y, ids in fn("eval", _ctx(2, index)).as_numpy_iterator():
+      assert x.shape[1:] == (28, 28, 1) and y.shape == ids.shape
+      sizes.append(len(ids))
+      seen += list(ids)
   assert sorted(seen) == list(range(45))
+  assert sizes == [8, 8, 7, 8, 8, 6]
 
 
 def test_synthetic_refuses_sizes_it_cannot_build():
@@ -115,7 +119,7 @@ def test_synthetic_refuses_sizes_it_cannot_build():
   with pytest.raises(UserError, match=r"data.image_size=0 must be >= 1"):
     _spec(c)
   with pytest.raises(ValueError, match="InputSpec"):
-    data.dataset_fn(c.data, "train", 32, seed=0)
+    data.dataset_fn(c)
 
 
 def _tiny_synthetic(name):
@@ -141,7 +145,7 @@ TRAINED = [n for n in configs.names() if n != "resnet50_imagenet"]
 def test_every_config_trains_on_synthetic_data(tmp_path, mirrored, capsys,
                                                name):
   c = _tiny_synthetic(name)
-  trainer = loop.Trainer(c, str(tmp_path), mirrored)
+  trainer = helpers.trainer(c, str(tmp_path), mirrored)
   try:
     summary = trainer.run()
   finally:
@@ -161,24 +165,24 @@ def test_every_config_trains_on_synthetic_data(tmp_path, mirrored, capsys,
 
 
 def test_step_time_stats_of_fabricated_windows():
-  stats = loop.step_time_stats([9.0, 11.0, 9.0, 11.0, 30.0])
+  stats = timing.step_time_stats([9.0, 11.0, 9.0, 11.0, 30.0])
   assert stats["step_ms_median"] == 11.0
   # np.percentile, linear: 90% of the way between the 4th and 5th (11, 30).
   assert stats["step_ms_p90"] == pytest.approx(11.0 + 0.6 * 19.0)
   times = np.array([9.0, 11.0, 9.0, 11.0, 30.0])
   assert stats["step_ms_jitter"] == pytest.approx(
       100 * times.std() / times.mean())
-  steady = loop.step_time_stats([10.0, 10.0, 10.0])
+  steady = timing.step_time_stats([10.0, 10.0, 10.0])
   assert steady["step_ms_jitter"] == 0.0
-  assert loop.step_time_stats([12.0])["step_ms_jitter"] is None
-  assert set(loop.step_time_stats([]).values()) == {None}
-  line = loop.throughput_line(1234.4, loop.step_time_stats([9.0, 11.0]))
+  assert timing.step_time_stats([12.0])["step_ms_jitter"] is None
+  assert set(timing.step_time_stats([]).values()) == {None}
+  line = timing.throughput_line(1234.4, timing.step_time_stats([9.0, 11.0]))
   assert line == ("throughput 1,234 ex/s (step 10.0 ms median, p90 10.8 ms, "
                   "jitter 10.0%)")
 
 
 def test_throughput_records_windows_after_the_warm_up():
-  t = loop.Throughput(examples_per_step=64)
+  t = timing.Throughput(examples_per_step=64)
   assert not t.add(5, 9.0)  # Warm-up: tracing, not counted.
   t.add(4, 0.040)
   t.add(2, 0.030)

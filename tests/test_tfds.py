@@ -11,13 +11,14 @@ import importlib.util
 import os
 import time
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import helpers
-from dist_keras import data, loop, models, step
+from dist_keras import data, models
 from dist_keras.data import tfds_sources
 from dist_keras.errors import UserError
 from tools import mock_tfds
@@ -107,7 +108,7 @@ def test_unprepared_dataset_fails_in_seconds_with_the_fix(
   workdir = tmp_path / "run"
   start = time.monotonic()
   with pytest.raises(UserError) as e:
-    loop.train(c, str(workdir), mirrored)
+    helpers.train(c, str(workdir), mirrored)
   assert time.monotonic() - start < 10
   message = str(e.value)
   assert "\n" not in message
@@ -276,17 +277,23 @@ def test_tensorflow_does_not_auto_shard(tiny_dir):
       tf.data.experimental.AutoShardPolicy.OFF)
 
 
-def test_per_token_loss_is_the_mean_over_tokens():
+def test_the_language_models_loss_and_accuracy_are_per_token_means():
+  """The built-in char LM compiles sparse cross-entropy and accuracy over
+  [batch, tokens] labels: both are means over every token (so exp(loss) is
+  the perplexity), on the same scale whatever seq_len."""
   labels = tf.constant([[1, 0, 2], [0, 0, 0]])
   logits = tf.random.stateless_normal([2, 3, 4], seed=[0, 1])
-  per_token = step.sparse_ce(labels, logits)
-  np.testing.assert_allclose(step.per_example_loss(labels, logits),
-                             tf.reduce_mean(per_token, axis=1), rtol=1e-6)
-  flat = step.per_example_loss(labels[:, 0], logits[:, 0])
-  np.testing.assert_allclose(flat, per_token[:, 0], rtol=1e-6)
-  expected = tf.reduce_sum(tf.cast(tf.argmax(logits, -1, tf.int32) == labels,
-                                   tf.float32))
-  assert step.num_correct(labels, logits) == expected
+  c = helpers.tiny_config("lstm_lm_shakespeare")
+  model = models.model_fn(c, data.InputSpec((3,), "int32", 4, 4,
+                                            per_token=True))()
+  loss = model.compute_loss(y=labels, y_pred=logits)
+  per_token = keras.losses.sparse_categorical_crossentropy(
+      labels, logits, from_logits=True)
+  np.testing.assert_allclose(loss, tf.reduce_mean(per_token), rtol=1e-6)
+  model.compute_metrics(None, labels, logits)
+  hits = tf.cast(tf.argmax(logits, -1, tf.int32) == labels, tf.float32)
+  accuracy = model.get_metrics_result()["accuracy"]
+  np.testing.assert_allclose(accuracy, tf.reduce_mean(hits), rtol=1e-6)
 
 
 def test_char_lm_and_resnet50_build_for_their_inputs():
@@ -318,7 +325,7 @@ def test_trains_end_to_end_on_mock_data(tmp_path, mirrored, meta_dir,
   c.train.steps = c.train.log_every = c.train.checkpoint_every = 4
   c.eval.every = 0
   with tfds.testing.mock_data(num_examples=64, data_dir=meta_dir):
-    summary = loop.train(c, str(tmp_path), mirrored)
+    summary = helpers.train(c, str(tmp_path), mirrored)
   assert summary["steps"] == 4
   assert np.isfinite(summary["eval_loss"]) and summary["eval_examples"] > 0
   assert 0 <= summary["eval_accuracy"] <= 1

@@ -9,15 +9,13 @@ step on the CPU, so such a problem fails here instead. One device
 """
 import contextlib
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import configs
 import helpers
-from dist_keras import data, loop, step as step_lib
+from dist_keras import configs, step as step_lib
 from dist_keras.data import tfds_sources
 from tools import mock_tfds
 
@@ -60,14 +58,11 @@ def _data_source(c, tmp_path):
 
 def _train(strategy, c, jit_compile="step"):
   """Losses of STEPS compiled train steps of config `c`."""
-  spec = data.input_spec(c.data)
-  model, optimizer = loop.build_in_scope(strategy, c, spec)
-  iterator = iter(data.distribute(strategy, c.data, "train", BATCH,
-                                  c.runtime.seed))
-  train_step = step_lib.make_train_step(strategy, model, optimizer, BATCH,
-                                    c.train.global_clipnorm,
-                                    jit_compile=jit_compile)
-  return [float(train_step(iterator)["loss"]) for _ in range(STEPS)]
+  with helpers.built(c, strategy) as run:
+    train_step = step_lib.make_train_step(strategy, run.model, run.optimizer,
+                                          jit_compile=jit_compile)
+    iterator = iter(run.train_ds)
+    return [float(train_step(iterator)["loss"]) for _ in range(STEPS)]
 
 
 def test_every_config_file_is_listed():
@@ -87,15 +82,13 @@ def test_train_step_compiles_and_learns(one_cpu, tmp_path, no_network, name):
 def test_an_uncompilable_op_fails_loudly(one_cpu, monkeypatch):
   """Proof that the replica step really is compiled: an op with no XLA
   kernel (tf.timestamp) makes it fail, where the plain step runs."""
-  real = step_lib.loss_and_grads
+  real = step_lib.forward_backward
 
-  def with_timestamp(model, inputs, labels, global_batch_size,
-                     loss_scale=None):
-    loss, logits, grads = real(model, inputs, labels, global_batch_size,
-                               loss_scale)
-    return loss + 0.0 * tf.cast(tf.timestamp(), loss.dtype), logits, grads
+  def with_timestamp(*args, **kwargs):
+    loss, grads = real(*args, **kwargs)
+    return loss + 0.0 * tf.cast(tf.timestamp(), loss.dtype), grads
 
-  monkeypatch.setattr(step_lib, "loss_and_grads", with_timestamp)
+  monkeypatch.setattr(step_lib, "forward_backward", with_timestamp)
   c = _config("lstm_longmem")
   assert len(_train(one_cpu, c, jit_compile=False)) == STEPS
   with pytest.raises(tf.errors.InvalidArgumentError, match="Timestamp"):
@@ -106,10 +99,9 @@ def test_an_uncompilable_op_fails_loudly(one_cpu, monkeypatch):
 
 def test_timed_steps_cannot_be_compiled_whole(one_cpu):
   c = _config("lstm_longmem")
-  model, optimizer = loop.build_in_scope(one_cpu, c,
-                                         data.input_spec(c.data))
-  with pytest.raises(ValueError, match="timed steps cannot be XLA-compiled"):
-    step_lib.make_train_step(one_cpu, model, optimizer, BATCH, timed=True,
+  with helpers.built(c, one_cpu) as run, pytest.raises(
+      ValueError, match="timed steps cannot be XLA-compiled"):
+    step_lib.make_train_step(one_cpu, run.model, run.optimizer, timed=True,
                              jit_compile="step")
 
 
@@ -121,17 +113,14 @@ def test_compiled_compute_matches_the_plain_step(mirrored):
   c.train.optimizer = "sgd"
   weights = {}
   for jit in (False, True):
-    keras.utils.set_random_seed(0)
-    spec = data.input_spec(c.data)
-    model, optimizer = loop.build_in_scope(mirrored, c, spec)
-    iterator = iter(data.distribute(mirrored, c.data, "train", BATCH,
-                                    c.runtime.seed))
-    for timed in (False, True):
-      step = step_lib.make_train_step(mirrored, model, optimizer, BATCH,
-                                      timed=timed, jit_compile=jit)
-      out = step(iterator)
-      assert np.isfinite(float(out["loss"]))
-    weights[jit] = [w.numpy() for w in model.trainable_variables]
+    with helpers.built(c, mirrored) as run:
+      iterator = iter(run.train_ds)
+      for timed in (False, True):
+        step = step_lib.make_train_step(mirrored, run.model, run.optimizer,
+                                        timed=timed, jit_compile=jit)
+        out = step(iterator)
+        assert np.isfinite(float(out["loss"]))
+      weights[jit] = [w.numpy() for w in run.model.trainable_variables]
   for plain, compiled in zip(weights[False], weights[True]):
     np.testing.assert_allclose(plain, compiled, atol=1e-5)
 

@@ -18,32 +18,54 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import helpers  # pylint: disable=g-import-not-at-top
-from dist_keras import loop, strategy as strategy_lib, tfconfig  # pylint: disable=g-import-not-at-top
+import user_task  # pylint: disable=g-import-not-at-top
+from dist_keras import strategy as strategy_lib, tfconfig  # pylint: disable=g-import-not-at-top
+from dist_keras.configs import base  # pylint: disable=g-import-not-at-top
 
 
 EVAL_SIZE = 123
 
 
-def weights_after_training(config_name, strategy, global_batch_size=32,
-                           pipeline_per_replica=False):
-  c = helpers.tiny_config(config_name)
-  c.train.optimizer, c.train.learning_rate = "sgd", 2.0
-  # Small enough to clip every step: clipping must see the GLOBAL gradient.
-  c.train.global_clipnorm = 0.05
+# A user's model (tests/user_task.py: L2 regularisers, sample weights, SGD,
+# its own eval split of 123 examples) through the command line's names.
+USER = "user"
+
+
+def _config(config_name, global_batch_size, pipeline_per_replica):
+  if config_name == USER:
+    c = base.get_config()  # Built-in model and data settings unset.
+    c.model.name, c.data.name = "user_task:model_fn", "user_task:dataset_fn"
+    c.train.log_every = c.train.checkpoint_every = 4
+    c.log.progress, c.log.calibration_steps = False, 0
+  else:
+    c = helpers.tiny_config(config_name)
+    c.train.optimizer, c.train.learning_rate = "sgd", 2.0
+    # Small enough to clip every step: clipping must see the GLOBAL gradient.
+    c.train.global_clipnorm = 0.05
+    # Not divisible by any global batch or replica count: eval must still
+    # see every example exactly once.
+    c.data.eval_size = EVAL_SIZE
   c.train.steps, c.train.global_batch_size = 10, global_batch_size
+  if config_name == USER:  # Its dataset_fn batches for this global batch.
+    c.train.global_batch_size = user_task.GLOBAL_BATCH
   c.data.pipeline_per_replica = pipeline_per_replica
   c.eval.every = 0
-  # Not divisible by any global batch or replica count: eval must still see
-  # every example exactly once.
-  c.data.eval_size = EVAL_SIZE
+  return c
+
+
+def weights_after_training(config_name, strategy, global_batch_size=32,
+                           pipeline_per_replica=False):
+  c = _config(config_name, global_batch_size, pipeline_per_replica)
   with tempfile.TemporaryDirectory() as workdir:
-    trainer = loop.Trainer(c, workdir, strategy)
+    trainer = helpers.trainer(c, workdir, strategy)
     initial = {f"initial/{config_name}/{w.path}": w.numpy()
                for w in trainer.model.weights}
     summary = trainer.run()
     trainer.close()
-    evaluated = np.array([summary["eval_accuracy"], summary["eval_loss"],
-                          summary["eval_examples"]])
+    # eval_examples, eval_loss, then the compiled metric (accuracy, mae).
+    metric = "eval_mae" if config_name == USER else "eval_accuracy"
+    evaluated = np.array([summary["eval_examples"], summary["eval_loss"],
+                          summary[metric]])
     return {**initial, f"eval/{config_name}": evaluated,
             **{f"{config_name}/{w.path}": w.numpy()
                for w in trainer.model.weights}}
@@ -56,7 +78,7 @@ def main():
   parser.add_argument("--out", required=True)
   parser.add_argument("--global_batch_size", type=int, default=32)
   parser.add_argument("--pipeline_per_replica", action="store_true")
-  parser.add_argument("--models", default="lstm_longmem,cnn_shapes")
+  parser.add_argument("--models", default=f"lstm_longmem,cnn_shapes,{USER}")
   args = parser.parse_args()
   c = helpers.tiny_config()
   c.runtime.strategy, c.runtime.num_cpu_devices = args.strategy, args.devices

@@ -26,21 +26,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def keras_fit_block(c, strategy, data_lib, models, loop):
+def keras_fit_block(c, strategy, data_lib, models):
   """A `(steps) -> seconds` running model.fit for `steps` steps."""
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   spec = data_lib.input_spec(c.data, models.inputs(c.model))
   with strategy.scope():
     keras.utils.set_random_seed(c.runtime.seed)
-    model = models.build(c.model, spec)
-    model.compile(optimizer=loop.make_optimizer(c.train),
-                  loss=keras.losses.SparseCategoricalCrossentropy(
-                      from_logits=True), metrics=["accuracy"])
+    # The built-in model_fn: the model and compile dist_keras trains.
+    model = models.model_fn(c, spec)()
   # The same examples, shuffled and batched globally, as fit expects.
-  fn = data_lib.dataset_fn(c.data, "train", c.train.global_batch_size,
-                           c.runtime.seed, spec=spec)
-  ds = fn(tf.distribute.InputContext()).unbatch().batch(
+  fn = data_lib.dataset_fn(c, spec)
+  ds = fn("train", tf.distribute.InputContext()).unbatch().batch(
       c.train.global_batch_size, drop_remainder=True).prefetch(
           tf.data.AUTOTUNE)
 
@@ -52,19 +49,19 @@ def keras_fit_block(c, strategy, data_lib, models, loop):
   return run
 
 
-def loop_block(c, strategy, data_lib, loop, sync_timing):
+def loop_block(c, strategy, sync_timing):
   """A `(steps) -> seconds` running dist_keras's steps as its loop does."""
-  from dist_keras import step as step_lib, sync  # pylint: disable=g-import-not-at-top
+  from dist_keras import api, step as step_lib, sync  # pylint: disable=g-import-not-at-top
   c.log.sync_timing = sync_timing
   with tempfile.TemporaryDirectory() as workdir:
-    trainer = loop.Trainer(c, workdir, strategy)
-    trainer.close()
-  gb, log_every = c.train.global_batch_size, c.train.log_every
-  iterator = iter(data_lib.distribute(strategy, c.data, "train", gb,
-                                      c.runtime.seed, spec=trainer.spec))
+    with api.build(c.model.name, c.data.name, workdir=workdir, config=c,
+                   strategy=strategy) as trainer:
+      pass
+  log_every = c.train.log_every
+  iterator = iter(trainer.train_ds)
   steps_fn = {timed: step_lib.make_train_step(
-      strategy, trainer.model, trainer.optimizer, gb,
-      c.train.global_clipnorm, timed=timed) for timed in (False, True)}
+      strategy, trainer.model, trainer.optimizer, timed=timed)
+              for timed in (False, True)}
   done = [0]
 
   def run(steps):
@@ -94,26 +91,25 @@ def main():
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from dist_keras import data as data_lib, loop, models, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  import configs  # pylint: disable=g-import-not-at-top
+  from dist_keras import data as data_lib, models, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from dist_keras import configs  # pylint: disable=g-import-not-at-top
   c = configs.load(args.config, args.override)
   mirrored = strategy_lib.get_strategy(c.runtime)
   one = tf.distribute.get_strategy()  # The default: no strategy.
   blocks = {
       "fit, no strategy": keras_fit_block(configs.load(args.config, args.override),
-                                          one, data_lib, models, loop),
+                                          one, data_lib, models),
       "fit, Mirrored": keras_fit_block(configs.load(args.config, args.override),
-                                       mirrored, data_lib, models, loop),
-      "dist_keras": loop_block(configs.load(args.config, args.override), mirrored,
-                               data_lib, loop, sync_timing=True),
+                                       mirrored, data_lib, models),
+      "dist_keras": loop_block(configs.load(args.config, args.override),
+                               mirrored, sync_timing=True),
       "dist_keras, timing off": loop_block(
-          configs.load(args.config, args.override), mirrored, data_lib, loop,
+          configs.load(args.config, args.override), mirrored,
           sync_timing=False),
       # The price of being distributed: the same loop on one device.
       "dist_keras, one device": loop_block(
           configs.load(args.config, args.override),
-          tf.distribute.OneDeviceStrategy("/cpu:0"), data_lib, loop,
-          sync_timing=True),
+          tf.distribute.OneDeviceStrategy("/cpu:0"), sync_timing=True),
   }
   for run in blocks.values():  # Warm-up: tracing, autotuning.
     run(args.steps)

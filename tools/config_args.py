@@ -7,7 +7,7 @@ ConfigDict traceback, and not after every point of a sweep has failed alike.
 import os
 import re
 
-import configs
+from dist_keras import configs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,7 +20,7 @@ def config_name(text: str) -> str:
   """"lstm_longmem" or "configs/lstm_longmem.py" -> "lstm_longmem"."""
   name = os.path.basename(text)
   name = name[:-3] if name.endswith(".py") else name
-  shipped = os.path.join(REPO, "configs", f"{name}.py")
+  shipped = configs.path(name)
   # A path must lead to the shipped file (from here or from the checkout).
   elsewhere = os.path.dirname(text) and shipped not in {
       os.path.abspath(text), os.path.abspath(os.path.join(REPO, text))}

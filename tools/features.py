@@ -4,7 +4,7 @@ Each variant is a set of config overrides (train.steps_per_loop=10,
 train.jit_compile=True, train.precision=bfloat16, runtime.allreduce_dtype=
 bfloat16, data.prefetch=False, ...). In ONE process and under ONE strategy,
 every repeat trains each variant in turn for --steps steps with
-`loop.train`, exactly what a user runs (eval, checkpoints and calibration
+`dist_keras.fit`, exactly what a user runs (eval, checkpoints and calibration
 off), and reads its examples/s, which leaves out the first log window
 (tracing, XLA compilation): alternating, so drift hits all variants alike.
 Prints medians, speed relative to the first variant, and the eval accuracy
@@ -38,7 +38,7 @@ def parse_variant(text: str) -> list[str]:
 def variant_config(name: str, overrides, variant, steps: int):
   """The config of one block: `name` + overrides + variant, timed like a
   real run, with nothing but training in the block."""
-  import configs  # pylint: disable=g-import-not-at-top
+  from dist_keras import configs  # pylint: disable=g-import-not-at-top
   c = configs.load(name, [*overrides, *variant])
   c.train.steps = steps
   c.train.checkpoint_every = steps
@@ -49,8 +49,11 @@ def variant_config(name: str, overrides, variant, steps: int):
 
 
 def run_block(c, strategy, loop) -> dict:
+  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  del loop  # The run goes through the public path, like a user's.
   with tempfile.TemporaryDirectory() as workdir:
-    summary = loop.train(c, workdir, strategy)
+    summary = api.fit(c.model.name, c.data.name, workdir=workdir, config=c,
+                      strategy=strategy).summary
   return {k: summary[k] for k in ("examples_per_sec", "eval_accuracy",
                                   "train_loss", "sync_fraction")}
 

@@ -55,8 +55,8 @@ def measure_one(name: str, steps: int, overrides=()) -> dict:
   sys.path.insert(0, REPO)
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
-    from dist_keras import loop, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  import configs  # pylint: disable=g-import-not-at-top
+    from dist_keras import api, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from dist_keras import configs  # pylint: disable=g-import-not-at-top
   c = configs.load(name, overrides)
   c.train.steps, c.train.log_every = steps, max(1, steps // 6)
   c.eval.every, c.eval.steps = 0, 1
@@ -67,7 +67,9 @@ def measure_one(name: str, steps: int, overrides=()) -> dict:
     c.train.global_batch_size = RESNET_BATCH
   strategy = strategy_lib.get_strategy(c.runtime)
   with tempfile.TemporaryDirectory() as tmp, _mock_tfds(c, tmp):
-    summary = loop.train(c, os.path.join(tmp, "run"), strategy)
+    summary = api.fit(c.model.name, c.data.name,
+                      workdir=os.path.join(tmp, "run"), config=c,
+                      strategy=strategy).summary
   out = {k: summary[k] for k in ("input_wait_ms", "step_ms",
                                  "examples_per_sec")}
   out["wall_step_ms"] = 1e3 * c.train.global_batch_size / out[
@@ -91,7 +93,7 @@ def main():
   print(f"{'config':24} {'input wait ms':>14} {'step ms':>9} {'share':>7} "
         f"{'wall ms':>9} {'share':>7}")
   sys.path.insert(0, REPO)
-  import configs  # pylint: disable=g-import-not-at-top
+  from dist_keras import configs  # pylint: disable=g-import-not-at-top
   for name in (args.configs.split(",") if args.configs else configs.names()):
     steps = min(args.steps, 8) if "resnet" in name else args.steps
     result = subprocess.run(

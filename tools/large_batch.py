@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
-import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from dist_keras import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from dist_keras import quiet  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 with quiet.startup_lines_filtered():

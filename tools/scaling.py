@@ -82,7 +82,7 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
-import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from dist_keras import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 PROG = "scaling"
 EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2

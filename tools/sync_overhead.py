@@ -38,7 +38,7 @@ def in_process(config_path: str, blocks: int, block_steps: int = 25):
   import importlib.util  # pylint: disable=g-import-not-at-top
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
-    from dist_keras import data, loop, step as step_lib, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+    from dist_keras import api, step as step_lib, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location("cfg", os.path.join(
       REPO, config_path))
   module = importlib.util.module_from_spec(spec)
@@ -47,13 +47,12 @@ def in_process(config_path: str, blocks: int, block_steps: int = 25):
   c.log.progress = False
   strategy = strategy_lib.get_strategy(c.runtime)
   with tempfile.TemporaryDirectory() as workdir:
-    trainer = loop.Trainer(c, workdir, strategy)
-  gb = c.train.global_batch_size
-  it = iter(data.distribute(strategy, c.data, "train", gb, c.runtime.seed,
-                            spec=trainer.spec))
+    with api.build(c.model.name, c.data.name, workdir=workdir, config=c,
+                   strategy=strategy) as trainer:
+      pass
+  it = iter(trainer.train_ds)
   steps = {timed: step_lib.make_train_step(strategy, trainer.model,
-                                       trainer.optimizer, gb,
-                                       c.train.global_clipnorm, timed=timed)
+                                           trainer.optimizer, timed=timed)
            for timed in (False, True)}
   ms = {False: [], True: []}
   for block in range(blocks + 1):

@@ -1,7 +1,8 @@
 """Dataset registry and the per-replica input pipeline.
 
 Builders return unbatched examples of one split, already sharded by input
-pipeline; this module batches them per replica and hands them to the strategy.
+pipeline; `dataset_fn` batches them per replica, as a user's `dataset_fn`
+would, and the loop distributes them the same way as a user's.
 data.name=synthetic is the exception: one constant random batch per pipeline,
 shaped like the config's real data (constant_batch, declared_spec).
 """
@@ -138,8 +139,9 @@ def _check(data_cfg):
     return tfds_sources.check(data_cfg)
   if data_cfg.name not in _BUILDERS:
     raise UserError(f"data.name={data_cfg.name!r} is not one of "
-                    f"{', '.join(sorted([*_BUILDERS, SYNTHETIC]))}, or "
-                    "tfds:NAME; pick one of those.")
+                    f"{', '.join(sorted([*_BUILDERS, SYNTHETIC]))}, "
+                    "tfds:NAME, or PKG.MODULE:FN naming your own dataset_fn;"
+                    " pick one of those.")
   generated.check(data_cfg, data_cfg.name)
 
 
@@ -162,38 +164,35 @@ def num_examples(data_cfg, split: str) -> int:
   return generated.num_examples(data_cfg, split)
 
 
-def dataset_fn(data_cfg, split: str, global_batch_size: int, seed: int,
-               steps: int = 0, start_step: int = 0, spec=None):
-  """The `(InputContext) -> tf.data.Dataset` for one split.
+def dataset_fn(config, spec=None, with_ids: bool = False):
+  """The built-in `dataset_fn(split, input_context)` of `config.data.name`.
 
-  Train: shuffled with `seed`, repeated, per-replica batches with static
-  shapes, starting `start_step` global batches in: the stream is a pure
-  function of the seed, so a resumed run reads exactly the batches the
-  interrupted one would have (the built-in generated data is cached first).
-  Eval (exact): one pass in order of (features, label, id, weight) batches.
-  Every pipeline is padded with weight-0 examples to the same number of
-  full batches, so each example of the split is counted exactly once with
-  any number of replicas and workers, the last partial batch included, and
-  every replica runs the same number of steps (as collectives require). At
-  most `steps` global batches when `steps` > 0.
+  Like a user's, it returns that pipeline's per-replica batches of
+  (features, label). Train: shuffled with runtime.seed, repeated, batches
+  of exactly global / replicas examples (static shapes). Every example is a
+  pure function of the seed, so the stream is the same on every run and the
+  loop can resume it by skipping the steps already trained. Eval: one pass
+  in order, sharded by input pipeline, the last batch partial: with any
+  number of replicas and workers each example is evaluated exactly once
+  (TensorFlow hands replicas that run out of data empty batches).
   data.name=synthetic needs the model's InputSpec `spec` (input_spec): its
   train stream is one constant batch (constant_batch) and its eval split
-  data.eval_size examples of it, through the same exact-eval path.
+  data.eval_size examples of it. `with_ids` (tests) adds each eval
+  example's index in the split as a third element.
   """
+  data_cfg, seed = config.data, config.runtime.seed
+  global_batch_size = config.train.global_batch_size
   _check(data_cfg)
   synthetic_batches = data_cfg.name == SYNTHETIC
   if synthetic_batches and spec is None:
     raise ValueError("data.name=synthetic: pass the model's InputSpec "
                      "(spec=input_spec(data_cfg, models.inputs(model_cfg))).")
   build = None if synthetic_batches else _BUILDERS[data_cfg.name]
-  size = num_examples(data_cfg, split) if split != "train" else 0
+  eval_size = num_examples(data_cfg, "eval")
 
-  def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+  def make(split: str, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     batch = ctx.get_per_replica_batch_size(global_batch_size)
-    # Each pipeline feeds num_replicas_in_sync / num_input_pipelines replicas.
-    per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
     if split == "train" and synthetic_batches:
-      # Constant: the stream from any start_step is the same, no skip.
       ds = constant_batch.train(spec, batch, seed, ctx)
     elif split == "train":
       ds = build(data_cfg, split, seed, ctx)
@@ -202,16 +201,13 @@ def dataset_fn(data_cfg, split: str, global_batch_size: int, seed: int,
       ds = ds.shuffle(data_cfg.shuffle_buffer, seed=seed,
                       reshuffle_each_iteration=True).repeat()
       ds = ds.batch(batch, drop_remainder=True)
-      ds = ds.skip(start_step * per_pipeline)
     else:
-      ds = (constant_batch.eval_examples(spec, size, batch, seed, ctx)
+      ds = (constant_batch.eval_examples(spec, eval_size, batch, seed, ctx)
             if synthetic_batches else
             build(data_cfg, split, seed, ctx, with_ids=True))
-      ds = _padded_eval(ds, size, ctx.num_input_pipelines,
-                        batch * per_pipeline)
-      ds = ds.batch(batch, drop_remainder=True)
-      if steps > 0:
-        ds = ds.take(steps * per_pipeline)
+      if not with_ids:
+        ds = ds.map(lambda x, y, i: (x, y))
+      ds = ds.batch(batch)
     return _with_options(ds, data_cfg)
 
   return make
@@ -235,42 +231,3 @@ def _with_options(ds, data_cfg):
 # Generated on the fly and small: cached after the first epoch. TFDS sources
 # cache their records themselves where they are small (try_autocache).
 _CACHED = ("longmem", "shapes")
-
-
-def _padded_eval(ds, size: int, num_pipelines: int, group: int):
-  """(features, label, id) -> (features, label, id, weight) padded with
-  weight-0 examples to ceil(ceil(size / P) / group) * group examples.
-
-  Pipelines hold equal (+-1) shards of the split, so none holds more than
-  ceil(size / P): that many, rounded up to whole global batches, fits all.
-  """
-  per_pipeline = -(-size // num_pipelines)
-  total = -(-per_pipeline // group) * group
-  ds = ds.map(lambda x, y, i: (x, y, i, tf.constant(1.0)))
-  padding = tf.nest.map_structure(
-      lambda spec: tf.zeros(spec.shape, spec.dtype), ds.element_spec)
-  padding = (*padding[:2], tf.constant(-1, padding[2].dtype),
-             tf.constant(0.0))
-  return ds.concatenate(
-      tf.data.Dataset.from_tensors(padding).repeat()).take(total)
-
-
-def distribute(strategy, data_cfg, split, global_batch_size, seed, steps=0,
-               start_step=0, spec=None):
-  """A distributed dataset of `split` for `strategy`'s replicas (`spec`: see
-  dataset_fn)."""
-  per_replica_batch_size(global_batch_size, strategy.num_replicas_in_sync)
-  fn = dataset_fn(data_cfg, split, global_batch_size, seed, steps, start_step,
-                  spec)
-  options = None
-  if data_cfg.pipeline_per_replica:
-    # Batches stay on the host, where each replica's pipeline runs (TF
-    # 2.21 would also prefetch them to the devices; only the batches'
-    # contents matter for the equivalence this mode exists for).
-    options = tf.distribute.InputOptions(
-        experimental_replication_mode=(
-            tf.distribute.InputReplicationMode.PER_REPLICA),
-        experimental_fetch_to_device=False)
-  # distribute_datasets_from_function never auto-shards: `fn` shards by
-  # input_pipeline_id at the source, so every worker reads its own examples.
-  return strategy.distribute_datasets_from_function(fn, options)

@@ -1,19 +1,39 @@
-"""Model registry: `build(model_cfg, input_spec) -> keras.Model`.
+"""Built-in models, each a `model_fn` like a user's: build, then compile.
 
-Builders create layers only: no strategy, no compile, no globals. The caller
-builds them inside `strategy.scope()` so every variable is mirrored.
+`model_fn(config, input_spec)` returns the `model_fn()` of
+`config.model.name`: it builds the layers (`build(model_cfg, input_spec)`:
+no strategy, no compile, no globals) and compiles them as a user would —
+the optimizer train.optimizer names at train.learning_rate, clipping the
+global gradient norm at train.global_clipnorm, sparse cross-entropy from
+logits and accuracy. The training loop sees nothing else: the built-ins
+reach it through the same contract as users' models.
 """
 import keras
 
-from dist_keras.errors import check_choice
+from dist_keras.errors import UserError, check_choice
 from dist_keras.models import cnn, language, resnet, sequence
 
 _MODULES = {"sequence_classifier": sequence, "cnn": cnn, "char_lm": language,
             "resnet50": resnet}
+NAMES = tuple(sorted(_MODULES))
+
+OPTIMIZERS = {
+    "sgd": keras.optimizers.SGD,
+    "adam": keras.optimizers.Adam,
+    "adamw": keras.optimizers.AdamW,
+    "rmsprop": keras.optimizers.RMSprop,
+}
+
+# The optimizers train.momentum applies to (Adam-style optimizers have their
+# own first-moment decay, beta_1, instead).
+MOMENTUM_OPTIMIZERS = ("sgd", "rmsprop")
 
 
 def _module(model_cfg):
-  check_choice("model.name", model_cfg.name, sorted(_MODULES))
+  if model_cfg.name not in _MODULES:
+    raise UserError(f"model.name={model_cfg.name!r} is not one of "
+                    f"{', '.join(NAMES)}, or PKG.MODULE:FN naming your own "
+                    "model_fn; pick one of those.")
   return _MODULES[model_cfg.name]
 
 
@@ -32,3 +52,56 @@ def build(model_cfg, input_spec) -> keras.Model:
   """Builds the model `model_cfg.name` for inputs described by `input_spec`."""
   check(model_cfg, input_spec)
   return _MODULES[model_cfg.name].build(model_cfg, input_spec)
+
+
+def check_optimizer(train_cfg) -> None:
+  """Raises UserError for an unknown optimizer, a non-positive rate, a
+  momentum it cannot use or a negative clipping norm."""
+  check_choice("train.optimizer", train_cfg.optimizer, OPTIMIZERS)
+  if not train_cfg.learning_rate > 0:
+    raise UserError(f"train.learning_rate={train_cfg.learning_rate} must be "
+                    "> 0.")
+  if not 0.0 <= train_cfg.momentum < 1.0:
+    raise UserError(f"train.momentum={train_cfg.momentum} must be in [0, 1) "
+                    "(0.9 is the usual SGD momentum).")
+  if train_cfg.momentum and train_cfg.optimizer not in MOMENTUM_OPTIMIZERS:
+    raise UserError(f"train.momentum={train_cfg.momentum} does nothing with "
+                    f"train.optimizer={train_cfg.optimizer!r} (its beta_1 "
+                    "plays that part); use it with "
+                    f"{' or '.join(MOMENTUM_OPTIMIZERS)}, or set momentum=0.")
+  if train_cfg.global_clipnorm < 0:
+    raise UserError(f"train.global_clipnorm={train_cfg.global_clipnorm} must "
+                    "be >= 0 (0: no clipping).")
+
+
+def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
+  """The optimizer `train_cfg.optimizer` names, at `train_cfg.learning_rate`.
+
+  Its global-norm clipping sees the all-reduced gradient: dist_keras reduces
+  gradients before `apply_gradients` (sync.py), where Keras would clip each
+  replica's own. The batch-size rule (train.lr_scaling) is applied later,
+  to this optimizer as to a user's (dist_keras.lr).
+  """
+  check_optimizer(train_cfg)
+  kwargs = {"learning_rate": train_cfg.learning_rate,
+            "global_clipnorm": train_cfg.global_clipnorm or None}
+  if train_cfg.optimizer in MOMENTUM_OPTIMIZERS:
+    kwargs["momentum"] = train_cfg.momentum
+  return OPTIMIZERS[train_cfg.optimizer](**kwargs)
+
+
+def model_fn(config, input_spec):
+  """The `model_fn()` of built-in model `config.model.name`: the model,
+  compiled with the config's optimizer, for inputs `input_spec`."""
+  check(config.model, input_spec)
+  check_optimizer(config.train)
+
+  def build_and_compile() -> keras.Model:
+    model = build(config.model, input_spec)
+    model.compile(
+        optimizer=make_optimizer(config.train),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"])
+    return model
+
+  return build_and_compile

@@ -13,8 +13,7 @@ CELLS = {
 }
 
 
-@keras.saving.register_keras_serializable(package="dist_keras")
-class ChronoBias(keras.initializers.Initializer):
+def chrono_bias(cell: str, units: int, shape, max_timescale: int):
   """Chrono initialisation of gate biases (Tallec & Ollivier, ICLR 2018).
 
   The forget gate's bias is log(U(1, max_timescale - 1)) per unit, so units
@@ -24,34 +23,33 @@ class ChronoBias(keras.initializers.Initializer):
   50-token first-token task; with this it learns it in ~50 (DESIGN.md).
 
   Bias layouts: LSTM [i, f, c, o]; GRU [z, r, h] per row, where z plays the
-  forget gate (h = z * h_prev + (1 - z) * candidate in Keras).
+  forget gate (h = z * h_prev + (1 - z) * candidate in Keras). Draws from
+  NumPy's global RNG, which keras.utils.set_random_seed seeds.
   """
+  rng = np.random.default_rng(np.random.randint(2**31))
+  timescales = rng.uniform(1.0, max(max_timescale - 1, 1.0), units)
+  keep = np.log(timescales).astype("float32")
+  bias = np.zeros(shape, dtype="float32")
+  if cell == "lstm":
+    bias[units:2 * units] = keep  # forget gate
+    bias[:units] = -keep  # input gate
+  elif len(shape) == 2:  # gru, reset_after: rows (input, recurrent) bias.
+    bias[0, :units] = keep  # update gate z (the two rows are summed)
+  else:
+    bias[:units] = keep
+  return bias
 
-  def __init__(self, cell: str, units: int, max_timescale: int, seed=None):
-    self.cell, self.units = cell, units
-    self.max_timescale, self.seed = max_timescale, seed
 
-  def __call__(self, shape, dtype=None):
-    # Without a seed, draw from NumPy's global RNG, which
-    # keras.utils.set_random_seed seeds, so runs stay reproducible.
-    seed = self.seed if self.seed is not None else np.random.randint(2**31)
-    rng = np.random.default_rng(seed)
-    timescales = rng.uniform(1.0, max(self.max_timescale - 1, 1.0), self.units)
-    keep = np.log(timescales).astype("float32")
-    bias = np.zeros(shape, dtype="float32")
-    u = self.units
-    if self.cell == "lstm":
-      bias[u:2 * u] = keep  # forget gate
-      bias[:u] = -keep  # input gate
-    elif len(shape) == 2:  # gru, reset_after: rows (input, recurrent) bias.
-      bias[0, :u] = keep  # update gate z (the two rows are summed)
-    else:
-      bias[:u] = keep
-    return keras.ops.convert_to_tensor(bias, dtype=dtype)
+def set_chrono_bias(layer, seq_len: int) -> None:
+  """Writes chrono_bias into a built LSTM/GRU layer's gate biases.
 
-  def get_config(self):
-    return {"cell": self.cell, "units": self.units,
-            "max_timescale": self.max_timescale, "seed": self.seed}
+  Assigned after building rather than passed as a custom initializer, so
+  the saved model.keras names only Keras' own classes and loads with
+  `keras.models.load_model` alone.
+  """
+  bias = layer.cell.bias
+  cell = "lstm" if isinstance(layer, keras.layers.LSTM) else "gru"
+  bias.assign(chrono_bias(cell, layer.cell.units, tuple(bias.shape), seq_len))
 
 
 def check(model_cfg, input_spec) -> None:
@@ -90,22 +88,21 @@ def token_stack(model_cfg, input_spec, last_sequences: bool):
                              name="embedding")(inputs)
   for i in range(model_cfg.num_layers):
     last = i == model_cfg.num_layers - 1
-    x = recurrent(model_cfg, seq_len,
-                  return_sequences=last_sequences or not last,
-                  name=f"{model_cfg.cell}_{i}")(x)
+    layer = recurrent(model_cfg, return_sequences=last_sequences or not last,
+                      name=f"{model_cfg.cell}_{i}")
+    x = layer(x)
+    if model_cfg.chrono_init and model_cfg.cell != "simple_rnn":
+      set_chrono_bias(layer, seq_len)
   return inputs, x
 
 
-def recurrent(model_cfg, seq_len: int, return_sequences: bool, name: str):
-  """One `model_cfg.cell` layer, initialised for sequences of `seq_len`."""
+def recurrent(model_cfg, return_sequences: bool, name: str):
+  """One `model_cfg.cell` layer (its chrono biases are set once built)."""
   kwargs = {"return_sequences": return_sequences, "name": name}
   if model_cfg.cell == "simple_rnn":
     # No gates to initialise; an orthogonal recurrent kernel is what lets a
     # vanilla RNN carry a signal at all (its default too, stated for clarity).
     kwargs["recurrent_initializer"] = "orthogonal"
-  elif model_cfg.chrono_init:
-    kwargs["bias_initializer"] = ChronoBias(model_cfg.cell, model_cfg.units,
-                                            seq_len)
-    if model_cfg.cell == "lstm":
-      kwargs["unit_forget_bias"] = False  # The chrono bias replaces it.
+  elif model_cfg.chrono_init and model_cfg.cell == "lstm":
+    kwargs["unit_forget_bias"] = False  # The chrono bias replaces it.
   return CELLS[model_cfg.cell](model_cfg.units, **kwargs)

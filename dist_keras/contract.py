@@ -1,0 +1,193 @@
+"""The user contract, checked where it is crossed.
+
+  model_fn() -> a Keras 3 model compiled by its author (optimizer, loss,
+      metrics); dist_keras calls it inside `strategy.scope()`.
+  dataset_fn(split, input_context) -> that input pipeline's tf.data.Dataset
+      of per-replica batches (x, y) or (x, y, sample_weight); split is
+      "train" (repeated; batches of exactly global / replicas examples) or
+      "eval" (finite; the last batch may be partial).
+
+The built-in models and datasets are such pairs too (models.model_fn,
+data.dataset_fn). Every check here raises UserError with one line naming
+the bad value and the fix, before anything is written to the workdir.
+"""
+import inspect
+
+import keras
+import tensorflow as tf
+
+from dist_keras.errors import UserError
+
+SPLITS = ("train", "eval")
+PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16",
+              "float16": "mixed_float16"}
+
+
+def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
+  """`model_fn()` inside `strategy.scope()`, under train.precision.
+
+  A 16-bit train.precision is Keras' mixed-precision policy while model_fn
+  builds (16-bit compute, float32 variables; compile wraps the optimizer in
+  a LossScaleOptimizer for float16). float32, the default, leaves Keras'
+  global policy as the user set it.
+  """
+  previous = keras.config.dtype_policy()
+  if precision != "float32":
+    keras.config.set_dtype_policy(PRECISIONS[precision])
+  try:
+    with strategy.scope():
+      model = model_fn()
+  finally:
+    keras.config.set_dtype_policy(previous)
+  if not isinstance(model, keras.Model):
+    raise UserError(f"model_fn returned a {type(model).__name__}, not a "
+                    "keras.Model; return the compiled model it builds.")
+  if not model.compiled or model.optimizer is None:
+    raise UserError(
+        f"model_fn returned model {model.name!r} uncompiled; call "
+        "model.compile(optimizer=..., loss=..., metrics=[...]) inside "
+        "model_fn, as for Keras' fit.")
+  return model
+
+
+def build_state(model, strategy, batch_spec) -> None:
+  """Creates the model's variables and its compiled loss's and metrics'
+  state, in scope, from a zero batch shaped like `batch_spec`.
+
+  Keras creates metric variables on their first update; inside a replica
+  function that is not allowed, so they are made here (as Keras' own fit
+  does symbolically), and so are a subclassed model's weights. It also
+  checks that the model, its loss and metrics accept the dataset's batches.
+  """
+  x, y, weights = keras.utils.unpack_x_y_sample_weight(_zeros(batch_spec))
+  if y is None and getattr(model, "loss", None) is not None:
+    raise UserError(
+        "dataset_fn('train', ...) yields batches without labels, but the "
+        f"compiled loss {_loss_name(model)} needs them; yield (x, y) or "
+        "(x, y, sample_weight) batches.")
+  with strategy.scope():
+    try:
+      y_pred = model(x, training=False)
+      compute_loss(model, x, y, y_pred, weights, training=False)
+      model.compute_metrics(x, y, y_pred, weights)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+      raise UserError(
+          f"the model or its compiled loss/metrics cannot take the batches "
+          f"of dataset_fn('train', ...) ({describe(batch_spec)}): "
+          f"{_first_line(e)}") from e
+  model.reset_metrics()
+  _check_in_scope(model, strategy)
+
+
+def _check_in_scope(model, strategy) -> None:
+  """Refuses variables created outside `strategy.scope()`: they would not
+  be mirrored, so replicas would update different copies (or fail)."""
+  owners = [("model", v) for v in model.variables] + [
+      ("optimizer", v) for v in model.optimizer.variables]
+  outside = [f"{owner} variable {v.path!r}" for owner, v in owners
+             if not strategy.extended.variable_created_in_scope(v.value)]
+  if outside:
+    raise UserError(
+        f"{outside[0]} was created outside the strategy's scope (it is not "
+        "mirrored); create the model, its optimizer and compile() inside "
+        "model_fn, not at import time or before dist_keras calls it.")
+
+
+def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
+  """`model.compute_loss`: the compiled loss plus the model's own losses
+  (regularisers), scaled by Keras for `tf.distribute` so that a SUM
+  all-reduce of the replicas' gradients is the one-device gradient.
+
+  Overrides written before Keras 3.3 take no `training` argument.
+  """
+  if "training" in inspect.signature(model.compute_loss).parameters:
+    return model.compute_loss(x=x, y=y, y_pred=y_pred,
+                              sample_weight=sample_weight, training=training)
+  return model.compute_loss(x=x, y=y, y_pred=y_pred,
+                            sample_weight=sample_weight)
+
+
+def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
+                  eval_steps: int = 0) -> None:
+  """Raises UserError if `ds` breaks the dataset_fn contract for `split`."""
+  where = f"dataset_fn({split!r}, ...)"
+  if not isinstance(ds, tf.data.Dataset):
+    raise UserError(f"{where} returned a {type(ds).__name__}, not a "
+                    "tf.data.Dataset.")
+  spec = ds.element_spec
+  if isinstance(spec, tuple) and not 1 <= len(spec) <= 3:
+    raise UserError(f"{where} yields tuples of {len(spec)} ({describe(spec)});"
+                    " yield (x, y) or (x, y, sample_weight) batches.")
+  cardinality = int(ds.cardinality())
+  if split == "train":
+    _check_batch_size(where, spec, global_batch_size, replicas)
+    if cardinality >= 0:
+      raise UserError(f"{where} ends after {cardinality} batches; repeat it "
+                      "(ds.repeat()) so training runs train.steps steps.")
+  elif cardinality == tf.data.INFINITE_CARDINALITY and not eval_steps:
+    raise UserError(f"{where} never ends; make the eval split finite (no "
+                    "repeat()), or set eval.steps to evaluate that many "
+                    "batches.")
+
+
+def _check_batch_size(where: str, spec, global_batch_size: int,
+                      replicas: int) -> None:
+  """Every replica must get global / replicas examples, in static shapes
+  (XLA and TPUs need them; Keras' loss scaling by 1 / replicas assumes
+  equal shares)."""
+  wanted = global_batch_size // replicas
+  sizes = {s.shape[0] if s.shape.rank else None
+           for s in tf.nest.flatten(spec)}
+  if None in sizes:
+    raise UserError(
+        f"{where} yields batches of unknown size ({describe(spec)}); batch "
+        f"with drop_remainder=True so every replica gets exactly {wanted} "
+        "examples.")
+  if sizes != {wanted}:
+    got = min(sizes)
+    raise UserError(
+        f"{where} yields per-replica batches of {got} examples, but "
+        f"train.global_batch_size={global_batch_size} over {replicas} "
+        f"replica(s) needs {wanted}; batch with input_context."
+        f"get_per_replica_batch_size({global_batch_size}), or set "
+        f"train.global_batch_size={got * replicas}.")
+
+
+def describe(spec) -> str:
+  """'x float32[32,50], y int32[32]' for an element spec."""
+  parts = spec if isinstance(spec, tuple) else (spec,)
+  names = ("x", "y", "sample_weight") if len(parts) <= 3 else [
+      f"[{i}]" for i in range(len(parts))]
+  text = []
+  for name, part in zip(names, parts):
+    flat = tf.nest.flatten(part)
+    shapes = ", ".join(
+        f"{s.dtype.name}{list(s.shape)}".replace(" ", "").replace("None", "?")
+        for s in flat)
+    text.append(f"{name} {shapes}" if len(flat) == 1 else f"{name} ({shapes})")
+  return ", ".join(text)
+
+
+def _zeros(spec):
+  """A batch of one example shaped like `spec` (unknown sizes: 1)."""
+
+  def zero(s):
+    shape = [1] + [d if d is not None else 1 for d in s.shape[1:]]
+    if isinstance(s, tf.RaggedTensorSpec):
+      return tf.RaggedTensor.from_tensor(tf.zeros(shape, s.dtype))
+    if s.dtype == tf.string:
+      return tf.fill(shape, "")
+    return tf.zeros(shape, s.dtype)
+
+  return tf.nest.map_structure(zero, spec)
+
+
+def _loss_name(model) -> str:
+  loss = model.loss
+  return repr(loss) if isinstance(loss, str) else type(loss).__name__
+
+
+def _first_line(error: Exception) -> str:
+  text = str(error).strip()
+  return " ".join(text.splitlines()[0].split())[:300] if text else (
+      type(error).__name__)

@@ -1,0 +1,85 @@
+"""What trains: config.model.name and config.data.name -> the model_fn and
+dataset_fn of the contract (contract.py).
+
+A built-in name (models.NAMES; longmem, shapes, synthetic, tfds:NAME) picks
+a built-in pair, which reads its settings from the config. `PKG.MODULE:FN`
+names a user's own function (imports.py). Either side may be the user's:
+a built-in model on a user's data reads the data's shape from the config
+(data.seq_len, vocab_size, num_classes; data.image_size, channels).
+"""
+from dist_keras import data as data_lib
+from dist_keras import imports, models
+from dist_keras.configs import base
+from dist_keras.errors import UserError
+
+# Keys only the built-in models read (and their compiled optimizer).
+MODEL_KEYS = tuple(f"model.{k}" for k in base.get_config().model
+                   if k != "name") + (
+                       "train.optimizer", "train.learning_rate",
+                       "train.momentum", "train.global_clipnorm")
+# Keys only the built-in datasets read.
+DATA_KEYS = tuple(f"data.{k}" for k in base.get_config().data
+                  if k not in ("name", "pipeline_per_replica"))
+# The data's shape: a built-in model reads these whatever the data.
+SHAPE_KEYS = tuple(f"data.{k}" for k in ("seq_len", "vocab_size",
+                                         "num_classes", "image_size",
+                                         "channels"))
+
+
+def is_builtin(name: str) -> bool:
+  return not imports.is_import_path(name)
+
+
+def resolve(config, model_fn=None, dataset_fn=None):
+  """(model_fn, dataset_fn): the functions given, else the ones
+  config.model.name and config.data.name name.
+
+  Raises:
+    UserError: a name that is neither built in nor importable, a built-in
+      that cannot take the config, or a setting that only a built-in reads
+      while that side is the user's own (it would be ignored silently).
+  """
+  user_model = model_fn is not None or not is_builtin(config.model.name)
+  user_data = dataset_fn is not None or not is_builtin(config.data.name)
+  _refuse_unread_keys(config, user_model, user_data)
+  if user_data:
+    dataset_fn = dataset_fn or imports.load("data.name", config.data.name)
+  if user_model:
+    model_fn = model_fn or imports.load("model.name", config.model.name)
+  spec = None if user_model else _input_spec(config, user_data)
+  if not user_model:
+    model_fn = models.model_fn(config, spec)
+  if not user_data:
+    if config.data.name == data_lib.SYNTHETIC and user_model:
+      raise UserError(
+          "data.name='synthetic' builds batches for a built-in model's "
+          "inputs; with your own model, give it a dataset_fn of constant "
+          "batches (tf.data.Dataset.from_tensors(batch).repeat()).")
+    dataset_fn = data_lib.dataset_fn(config, spec)
+  return model_fn, dataset_fn
+
+
+def _input_spec(config, user_data: bool):
+  """The built-in model's InputSpec: the built-in data's own, or the shape
+  the config declares for the user's data."""
+  inputs = models.inputs(config.model)
+  if user_data:
+    return data_lib.declared_spec(config.data, inputs)
+  return data_lib.input_spec(config.data, inputs)
+
+
+def _refuse_unread_keys(config, user_model: bool, user_data: bool) -> None:
+  defaults = base.get_config()
+  unread = (MODEL_KEYS if user_model else ()) + tuple(
+      k for k in (DATA_KEYS if user_data else ())
+      if user_model or k not in SHAPE_KEYS)
+  for key in unread:
+    section, field = key.split(".")
+    value, default = config[section][field], defaults[section][field]
+    if value != default:
+      side, what = (("model", "model") if key in MODEL_KEYS else
+                    ("data", "dataset"))
+      raise UserError(
+          f"{key}={value!r} is a setting of the built-in {what}s, but "
+          f"{side}.name={config[side].name!r} is your own: set it in your "
+          f"{what}_fn, or leave {key} at its default ({default!r}).")

@@ -1,0 +1,93 @@
+"""Wall-clock timing of the train loop: log windows, throughput, jitter.
+
+Timing hygiene (as big_vision's chrono and nanoGPT do): the first window,
+which includes tracing and compilation, is left out of throughput; the
+clock is read only after the step's results reached the host (the loop
+reads the loss first); checkpoints and eval are paused out of the window.
+"""
+import dataclasses
+import time
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Throughput:
+  """Wall-clock step timing that leaves out the first (tracing) interval."""
+  examples_per_step: int
+  seconds: float = 0.0
+  steps: int = 0
+  warmup_done: bool = False
+  # Wall ms per step of each counted interval (log window), for the jitter.
+  window_ms: list = dataclasses.field(default_factory=list)
+
+  def add(self, steps: int, seconds: float) -> bool:
+    """Counts an interval; returns False for the warm-up one (not counted)."""
+    if not self.warmup_done:
+      self.warmup_done = True
+      return False
+    self.seconds += seconds
+    self.steps += steps
+    self.window_ms.append(1e3 * seconds / steps)
+    return True
+
+  @property
+  def step_seconds(self) -> float | None:
+    return self.seconds / self.steps if self.steps else None
+
+  @property
+  def examples_per_sec(self) -> float | None:
+    return self.examples_per_step / self.step_seconds if self.steps else None
+
+
+def step_time_stats(window_ms) -> dict:
+  """Median and 90th percentile of the log windows' wall ms per step, and
+  their jitter: std / mean in % (None below 2 windows; all None for none)."""
+  if not len(window_ms):
+    return {"step_ms_median": None, "step_ms_p90": None,
+            "step_ms_jitter": None}
+  ms = np.asarray(window_ms, np.float64)
+  return {"step_ms_median": float(np.median(ms)),
+          "step_ms_p90": float(np.percentile(ms, 90)),
+          "step_ms_jitter": (float(100 * ms.std() / ms.mean())
+                             if len(ms) > 1 else None)}
+
+
+def throughput_line(examples_per_sec: float, stats: dict) -> str:
+  """'throughput 1,234 ex/s (step 12.3 ms median, p90 13.0 ms, jitter 2.1%)'."""
+  jitter = stats["step_ms_jitter"]
+  return (f"throughput {examples_per_sec:,.0f} ex/s (step "
+          f"{stats['step_ms_median']:.1f} ms median, p90 "
+          f"{stats['step_ms_p90']:.1f} ms, jitter "
+          + (f"{jitter:.1f}%)" if jitter is not None else "n/a: one window)"))
+
+
+def eta(seconds: float | None) -> str:
+  if seconds is None:
+    return "--:--"
+  minutes, secs = divmod(int(seconds), 60)
+  return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+class Window:
+  """Sums over the steps since the last log line, and their wall time."""
+
+  def __init__(self):
+    self.loss_sum, self.steps = 0.0, 0
+    self.breakdown = None  # sync.breakdown of the window's timed step.
+    self._seconds = 0.0
+    self._start = time.perf_counter()
+
+  def pause(self):
+    self._seconds += time.perf_counter() - self._start
+
+  def resume(self):
+    self._start = time.perf_counter()
+
+  def add(self, loss, steps: int = 1):
+    """Adds the loss SUMMED over `steps` steps."""
+    self.loss_sum += float(loss)
+    self.steps += steps
+
+  def elapsed(self) -> float:
+    return self._seconds + time.perf_counter() - self._start

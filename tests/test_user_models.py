@@ -1,0 +1,268 @@
+"""Users' own compiled Keras models and tf.data input (tests/user_task.py),
+through `dist_keras.fit` and the command line's import paths."""
+import json
+import os
+import re
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dist_keras
+import helpers
+import user_task
+from dist_keras import configs
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
+          "train.steps": 12, "train.log_every": 4, "train.checkpoint_every": 4,
+          "eval.every": 6, "log.calibration_steps": 0,
+          "log.peak_tflops": 1.0, "log.progress": False}
+SYNC_TAGS = {"sync/input_wait_ms", "sync/compute_ms", "sync/allreduce_ms",
+             "sync/straggler_ms", "sync/fraction"}
+TASKS = {  # model_fn, dataset_fn, its compiled metrics
+    "regression": ("model_fn", "dataset_fn", ["mae"]),
+    "binary": ("binary_model_fn", "binary_dataset_fn", ["accuracy", "auc"]),
+    "onehot": ("onehot_model_fn", "onehot_dataset_fn", ["accuracy"]),
+}
+
+
+def _fns(task):
+  model_name, data_name, _ = TASKS[task]
+  return getattr(user_task, model_name), getattr(user_task, data_name)
+
+
+def _check_outputs(workdir, summary, metrics):
+  """summary.json and TensorBoard carry every compiled metric, the loss and
+  the sync breakdown."""
+  on_disk = json.loads((workdir / "summary.json").read_text())
+  assert on_disk == json.loads(json.dumps(summary))
+  for name in ["loss", *metrics]:
+    assert np.isfinite(summary[f"train_{name}"]), name
+    assert np.isfinite(summary[f"eval_{name}"]), name
+  assert summary["eval_examples"] == user_task.SIZES["eval"]
+  tags = set(helpers.scalar_tags(str(workdir)))
+  expected = {"loss", *metrics, *(f"eval/{m}" for m in ["loss", *metrics])}
+  assert expected | SYNC_TAGS <= tags, (expected | SYNC_TAGS) - tags
+  assert os.path.exists(workdir / "model.keras")
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_a_users_model_trains_through_the_python_api(tmp_path, mirrored,
+                                                     task):
+  model_fn, dataset_fn = _fns(task)
+  result = dist_keras.fit(model_fn, dataset_fn, workdir=str(tmp_path),
+                          config=CONFIG, strategy=mirrored)
+  assert result.summary["steps"] == 12 and result.summary["replicas"] == 2
+  _check_outputs(tmp_path, result.summary, TASKS[task][2])
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["model"]["name"] == f"user_task:{TASKS[task][0]}"
+
+
+def test_eval_is_what_keras_computes_on_the_whole_split(tmp_path, mirrored):
+  """The loss (with sample weights and the L2 terms) and the metric over
+  the 123 eval examples, aggregated over the replicas' partial batches,
+  equal Keras' own loss and metric on the whole split at once. (Keras
+  weights `metrics` by nothing; only `weighted_metrics` take the weights.)"""
+  result = dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                          workdir=str(tmp_path), config=CONFIG,
+                          strategy=mirrored)
+  x, y, weights = user_task._examples("eval")  # pylint: disable=protected-access
+  prediction = result.model(x)
+  loss = result.model.compute_loss(y=y, y_pred=prediction,
+                                   sample_weight=weights)
+  mae = keras.metrics.MeanAbsoluteError()
+  mae.update_state(y, prediction)
+  assert result.summary["eval_loss"] == pytest.approx(float(loss), rel=1e-5)
+  assert result.summary["eval_mae"] == pytest.approx(float(mae.result()),
+                                                     rel=1e-5)
+
+
+@pytest.mark.parametrize("task", ["regression", "binary"])
+def test_a_users_model_trains_from_the_command_line(tmp_path, task):
+  """Import paths resolve from the current folder, as `python -m` sees it."""
+  model_name, data_name, metrics = TASKS[task]
+  result = helpers.run_module(
+      ["-m", "dist_keras.train", f"--workdir={tmp_path}",
+       f"--config.model.name=user_task:{model_name}",
+       f"--config.data.name=user_task:{data_name}",
+       *[f"--config.{k}={v}" for k, v in CONFIG.items()
+         if k != "log.progress"]], cwd=TESTS)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "done: 12 steps, eval " in result.stdout
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  _check_outputs(tmp_path, summary, metrics)
+
+
+def test_a_model_built_outside_the_scope_is_refused(tmp_path, mirrored):
+  model = user_task.model_fn()  # Built and compiled before fit.
+  with pytest.raises(dist_keras.UserError) as e:
+    dist_keras.fit(lambda: model, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"), config=CONFIG,
+                   strategy=mirrored)
+  assert "was created outside the strategy's scope" in str(e.value)
+  assert not (tmp_path / "run").exists()
+
+
+BAD = [
+    ("uncompiled_model_fn", "dataset_fn",
+     "model_fn returned model 'functional"),
+    ("not_a_model_fn", "dataset_fn",
+     "model_fn returned a str, not a keras.Model"),
+    ("model_fn", "unbatched_dataset_fn",
+     "yields batches of unknown size (x float32[6], y float32[1]"),
+    ("model_fn", "wrong_batch_dataset_fn",
+     "yields per-replica batches of 48 examples, but "
+     "train.global_batch_size=48 over 2 replica(s) needs 24; batch with "
+     "input_context.get_per_replica_batch_size(48), or set "
+     "train.global_batch_size=96."),
+    ("model_fn", "no_labels_dataset_fn",
+     "yields batches without labels, but the compiled loss 'mse' needs"),
+    ("model_fn", "four_tuple_dataset_fn", "yields tuples of 4"),
+    ("model_fn", "finite_train_dataset_fn",
+     "dataset_fn('train', ...) ends after 3 batches; repeat it"),
+    ("onehot_model_fn", "dataset_fn",
+     "cannot take the batches of dataset_fn('train', ...) (x float32[24,6],"
+     " y float32[24,1], sample_weight float32[24]): Arguments `target` and "
+     "`output` must have the same shape"),
+    ("model_fn", "not_a_dataset_fn",
+     "dataset_fn('train', ...) returned a tuple, not a tf.data.Dataset."),
+]
+
+
+@pytest.mark.parametrize("model_name,data_name,message", BAD)
+def test_bad_user_code_is_one_line_before_anything_is_written(
+    tmp_path, mirrored, capsys, model_name, data_name, message):
+  config = dict(CONFIG, **{"log.progress": True})
+  with pytest.raises(dist_keras.UserError) as e:
+    dist_keras.fit(getattr(user_task, model_name),
+                   getattr(user_task, data_name),
+                   workdir=str(tmp_path / "run"), config=config,
+                   strategy=mirrored)
+  assert message in str(e.value) and "\n" not in str(e.value)
+  assert not (tmp_path / "run").exists()
+  assert capsys.readouterr().out == ""  # Not even the header.
+
+
+@pytest.mark.parametrize("name,message", [
+    ("no_such_module:model_fn", "model.name='no_such_module:model_fn': "
+     "importing no_such_module failed (ModuleNotFoundError: No module named "
+     "'no_such_module'); run from the folder that holds it"),
+    ("user_task:nothing_here", "model.name='user_task:nothing_here': module "
+     "user_task"),
+    ("user_task:NOT_CALLABLE", "model.name='user_task:NOT_CALLABLE' names a "
+     "int, not a function"),
+    ("user task:model_fn", "model.name='user task:model_fn' is not "
+     "PKG.MODULE:FN"),
+    ("broken_user_module:model_fn", "importing broken_user_module failed "
+     "(ZeroDivisionError: division by zero)"),
+])
+def test_bad_import_paths_exit_2_with_one_line(tmp_path, name, message):
+  (tmp_path / "broken_user_module.py").write_text("x = 1 / 0\n")
+  result = helpers.run_module(
+      ["-m", "dist_keras.train", f"--workdir={tmp_path / 'run'}",
+       f"--config.model.name={name}",
+       "--config.data.name=user_task:dataset_fn"],
+      cwd=str(tmp_path), env={"PYTHONPATH": f"{helpers.REPO}:{TESTS}"})
+  assert result.returncode == 2, result.stderr
+  (line,) = result.stderr.strip().splitlines()
+  assert line.startswith("dist_keras: error: ") and message in line, line
+  assert not (tmp_path / "run").exists() and result.stdout == ""
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("train.learning_rate", 0.1, "train.learning_rate=0.1 is a setting of "
+     "the built-in models, but model.name='user_task:model_fn' is your own: "
+     "set it in your model_fn"),
+    ("model.units", 8, "model.units=8 is a setting of the built-in models"),
+    ("data.train_size", 64, "data.train_size=64 is a setting of the built-in "
+     "datasets, but data.name='user_task:dataset_fn' is your own"),
+])
+def test_settings_only_builtins_read_are_refused_for_a_users_side(
+    tmp_path, mirrored, key, value, message):
+  with pytest.raises(dist_keras.UserError, match=re.escape(message)):
+    dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"),
+                   config=dict(CONFIG, **{key: value}), strategy=mirrored)
+
+
+def test_a_builtin_model_trains_on_a_users_data_of_the_declared_shape(
+    tmp_path, mirrored):
+  """The built-in CNN reads the user's images' shape from data.* keys."""
+
+  def images(split, ctx):
+    x = np.random.default_rng(0).uniform(size=(64, 16, 16, 1)).astype(
+        "float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, (x.mean((1, 2, 3)) > 0.5)
+                                             .astype("int32")))
+    batch = ctx.get_per_replica_batch_size(user_task.GLOBAL_BATCH)
+    if split == "train":
+      return ds.repeat().batch(batch, drop_remainder=True)
+    return ds.batch(batch)
+
+  config = configs.load("cnn_shapes")
+  config.data.image_size, config.data.num_classes = 16, 2
+  config.model.filters, config.model.dense_units = (8,), 8
+  for key, value in CONFIG.items():
+    section, field = key.split(".")
+    setattr(config[section], field, value)
+  result = dist_keras.fit("cnn", images, workdir=str(tmp_path),
+                          config=config, strategy=mirrored)
+  assert result.model.input_shape == (None, 16, 16, 1)
+  assert result.summary["eval_examples"] == 64
+
+
+def test_config_overrides_are_checked(tmp_path, mirrored):
+  for config, message in [({"train.stepz": 3}, "config key 'train.stepz' "
+                           "names no setting"),
+                          ({"steps": 3}, "config key 'steps' names no setting"),
+                          ({"train.steps": "many"}, "config['train.steps']="
+                           "'many'")]:
+    with pytest.raises(dist_keras.UserError, match=re.escape(message)):
+      dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                     workdir=str(tmp_path / "run"), config=config,
+                     strategy=mirrored)
+  assert not (tmp_path / "run").exists()
+
+
+def test_saved_models_load_in_a_fresh_process(tmp_path, mirrored):
+  """model.keras of every built-in model and of a user's loads with
+  keras.models.load_model after `import dist_keras` and nothing else."""
+  from dist_keras import data, models, registry  # pylint: disable=g-import-not-at-top
+  paths = {}
+  for name in ("lstm_longmem", "rnn_longmem", "cnn_shapes"):
+    c = helpers.tiny_config(name)
+    for cell in (("lstm", "gru") if name == "lstm_longmem" else
+                 (c.model.cell,)):
+      c.model.cell = cell
+      model_fn, _ = registry.resolve(c)
+      paths[f"{name}_{cell}"] = _saved(model_fn, tmp_path / f"{name}_{cell}")
+  lm = helpers.tiny_config("lstm_lm_shakespeare")
+  paths["char_lm"] = _saved(models.model_fn(lm, data.InputSpec(
+      (6,), "int32", 20, 20, per_token=True)), tmp_path / "lm")
+  resnet = configs.load("resnet50_imagenet")
+  paths["resnet50"] = _saved(models.model_fn(resnet, data.InputSpec(
+      (32, 32, 3), "float32", 10)), tmp_path / "resnet")
+  paths["user"] = _saved(user_task.model_fn_dropout, tmp_path / "user")
+  code = ("import json, sys\nimport keras\nimport dist_keras\n"
+          "for p in json.loads(sys.argv[1]):\n"
+          "  m = keras.models.load_model(p)\n"
+          "  print(m.name, m.count_params(), m.optimizer.__class__.__name__)")
+  result = helpers.run_module(["-c", code, json.dumps(list(paths.values()))],
+                              cwd=str(tmp_path))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len(result.stdout.strip().splitlines()) == len(paths)
+
+
+def _saved(model_fn, folder):
+  folder.mkdir()
+  model = model_fn()
+  path = str(folder / "model.keras")
+  model.save(path)
+  return path
+
+
+if __name__ == "__main__":
+  sys.exit(pytest.main([__file__]))

@@ -1,0 +1,145 @@
+"""A user's own models and data, written as a Keras user writes them.
+
+Tests train them through `dist_keras.fit` and through the command line
+(`--config.model.name=user_task:model_fn`, with tests/ on PYTHONPATH), and
+compare replica and worker counts on them. Nothing here imports dist_keras.
+"""
+import keras
+import numpy as np
+import tensorflow as tf
+
+GLOBAL_BATCH = 48  # Splits evenly over 1, 2, 3 and 4 replicas.
+FEATURES = 6
+SIZES = {"train": 512, "eval": 123}  # 123: no batch or replica count divides it.
+CLASSES = 3
+
+
+def _examples(split: str):
+  """(x, y, sample_weight) arrays of `split`: y is a noisy linear function
+  of x; the weights (1, 2, 3, 1, ...) make an unweighted loss differ."""
+  rng = np.random.default_rng({"train": 0, "eval": 1}[split])
+  n = SIZES[split]
+  x = rng.normal(size=(n, FEATURES)).astype("float32")
+  y = x @ np.linspace(-1.0, 1.0, FEATURES) + 0.1 * rng.normal(size=n)
+  weights = 1.0 + np.arange(n) % 3
+  return x, y.astype("float32")[:, None], weights.astype("float32")
+
+
+def _pipeline(split, input_context, labels):
+  """This pipeline's shard of `split`, batched per replica."""
+  x, y, weights = _examples(split)
+  ds = tf.data.Dataset.from_tensor_slices((x, labels(y), weights))
+  ds = ds.shard(input_context.num_input_pipelines,
+                input_context.input_pipeline_id)
+  batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+  if split == "train":
+    # Seeded: the stream is the same on every run, so a resume is exact.
+    return ds.shuffle(SIZES["train"], seed=0).repeat().batch(
+        batch, drop_remainder=True)
+  return ds.batch(batch)  # Finite; the last batch partial.
+
+
+def dataset_fn(split, input_context):
+  """Regression: (x, y, sample_weight)."""
+  return _pipeline(split, input_context, lambda y: y)
+
+
+def binary_dataset_fn(split, input_context):
+  """Binary labels: is y positive?"""
+  return _pipeline(split, input_context,
+                   lambda y: (y > 0).astype("float32"))
+
+
+def onehot_dataset_fn(split, input_context):
+  """Three classes of y (below -0.5, between, above 0.5), one-hot."""
+  return _pipeline(split, input_context, lambda y: np.eye(CLASSES)[
+      np.digitize(y[:, 0], [-0.5, 0.5])].astype("float32"))
+
+
+def _body(dropout: float):
+  inputs = keras.Input((FEATURES,))
+  x = keras.layers.Dense(16, activation="tanh",
+                         kernel_regularizer=keras.regularizers.L2(1e-3))(
+                             inputs)
+  return inputs, keras.layers.Dropout(dropout)(x)
+
+
+def _regressor(dropout: float) -> keras.Model:
+  inputs, x = _body(dropout)
+  outputs = keras.layers.Dense(
+      1, kernel_regularizer=keras.regularizers.L2(1e-3))(x)
+  model = keras.Model(inputs, outputs)
+  model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse",
+                metrics=["mae"])
+  return model
+
+
+def model_fn():
+  """Regression: MSE loss, MAE metric, L2 regularisers, SGD."""
+  return _regressor(0.0)
+
+
+def model_fn_dropout():
+  """The same with dropout 0.1 (random state to checkpoint)."""
+  return _regressor(0.1)
+
+
+def binary_model_fn():
+  inputs, x = _body(0.0)
+  model = keras.Model(inputs, keras.layers.Dense(1)(x))
+  model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                metrics=[keras.metrics.BinaryAccuracy(name="accuracy",
+                                                      threshold=0.0),
+                         keras.metrics.AUC(name="auc", from_logits=True)])
+  return model
+
+
+def onehot_model_fn():
+  inputs, x = _body(0.0)
+  model = keras.Model(inputs, keras.layers.Dense(CLASSES)(x))
+  model.compile(optimizer="adam",
+                loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"])
+  return model
+
+
+# --- What users get wrong (each must be one line, exit 2) -------------------
+
+def uncompiled_model_fn():
+  inputs, x = _body(0.0)
+  return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+
+def not_a_model_fn():
+  return "model"
+
+
+def unbatched_dataset_fn(split, input_context):
+  return dataset_fn(split, input_context).unbatch()
+
+
+def wrong_batch_dataset_fn(split, input_context):
+  """Batches of GLOBAL_BATCH per replica: the global batch, not a share."""
+  x, y, weights = _examples(split)
+  return tf.data.Dataset.from_tensor_slices((x, y, weights)).repeat().batch(
+      GLOBAL_BATCH, drop_remainder=True)
+
+
+def no_labels_dataset_fn(split, input_context):
+  return dataset_fn(split, input_context).map(lambda x, y, w: x)
+
+
+def four_tuple_dataset_fn(split, input_context):
+  return dataset_fn(split, input_context).map(lambda x, y, w: (x, y, w, w))
+
+
+def finite_train_dataset_fn(split, input_context):
+  return dataset_fn(split, input_context).take(3)
+
+
+def not_a_dataset_fn(split, input_context):
+  return _examples(split)
+
+
+NOT_CALLABLE = 3
