@@ -1,0 +1,81 @@
+"""Installed from a wheel, without the checkout: the built-in configs run by
+name from any directory, a user's config file elsewhere loads, and the
+console script works."""
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import helpers
+
+SOURCES = ("setup.py", "pyproject.toml", "README.md", "dist_keras", "configs")
+FEW_STEPS = ["--config.train.steps=4", "--config.train.log_every=2",
+             "--config.eval.every=0", "--config.data.train_size=256",
+             "--config.data.eval_size=64", "--config.log.calibration_steps=0",
+             "--config.log.peak_tflops=1.0"]
+USER_CONFIG = '''from dist_keras.configs import base
+
+
+def get_config():
+  c = base.get_config()
+  c.model.cell = "gru"
+  return c
+'''
+
+
+def _run(args, cwd, site):
+  return subprocess.run(args, cwd=cwd, capture_output=True, text=True,
+                        timeout=600, check=False,
+                        env=dict(os.environ, PYTHONPATH=str(site),
+                                 TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
+  source = tmp_path / "source"  # A copy: the build writes next to it.
+  source.mkdir()
+  for name in SOURCES:
+    path = os.path.join(helpers.REPO, name)
+    if os.path.isdir(path):
+      shutil.copytree(path, source / name,
+                      ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+      shutil.copy(path, source / name)
+  built = subprocess.run(
+      [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+       "--no-build-isolation", str(source), "-w", str(tmp_path / "wheel")],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert built.returncode == 0, built.stderr[-3000:]
+  (wheel,) = (tmp_path / "wheel").iterdir()
+  assert "dist_keras/configs/lstm_longmem.py" in zipfile.ZipFile(
+      wheel).namelist()
+  site = tmp_path / "site"
+  installed = subprocess.run(
+      [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+       f"--target={site}", str(wheel)], capture_output=True, text=True,
+      timeout=300, check=False)
+  assert installed.returncode == 0, installed.stderr[-3000:]
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+
+  found = _run([sys.executable, "-c", "import dist_keras.configs as c; "
+                "print(c.__file__)"], elsewhere, site)
+  assert found.stdout.startswith(str(site)), found  # Not the checkout.
+
+  default = _run([sys.executable, "-m", "dist_keras.train",
+                  "--workdir=default", *FEW_STEPS], elsewhere, site)
+  assert default.returncode == 0, default.stderr[-3000:]
+  assert "done: 4 steps, eval accuracy" in default.stdout
+
+  script = _run([str(site / "bin" / "dist-keras-train"),
+                 "--config=rnn_longmem", "--workdir=by_name", *FEW_STEPS],
+                elsewhere, site)
+  assert script.returncode == 0, script.stderr[-3000:]
+  assert '"cell": "simple_rnn"' in (elsewhere / "by_name" /
+                                    "config.json").read_text()
+
+  (elsewhere / "mine.py").write_text(USER_CONFIG)
+  own = _run([sys.executable, "-m", "dist_keras.train", "--config=mine.py",
+              "--workdir=own", *FEW_STEPS], elsewhere, site)
+  assert own.returncode == 0, own.stderr[-3000:]
+  assert '"cell": "gru"' in (elsewhere / "own" / "config.json").read_text()
