@@ -5,6 +5,7 @@ Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy
 one device, N local replicas, N workers and TPU cores, for any compiled
 Keras model (`model_fn`) and tf.data input (`dataset_fn`); see contract.py.
 """
+import contextlib
 import os
 import shutil
 import tempfile
@@ -96,8 +97,28 @@ def distribute(strategy, dataset_fn, split: str, config, start_step: int = 0):
         experimental_fetch_to_device=False)
   # distribute_datasets_from_function never auto-shards: each pipeline
   # reads the shard its dataset_fn picks by input_pipeline_id.
-  dataset = strategy.distribute_datasets_from_function(make, options)
+  with _input_devices_kept(strategy):
+    dataset = strategy.distribute_datasets_from_function(make, options)
   return dataset, specs[0]
+
+
+@contextlib.contextmanager
+def _input_devices_kept(strategy):
+  """Undoes what a PER_REPLICA distribution does to a MirroredStrategy.
+
+  TF 2.21's MirroredStrategy keeps the per-replica input devices of such a
+  call (`_input_workers_with_options` assigns `_input_workers_devices`), so
+  every later dataset of that strategy object got one pipeline per replica
+  too: a second run in one process read its data twice over. Restored here,
+  in this one place; tests/test_data.py fails if TensorFlow moves it.
+  """
+  extended = strategy.extended
+  saved = getattr(extended, "_input_workers_devices", None)
+  try:
+    yield
+  finally:
+    if saved is not None:
+      extended._input_workers_devices = saved  # pylint: disable=protected-access
 
 
 class Trainer:
@@ -107,9 +128,9 @@ class Trainer:
     self.config, self.workdir, self.strategy = config, workdir, strategy
     self.replicas = strategy.num_replicas_in_sync
     self.chief = is_chief(strategy)
-    self._log_tpu_limits()
-    self.per_replica_batch = data_lib.per_replica_batch_size(
-        config.train.global_batch_size, self.replicas)
+    # Said at the start of run(), after the header: nothing is printed
+    # before every check has passed.
+    self._notes = self._timing_settings()
     self.checkpoint_dir = os.path.join(workdir, workdir_lib.CHECKPOINTS)
     start_step = checkpointed_step(self.checkpoint_dir)
     # Everything below is checked before anything is written.
@@ -129,18 +150,20 @@ class Trainer:
       workdir_lib.prepare(workdir)
     self.summaries = Summaries(workdir, self.chief and config.log.tensorboard)
 
-  def _log_tpu_limits(self) -> None:
+  def _timing_settings(self) -> list[str]:
+    """Sets what is timed; returns the notes a run starts with."""
     # tf.timestamp has no TPU kernel: on a TPU the step breakdown and the
     # calibration (which times steps the same way) are off, said once.
-    cfg = self.config.log
+    cfg, notes = self.config.log, []
     on_tpu = isinstance(self.strategy, tf.distribute.TPUStrategy)
     self.sync_timing = cfg.sync_timing and not on_tpu
     self.calibration_steps = 0 if on_tpu else cfg.calibration_steps
     if on_tpu and (cfg.sync_timing or cfg.calibration_steps):
-      self.log("TPU: log.sync_timing and log.calibration_steps are off "
-               "(tf.timestamp has no TPU kernel)")
+      notes.append("TPU: log.sync_timing and log.calibration_steps are off "
+                   "(tf.timestamp has no TPU kernel)")
     if self.config.data.name == data_lib.SYNTHETIC:
-      self.log(data_lib.constant_batch.NOTE)
+      notes.append(data_lib.constant_batch.NOTE)
+    return notes
 
   def _prepare_optimizer(self):
     """The compiled optimizer with the batch-size rule applied, its slots
@@ -201,7 +224,6 @@ class Trainer:
     resume needs a workdir all workers see (shared disk or gs://).
     """
     latest = tf.train.latest_checkpoint(self.checkpoint_dir)
-    self._resumed = None
     if latest:
       try:
         self.checkpoint.restore(latest).assert_consumed()
@@ -213,7 +235,7 @@ class Trainer:
       if self.step != start_step:
         raise UserError(f"checkpoint {latest} holds step {self.step}, not "
                         f"{start_step}; it was renamed: pass a new --workdir.")
-      self._resumed = f"resumed from {latest} at step {self.step}"
+      self._notes.append(f"resumed from {latest} at step {self.step}")
     self._check_workers_agree_on_step()
     return self.step
 
@@ -233,8 +255,8 @@ class Trainer:
   def run(self) -> dict:
     """Trains to `train.steps`, evaluating and checkpointing on the way."""
     cfg = self.config
-    if self._resumed:
-      self.log(self._resumed)
+    for note in self._notes:
+      self.log(note)
     if self.chief:
       workdir_lib.write_json(self.workdir, workdir_lib.CONFIG_JSON,
                              cfg.to_dict())

@@ -152,7 +152,11 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
       out["collective_waits"] = strategy.experimental_local_results(waits)[0]
     return out
 
-  return tf.function(one_step)
+  # No AutoGraph, as in Keras' own fit (its step functions are marked
+  # do_not_convert): nothing here branches on tensors, and converting the
+  # step cost ~1 s of tracing before the first step (LSTM default).
+  return tf.function(tf.autograph.experimental.do_not_convert(one_step),
+                     autograph=False)
 
 
 def _count_skipped_step(optimizer, scale, grad_norm):
@@ -242,7 +246,7 @@ def make_metrics_reader(model):
   not updated), so it is left out. Under MultiWorkerMirroredStrategy the
   read is a collective: every worker must call it at the same points."""
 
-  @tf.function
+  @tf.function(autograph=False)
   def read():
     return {name: tf.cast(value, tf.float32)
             for name, value in model.get_metrics_result().items()

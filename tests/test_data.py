@@ -128,3 +128,23 @@ def test_eval_sees_every_example_exactly_once(mirrored, per_replica):
   c.data.pipeline_per_replica = per_replica
   ids = eval_ids.evaluated_ids(mirrored, c)
   np.testing.assert_array_equal(np.sort(ids), np.arange(123))
+
+
+def test_a_per_replica_distribution_leaves_the_strategy_per_worker(mirrored):
+  """TF 2.21's MirroredStrategy remembers per-replica input devices after a
+  PER_REPLICA distribution (loop._input_devices_kept undoes it): afterwards
+  a per-worker run must still build ONE pipeline for the 2 replicas."""
+  c = helpers.tiny_config()
+  fn, seen = data.dataset_fn(c), []
+
+  def counting(split, ctx):
+    seen.append(ctx.num_input_pipelines)
+    return fn(split, ctx)
+
+  c.data.pipeline_per_replica = True
+  loop.distribute(mirrored, counting, "eval", c)
+  assert seen == [2, 2]
+  c.data.pipeline_per_replica = False
+  seen.clear()
+  loop.distribute(mirrored, counting, "eval", c)
+  assert seen == [1]

@@ -26,6 +26,8 @@ TASKS = {  # model_fn, dataset_fn, its compiled metrics
     "regression": ("model_fn", "dataset_fn", ["mae"]),
     "binary": ("binary_model_fn", "binary_dataset_fn", ["accuracy", "auc"]),
     "onehot": ("onehot_model_fn", "onehot_dataset_fn", ["accuracy"]),
+    # Weights created on the first call (dist_keras builds it in scope).
+    "subclassed": ("subclassed_model_fn", "dataset_fn", ["mae"]),
 }
 
 

@@ -84,6 +84,25 @@ def model_fn_dropout():
   return _regressor(0.1)
 
 
+class Subclassed(keras.Model):
+  """A subclassed model: no weights until its first call."""
+
+  def __init__(self):
+    super().__init__()
+    self.hidden = keras.layers.Dense(16, activation="tanh")
+    self.out = keras.layers.Dense(1)
+
+  def call(self, x, training=False):
+    return self.out(self.hidden(x))
+
+
+def subclassed_model_fn():
+  model = Subclassed()
+  model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse",
+                metrics=["mae"])
+  return model
+
+
 def binary_model_fn():
   inputs, x = _body(0.0)
   model = keras.Model(inputs, keras.layers.Dense(1)(x))
