@@ -151,26 +151,38 @@ def test_bad_user_code_is_one_line_before_anything_is_written(
 @pytest.mark.parametrize("name,message", [
     ("no_such_module:model_fn", "model.name='no_such_module:model_fn': "
      "importing no_such_module failed (ModuleNotFoundError: No module named "
-     "'no_such_module'); run from the folder that holds it"),
+     "'no_such_module'); run from the folder that holds it or add that "
+     "folder to PYTHONPATH."),
     ("user_task:nothing_here", "model.name='user_task:nothing_here': module "
      "user_task"),
     ("user_task:NOT_CALLABLE", "model.name='user_task:NOT_CALLABLE' names a "
-     "int, not a function"),
+     "int, not a function; name the function that builds it."),
     ("user task:model_fn", "model.name='user task:model_fn' is not "
-     "PKG.MODULE:FN"),
-    ("broken_user_module:model_fn", "importing broken_user_module failed "
-     "(ZeroDivisionError: division by zero)"),
+     "PKG.MODULE:FN (e.g. my_project.models:make_model)."),
+    ("broken_user_module:model_fn", "model.name='broken_user_module:model_fn'"
+     ": importing broken_user_module failed (ZeroDivisionError: division by "
+     "zero)"),
 ])
-def test_bad_import_paths_exit_2_with_one_line(tmp_path, name, message):
+def test_bad_import_paths_are_one_line(tmp_path, monkeypatch, name, message):
+  from dist_keras import imports  # pylint: disable=g-import-not-at-top
   (tmp_path / "broken_user_module.py").write_text("x = 1 / 0\n")
+  monkeypatch.chdir(tmp_path)  # Import paths resolve from here too.
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with pytest.raises(dist_keras.UserError) as e:
+    imports.load("model.name", name)
+  assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_bad_import_path_exits_2_from_the_command_line(tmp_path):
   result = helpers.run_module(
       ["-m", "dist_keras.train", f"--workdir={tmp_path / 'run'}",
-       f"--config.model.name={name}",
+       "--config.model.name=no_such_module:model_fn",
        "--config.data.name=user_task:dataset_fn"],
       cwd=str(tmp_path), env={"PYTHONPATH": f"{helpers.REPO}:{TESTS}"})
   assert result.returncode == 2, result.stderr
   (line,) = result.stderr.strip().splitlines()
-  assert line.startswith("dist_keras: error: ") and message in line, line
+  assert line.startswith("dist_keras: error: model.name='no_such_module:"
+                         "model_fn': importing no_such_module failed"), line
   assert not (tmp_path / "run").exists() and result.stdout == ""
 
 

@@ -24,11 +24,17 @@ def get_config():
 '''
 
 
-def _run(args, cwd, site):
-  return subprocess.run(args, cwd=cwd, capture_output=True, text=True,
-                        timeout=600, check=False,
-                        env=dict(os.environ, PYTHONPATH=str(site),
-                                 TF_CPP_MIN_LOG_LEVEL="2"))
+def _start(args, cwd, site):
+  return subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(site),
+                                   TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def _finished(proc):
+  out, err = proc.communicate(timeout=600)
+  assert proc.returncode == 0, err[-3000:]
+  return out
 
 
 def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
@@ -58,24 +64,21 @@ def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
 
-  found = _run([sys.executable, "-c", "import dist_keras.configs as c; "
-                "print(c.__file__)"], elsewhere, site)
-  assert found.stdout.startswith(str(site)), found  # Not the checkout.
-
-  default = _run([sys.executable, "-m", "dist_keras.train",
-                  "--workdir=default", *FEW_STEPS], elsewhere, site)
-  assert default.returncode == 0, default.stderr[-3000:]
-  assert "done: 4 steps, eval accuracy" in default.stdout
-
-  script = _run([str(site / "bin" / "dist-keras-train"),
-                 "--config=rnn_longmem", "--workdir=by_name", *FEW_STEPS],
-                elsewhere, site)
-  assert script.returncode == 0, script.stderr[-3000:]
+  (elsewhere / "mine.py").write_text(USER_CONFIG)
+  # Independent runs, started together: their start-ups overlap.
+  found = _start([sys.executable, "-c", "import dist_keras.configs as c; "
+                  "print(c.__file__)"], elsewhere, site)
+  default = _start([sys.executable, "-m", "dist_keras.train",
+                    "--workdir=default", *FEW_STEPS], elsewhere, site)
+  script = _start([str(site / "bin" / "dist-keras-train"),
+                   "--config=rnn_longmem", "--workdir=by_name", *FEW_STEPS],
+                  elsewhere, site)
+  own = _start([sys.executable, "-m", "dist_keras.train", "--config=mine.py",
+                "--workdir=own", *FEW_STEPS], elsewhere, site)
+  assert _finished(found).startswith(str(site))  # Not the checkout.
+  assert "done: 4 steps, eval accuracy" in _finished(default)
+  _finished(script)
   assert '"cell": "simple_rnn"' in (elsewhere / "by_name" /
                                     "config.json").read_text()
-
-  (elsewhere / "mine.py").write_text(USER_CONFIG)
-  own = _run([sys.executable, "-m", "dist_keras.train", "--config=mine.py",
-              "--workdir=own", *FEW_STEPS], elsewhere, site)
-  assert own.returncode == 0, own.stderr[-3000:]
+  _finished(own)
   assert '"cell": "gru"' in (elsewhere / "own" / "config.json").read_text()
