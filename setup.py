@@ -40,8 +40,11 @@ setuptools.setup(
         # but `import tensorflow` aborts ("... not available in this
         # library") with the newest libtpu, pip's pick. Measured (no TPU):
         # import OK with 0.0.14, 0.0.24, 0.0.29, 0.0.31; abort with 0.0.32,
-        # 0.0.32.1, 0.0.33, 0.0.43.2, 0.0.52.
-        "tpu": [f"tensorflow-tpu{_TF}", "libtpu<0.0.32"],
+        # 0.0.32.1, 0.0.33, 0.0.43.2, 0.0.52. tensorflow-tpu 2.16-2.18 need
+        # libtpu builds that are not on PyPI, hence >=2.19. pip's resolver
+        # (2026-12-01): tensorflow-tpu 2.20.0 + libtpu 0.0.31 on Python 3.11
+        # and on Colab's 3.12/glibc 2.35 (docs/tpu_colab.md#install).
+        "tpu": ["tensorflow-tpu>=2.19,<2.21", "libtpu<0.0.32"],
         # nbclient, nbformat, ipykernel: tests/test_notebook.py runs
         # notebooks/colab_tpu.ipynb (it is skipped without them).
         # matplotlib: tests/test_scaling_tool.py draws the scaling sweep's

@@ -3,12 +3,22 @@
 This folder ships inside the package as `dist_keras.configs` (setup.py), so
 an installed dist_keras finds its built-in configs by name from any
 directory. No TensorFlow import here: configs load before TensorFlow starts.
+
+`from_command_line` is the one way a config is loaded from text (the
+command line, every tool): a built-in name or a file, then overrides
+"section.key=value", each bad one a one-line UserError naming it.
 """
 import ast
+import difflib
 import importlib
+import importlib.util
 import os
+import re
+
+from dist_keras.errors import UserError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT = "lstm_longmem"
 
 
 def names() -> list[str]:
@@ -23,28 +33,117 @@ def path(name: str) -> str:
 
 
 def load(name: str, overrides=()):
-  """Config `name`'s config with "section.key=value" overrides applied.
+  """Built-in config `name` with "section.key=value" overrides applied."""
+  return from_command_line(name, overrides)
 
-  A value is read as a Python literal (3, 1e-3, True, (8, 16)), else kept as
-  a string; the locked, typed ConfigDict refuses unknown keys and wrong types.
+
+def from_command_line(spec: str = DEFAULT, overrides=(),
+                      flag: str = "--config."):
+  """The config `spec` names, with `overrides` applied.
+
+  Args:
+    spec: a built-in config's name or a config file's path, either with an
+      optional ":ARG" passed to its get_config. A file that exists wins over
+      a built-in of the same name.
+    overrides: "section.key=value" texts; a value is parsed as the type of
+      the key's current value (bool: true/false/1/0, or a bare
+      "section.key" for true; tuple: a literal).
+    flag: how the user spelled an override before its text, so that an
+      error quotes what they typed ("--config." on the command line).
+
+  Raises:
+    UserError: one line naming the config or override that is wrong.
   """
-  c = importlib.import_module(f"dist_keras.configs.{name}").get_config()
-  return override(c, [o.split("=", 1) for o in overrides], parse=True)
-
-
-def override(config, items, parse: bool = False):
-  """Sets each (dotted key, value) of `items` in `config`; returns it.
-
-  With `parse` (command-line text), a value is read as a Python literal
-  when it is one; otherwise values are set as given. Unknown keys and wrong
-  types raise (the config is locked and typed).
-  """
-  for key, value in items:
-    section, field = key.split(".")
-    if parse:
-      try:
-        value = ast.literal_eval(value)
-      except (ValueError, SyntaxError):
-        pass
-    setattr(config[section], field, value)
+  config = _load_file(spec)
+  for text in overrides:
+    key, eq, value = text.partition("=")
+    if not re.fullmatch(r"\w+\.\w+", key):
+      raise UserError(f"{flag}{text} is not SECTION.KEY=VALUE (e.g. "
+                      f"{flag}train.steps=500).")
+    if not eq:  # A bare boolean key means True, as absl's flags read it.
+      value = "true" if _is_bool(config, key) else None
+      if value is None:
+        raise UserError(f"{flag}{key} needs a value: {flag}{key}=VALUE.")
+    set_value(config, key, value, spelled=f"{flag}{key}", parse=True)
   return config
+
+
+def set_value(config, key: str, value, spelled: str = "",
+              parse: bool = False) -> None:
+  """config[key] = value for a dotted `key`; with `parse`, `value` is text
+  read as the type of the current value. UserError for an unknown key or a
+  wrong type, naming the key as `spelled` (default: the key)."""
+  spelled = spelled or key
+  section, field = key.split(".")
+  for part, known in ((section, config), (field, config.get(section))):
+    if known is None or part not in known:
+      close = difflib.get_close_matches(part, list(known or ()), n=1)
+      raise UserError(
+          f"{spelled} names no config key"
+          + (f" (did you mean {close[0]!r}?)" if close else "")
+          + "; every key and its default is in configs/base.py.")
+  shown = value if parse else repr(value)
+  try:
+    if parse:
+      value = _parse(config[section][field], value)
+    setattr(config[section], field, value)
+  except (TypeError, ValueError, SyntaxError) as e:
+    raise UserError(f"{spelled}={shown}: {_first_line(e)}; fix the value's "
+                    "type (see configs/base.py).") from None
+
+
+def _is_bool(config, key: str) -> bool:
+  section, field = key.split(".")
+  try:
+    return isinstance(config[section][field], bool)
+  except (KeyError, AttributeError):
+    return False  # set_value names the unknown key.
+
+
+def _parse(current, text: str):
+  """Command-line `text` as a value of `current`'s type."""
+  if isinstance(current, bool):
+    lowered = text.lower()
+    if lowered not in ("true", "false", "1", "0"):
+      raise ValueError(f"{text!r} is not a bool (true or false)")
+    return lowered in ("true", "1")
+  if isinstance(current, int):
+    return int(text)
+  if isinstance(current, float):
+    return float(text)
+  if isinstance(current, str) or current is None:
+    return text
+  value = ast.literal_eval(text)
+  return tuple(value) if isinstance(current, tuple) and isinstance(
+      value, list) else value
+
+
+def _load_file(spec: str):
+  name, _, arg = spec.partition(":")
+  builtin = name in names() and not os.path.exists(name)
+  try:
+    if builtin:
+      module = importlib.import_module(f"dist_keras.configs.{name}")
+    else:
+      module = _import_file(name)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(
+        f"--config={spec} could not be loaded ({type(e).__name__}: "
+        f"{_first_line(e)}); pass a built-in config ({', '.join(names())}) "
+        "or a config file's path.") from e
+
+
+def _import_file(file: str):
+  if not os.path.isfile(file):
+    raise FileNotFoundError(f"no such file: {file}")
+  name = "dist_keras_user_config_" + re.sub(r"\W", "_", os.path.abspath(file))
+  spec = importlib.util.spec_from_file_location(name, file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _first_line(e: Exception) -> str:
+  text = str(e.args[0] if len(e.args) == 1 else e)
+  return text.splitlines()[0][:200] if text.strip() else "no message"

@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.runtime.bytes_per_pack = 0  # Gradient pack size for all-reduce; 0: one.
   c.runtime.timeout_seconds = 0.0  # Per collective; 0: no timeout.
   # float32 | bfloat16 | float16: the gradients' dtype in the all-reduce
-  # only (16 bits: half the bytes, summed in 16 bits; see sync.py).
+  # only (16 bits: half the bytes, summed in 16 bits; see dist_keras/training/allreduce.py).
   c.runtime.allreduce_dtype = "float32"
   c.runtime.seed = 0
 
@@ -52,7 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
   # One tf.data pipeline per replica instead of per worker: a one-process run
   # then reads exactly what N one-replica workers read (equivalence checks).
   c.data.pipeline_per_replica = False
-  # tf.data options (tools/input_wait.py measures them): prefetch batches
+  # tf.data options (tools/grid.py --mock_tfds measures them): prefetch batches
   # (AUTOTUNE) while the replicas compute; a private thread pool of this
   # many threads for the pipeline (0: TensorFlow's shared pool).
   c.data.prefetch = True
@@ -122,7 +122,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.log.calibration_steps = 20
   # Peak TFLOP/s per device (per host on CPU) that perf/mfu divides by; 0:
   # automatic (a table of known GPUs/TPUs at train.precision, else a timed
-  # matmul: dist_keras/mfu.py).
+  # matmul: dist_keras/measure/mfu.py).
   c.log.peak_tflops = 0.0
   # Also log exp(loss) as `perplexity` / `eval/perplexity`: for language
   # models, whose loss is the mean cross-entropy per token.

@@ -5,7 +5,7 @@ Result: 2 logical CPU replicas on the 2-core CPU machine: 800 steps in
         17-25 s, eval accuracy 1.000 for seeds 0, 1, 2 (95% at ~100 steps,
         faster than the LSTM at T=50). With --config.data.seq_len=200 it
         stays at chance (0.247 after 1,000 steps, seed 0) while the LSTM
-        reaches 0.998: see tools/longmem_contrast.py and the README.
+        reaches 0.998: see tools/grid.py and docs/configs.md.
 """
 from dist_keras.configs import lstm_longmem
 

@@ -14,7 +14,7 @@ import sys as _sys
 from dist_keras.errors import UserError
 
 __version__ = "0.1.0"
-__all__ = ["fit", "FitResult", "UserError"]
+__all__ = ["fit", "FitResult", "UserError", "prepare_runtime"]
 
 # TensorFlow is an extra (a Colab/TPU image brings its own build), so its
 # absence is an installation choice, not a bug: say which extra fixes it.
@@ -27,7 +27,87 @@ if _importlib_util.find_spec("tensorflow") is None:
   raise ImportError(_MESSAGE)
 
 
+def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None):
+  """Trains `model_fn`'s model on `dataset_fn`'s data, data-parallel.
+
+  Args:
+    model_fn: `() -> keras.Model`, compiled by you (optimizer, loss,
+      metrics), called inside the strategy's scope; or a name: a built-in
+      model (e.g. "sequence_classifier") or "PKG.MODULE:FN".
+    dataset_fn: `(split, input_context) -> tf.data.Dataset` of that input
+      pipeline's per-replica batches (x, y) or (x, y, sample_weight), split
+      "train" (repeated, batches of exactly
+      `input_context.get_per_replica_batch_size(global_batch_size)`) or
+      "eval" (finite); or a name: a built-in dataset or "PKG.MODULE:FN".
+    workdir: folder for checkpoints, TensorBoard events, config.json,
+      summary.json and model.keras; a rerun with the same folder resumes.
+    config: None (configs/base.py's defaults), a config (ConfigDict, e.g.
+      `dist_keras.configs.load("lstm_longmem")`), or a dict of overrides of
+      the defaults, {"train.steps": 500, ...}.
+    strategy: None (the config's runtime.strategy: "auto" picks TPU, a
+      TF_CONFIG cluster, or every local GPU / runtime.num_cpu_devices CPU
+      devices), a runtime.strategy name, or a tf.distribute.Strategy.
+
+  Returns:
+    dist_keras.FitResult(model, summary, workdir).
+
+  Raises:
+    dist_keras.UserError: a bad setting, model or dataset (one line naming
+      the value and the fix), before anything is written.
+    dist_keras.errors.Diverged, Preempted, PeerLost: see errors.py.
+  """
+  name, tpu = _runtime_choice(config, strategy)
+  if name:
+    prepare_runtime(name, tpu)
+  api = _importlib.import_module("dist_keras.api")
+  return api.fit(model_fn, dataset_fn, workdir=workdir, config=config,
+                 strategy=strategy)
+
+
+def prepare_runtime(strategy: str = "auto", tpu: str = "local",
+                    verbose: bool = False) -> dict:
+  """Sets up the TPU runtime's environment before TensorFlow starts.
+
+  On a TPU v5e, v5p or v6e (Colab's TPU runtimes, Cloud TPU VMs) TensorFlow
+  reaches the TPU only through the PJRT runtime, chosen by environment
+  variables read when TensorFlow is imported: this sets them (never over a
+  value you set) when `strategy` ("auto" or "tpu", as runtime.strategy)
+  wants this host's TPU and the libtpu package is installed. Elsewhere it
+  does nothing. The command line and `fit` call it; a notebook calls it in
+  its first cell, before anything imports TensorFlow.
+
+  Returns:
+    {variable: value} of what was set.
+  """
+  from dist_keras.distribute import tpu_env  # pylint: disable=g-import-not-at-top
+  late = "tensorflow" in _sys.modules
+  set_now = tpu_env.prepare(strategy, tpu)
+  if set_now and late:
+    print("dist_keras: warning: TensorFlow was imported before the TPU "
+          "runtime was set up, so it will not see the TPU; call "
+          "dist_keras.prepare_runtime() before importing tensorflow (restart "
+          "the runtime first).", file=_sys.stderr, flush=True)
+  elif verbose:
+    print(tpu_env.describe(set_now), file=_sys.stderr, flush=True)
+  return set_now
+
+
+def _runtime_choice(config, strategy):
+  """(runtime.strategy, runtime.tpu) that `fit` will use, or (None, None)
+  for a Strategy object (TensorFlow has started: too late to set up)."""
+  if strategy is not None and not isinstance(strategy, str):
+    return None, None
+  if isinstance(config, dict):
+    name = config.get("runtime.strategy", "auto")
+    tpu = config.get("runtime.tpu", "local")
+  else:
+    runtime = getattr(config, "runtime", None)
+    name = getattr(runtime, "strategy", "auto")
+    tpu = getattr(runtime, "tpu", "local")
+  return strategy or name, tpu
+
+
 def __getattr__(name):
-  if name in ("fit", "FitResult"):
+  if name == "FitResult":
     return getattr(_importlib.import_module("dist_keras.api"), name)
   raise AttributeError(f"module 'dist_keras' has no attribute {name!r}")

@@ -7,10 +7,9 @@ tf.distribute, with everything the built-in configs get.
                                   "train.global_batch_size": 64})
   result.model, result.summary  # the trained model; summary.json
 
-The command line (`python -m dist_keras.train`) runs this same function
-with the names in its config, so a built-in and a user's model take the
-same path: validate the config, pick the strategy, build in its scope,
-distribute the input, train, evaluate, write the workdir.
+The whole run is `assemble` below, top to bottom. The command line
+(`python -m dist_keras.train`) runs the same `train` with the names in its
+config, so a built-in and a user's model take the same path.
 """
 import copy
 import dataclasses
@@ -22,12 +21,18 @@ import keras
 import ml_collections
 import tensorflow as tf
 
-from dist_keras import contract, data as data_lib, errors, imports, loop
-from dist_keras import lr as lr_lib, mfu as mfu_lib, profiler, registry
-from dist_keras import strategy as strategy_lib, sync, workdir as workdir_lib
-from dist_keras import configs
+from dist_keras import configs, validate
 from dist_keras.configs import base
+from dist_keras import registry
+from dist_keras.contract import checks, imports
+from dist_keras import data as data_lib
+from dist_keras.distribute import input as input_lib
+from dist_keras.distribute import strategy as strategy_lib
 from dist_keras.errors import UserError
+from dist_keras.measure import mfu
+from dist_keras.training import allreduce, checkpoints, loop, lr, report
+from dist_keras.training import settings
+from dist_keras.training import workdir as workdir_lib
 
 
 @dataclasses.dataclass
@@ -48,106 +53,104 @@ class FitResult:
 
 def fit(model_fn, dataset_fn, *, workdir: str, config=None,
         strategy=None) -> FitResult:
-  """Trains `model_fn`'s model on `dataset_fn`'s data, data-parallel.
-
-  Args:
-    model_fn: `() -> keras.Model`, compiled by you (optimizer, loss,
-      metrics), called inside the strategy's scope; or a name: a built-in
-      model (e.g. "sequence_classifier") or "PKG.MODULE:FN".
-    dataset_fn: `(split, input_context) -> tf.data.Dataset` of that input
-      pipeline's per-replica batches (x, y) or (x, y, sample_weight), split
-      "train" (repeated, batches of exactly
-      `input_context.get_per_replica_batch_size(global_batch_size)`) or
-      "eval" (finite); or a name: a built-in dataset or "PKG.MODULE:FN".
-    workdir: folder for checkpoints, TensorBoard events, config.json,
-      summary.json and model.keras; a rerun with the same folder resumes.
-    config: None (configs/base.py's defaults), a config (ConfigDict, e.g.
-      `dist_keras.configs.load("lstm_longmem")`), or a dict of overrides of
-      the defaults, {"train.steps": 500, ...}.
-    strategy: None (the config's runtime.strategy: "auto" picks TPU, a
-      TF_CONFIG cluster, or every local GPU / runtime.num_cpu_devices CPU
-      devices), a runtime.strategy name, or a tf.distribute.Strategy.
-
-  Returns:
-    FitResult(model, summary, workdir).
-
-  Raises:
-    dist_keras.UserError: a bad setting, model or dataset (one line naming
-      the value and the fix), before anything is written.
-    dist_keras.errors.Diverged, Preempted, PeerLost: see errors.py.
-  """
-  with build(model_fn, dataset_fn, workdir=workdir, config=config,
-             strategy=strategy) as trainer:
-    talk = trainer.chief and trainer.config.log.progress
-    if talk:
-      print(f"dist_keras: {strategy_lib.display_name(trainer.strategy)} with "
-            f"{trainer.replicas} replica(s); workdir {workdir}\n"
-            f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
-    summary = trainer.run()
-  if talk:
-    print(f"{_done_line(summary)}; results in "
-          f"{os.path.join(workdir, workdir_lib.SUMMARY_JSON)}\n"
-          f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
-  return FitResult(trainer.model, summary, workdir)
-
-
-def build(model_fn, dataset_fn, *, workdir: str, config=None,
-          strategy=None) -> loop.Trainer:
-  """What `fit` trains, built and checked but not trained: the Trainer
-  (its model, optimizer and distributed datasets). For tools and tests
-  that drive steps themselves; close() it (or use it in a `with`).
-
-  Every check runs here, before anything is written or printed: the
-  config's values, the strategy, then what model_fn and dataset_fn return.
-  """
+  """`dist_keras.fit` (its docstring says what each argument takes), once
+  the TPU runtime's environment is set (dist_keras/__init__.py)."""
   config = _resolve_config(config)
   model_fn = _record_name(config.model, model_fn)
   dataset_fn = _record_name(config.data, dataset_fn)
   if isinstance(strategy, str):
     config.runtime.strategy = strategy
+  validate.config(config)
+  return train(config, workdir, model_fn, dataset_fn, strategy)
+
+
+def train(config, workdir: str, model_fn=None, dataset_fn=None,
+          strategy=None) -> FitResult:
+  """`fit` for a config validate.config has checked (the command line checks
+  it before TensorFlow starts): builds the run, trains, reports."""
+  with build(config, workdir, model_fn, dataset_fn, strategy) as trainer:
+    talk = trainer.chief and config.log.progress
+    if talk:
+      print(f"dist_keras: {strategy_lib.display_name(trainer.strategy)} with "
+            f"{trainer.replicas} replica(s) on "
+            f"{mfu.device_kind(trainer.strategy)}; workdir {workdir}\n"
+            f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
+    summary = trainer.run()
+  if talk:
+    print(f"{report.done_line(summary)}; results in "
+          f"{os.path.join(workdir, workdir_lib.SUMMARY_JSON)}\n"
+          f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
+  return FitResult(trainer.model, summary, workdir)
+
+
+def build(config, workdir: str, model_fn=None, dataset_fn=None,
+          strategy=None) -> loop.Trainer:
+  """The run of a validated `config`, built but not trained: the functions
+  its names (or the given ones) stand for, under its strategy (or the
+  given one). For tools and tests that drive steps themselves too; use the
+  Trainer in a `with` (it closes its writers and scratch files)."""
   model_fn, dataset_fn = registry.resolve(config, model_fn, dataset_fn)
-  validate(config)
   if not isinstance(strategy, tf.distribute.Strategy):
     strategy = strategy_lib.get_strategy(config.runtime)
-  return loop.Trainer(config, workdir, strategy, model_fn, dataset_fn)
+  return assemble(config, workdir, strategy, model_fn, dataset_fn)
 
 
-def _done_line(summary: dict) -> str:
-  """'done: 800 steps, eval accuracy 1.0000, loss 0.0012'."""
-  metrics = [(k[len("eval_"):], v) for k, v in summary.items()
-             if k.startswith("eval_") and k not in ("eval_loss",
-                                                    "eval_examples")]
-  text = ", ".join(f"{name} {value:.4f}" for name, value in
-                   [*metrics, ("loss", summary["eval_loss"])])
-  return f"done: {summary['steps']} steps, eval {text}"
+def assemble(config, workdir: str, strategy, model_fn,
+             dataset_fn) -> loop.Trainer:
+  """The whole run, in order. Everything is checked before anything is
+  written: the Trainer's constructor makes the workdir, last."""
+  start_step = checkpoints.latest_step(workdir)  # Where the data resumes.
+  keras.utils.set_random_seed(config.runtime.seed)
+  model = checks.call_model_fn(model_fn, strategy, config.train.precision)
+  data = {"global_batch_size": config.train.global_batch_size,
+          "per_replica_pipelines": config.data.pipeline_per_replica}
+  train_ds, batch_spec = input_lib.distribute(
+      strategy, dataset_fn, "train", start_step=start_step, **data)
+  eval_ds, _ = input_lib.distribute(strategy, dataset_fn, "eval",
+                                    eval_steps=config.eval.steps, **data)
+  checks.build_state(model, strategy, batch_spec)  # Loss and metrics state.
+  rate = _prepare_optimizer(model, strategy, config.train)
+  chief = strategy_lib.is_chief(strategy)
+  saved = checkpoints.Checkpoints(workdir, model, model.optimizer, chief,
+                                  config.train.max_checkpoints)
+  try:
+    resumed = saved.restore(start_step)
+    checkpoints.check_workers_agree(strategy, start_step,
+                                    strategy_lib.num_workers(strategy), workdir)
+  except Exception:
+    saved.close()
+    raise
+  on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+  parts = loop.Parts(strategy, model, train_ds, eval_ds, saved, rate)
+  return loop.Trainer(parts, settings.Settings.from_config(config, on_tpu),
+                      workdir, config.to_dict(),
+                      notes=_notes(config, on_tpu, resumed))
 
 
-def validate(config) -> None:
-  """Every check of `config` that needs neither the strategy nor the
-  model: runs before TensorFlow's runtime starts."""
-  _check_train_cfg(config.train, config.eval)
-  profiler.parse_profile_steps(config.log.profile_steps)
-  errors.check_choice("train.precision", config.train.precision,
-                      contract.PRECISIONS)
-  errors.check_choice("runtime.allreduce_dtype",
-                      config.runtime.allreduce_dtype, sync.ALLREDUCE_DTYPES)
-  if config.data.threads < 0:
-    raise UserError(f"data.threads={config.data.threads} must be >= 0 (0: "
-                    "TensorFlow's shared pool).")
-  strategy_lib.communication_options(config.runtime)  # Its checks.
-  mfu_lib.check(config.log)
-  lr_lib.check(config.train)
+def _prepare_optimizer(model, strategy, train_cfg) -> lr.Rate:
+  """The compiled optimizer with the batch-size rule applied, its slots
+  built in scope (a replica function may not create them), and its own
+  per-replica all-reduce off (the step reduces once, explicitly)."""
+  rate = lr.apply(model.optimizer, train_cfg)
+  with strategy.scope():
+    model.optimizer.build(model.trainable_variables)
+  allreduce.disable_optimizer_allreduce(model.optimizer)
+  return rate
 
 
-def _check_train_cfg(train_cfg, eval_cfg) -> None:
-  for key in ("steps", "global_batch_size", "log_every", "checkpoint_every",
-              "steps_per_loop"):
-    if getattr(train_cfg, key) < 1:
-      raise UserError(f"train.{key}={getattr(train_cfg, key)} must be >= 1.")
-  for key in ("every", "steps"):
-    if getattr(eval_cfg, key) < 0:
-      raise UserError(f"eval.{key}={getattr(eval_cfg, key)} must be >= 0.")
-  data_lib.per_replica_batch_size(train_cfg.global_batch_size, 1)
+def _notes(config, on_tpu: bool, resumed) -> list[str]:
+  """What a run says before its first step, after the header."""
+  notes = []
+  if on_tpu and (config.log.sync_timing or config.log.calibration_steps):
+    notes.append("TPU: log.sync_timing and log.calibration_steps are off "
+                 "(tf.timestamp has no TPU kernel)")
+  if on_tpu and config.train.steps_per_loop == 1:
+    notes.append("TPU: train.steps_per_loop=1 returns to the host after "
+                 "every step, the usual TPU slowdown; use e.g. "
+                 "--config.train.steps_per_loop=50 (docs/tpu_colab.md)")
+  if config.data.name == data_lib.SYNTHETIC:
+    notes.append(data_lib.constant_batch.NOTE)
+  return notes + ([resumed] if resumed else [])
 
 
 def _resolve_config(config) -> ml_collections.ConfigDict:
@@ -161,17 +164,11 @@ def _resolve_config(config) -> ml_collections.ConfigDict:
                     "a ConfigDict or a dict such as {'train.steps': 500}.")
   defaults = base.get_config()
   for key, value in config.items():
-    try:
-      if not re.fullmatch(r"\w+\.\w+", str(key)):
-        raise KeyError(key)
-      configs.override(defaults, [(key, value)])
-    except (AttributeError, KeyError) as e:
+    if not re.fullmatch(r"\w+\.\w+", str(key)):
       raise UserError(f"config key {key!r} names no setting (keys are "
                       "'section.key'); every key and its default is in "
-                      "configs/base.py.") from e
-    except (TypeError, ValueError) as e:
-      raise UserError(f"config[{key!r}]={value!r}: "
-                      f"{str(e).splitlines()[0]}") from e
+                      "configs/base.py.")
+    configs.set_value(defaults, key, value, spelled=f"config[{key!r}]")
   return defaults
 
 

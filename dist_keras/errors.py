@@ -17,19 +17,16 @@ EXIT_DIVERGED = 3
 EXIT_UNEXPECTED = 1
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would return.
 EXIT_PEER_LOST = 200
+# What a launcher or Kubernetes should do with each: a permanent failure
+# fails alike when rerun; a retryable one resumes from a checkpoint.
+PERMANENT = (EXIT_UNEXPECTED, EXIT_CONFIG_ERROR, EXIT_DIVERGED)
+RETRYABLE = (EXIT_PREEMPTED, EXIT_PEER_LOST)
 
 
 class UserError(ValueError):
   """A bad value the user can fix; its message is one line naming the fix."""
 
   exit_code = EXIT_CONFIG_ERROR
-
-
-def check_choice(key: str, value, choices) -> None:
-  """Raises UserError unless `value` of config key `key` is in `choices`."""
-  if value not in choices:
-    raise UserError(f"{key}={value!r} is not one of {', '.join(choices)}; "
-                    "pick one of those.")
 
 
 class Diverged(UserError):

@@ -1,14 +1,15 @@
 """What trains: config.model.name and config.data.name -> the model_fn and
-dataset_fn of the contract (contract.py).
+dataset_fn of the contract (contract/checks.py).
 
 A built-in name (models.NAMES; longmem, shapes, synthetic, tfds:NAME) picks
 a built-in pair, which reads its settings from the config. `PKG.MODULE:FN`
-names a user's own function (imports.py). Either side may be the user's:
+names a user's own function (contract/imports.py). Either side may be the user's:
 a built-in model on a user's data reads the data's shape from the config
 (data.seq_len, vocab_size, num_classes; data.image_size, channels).
 """
 from dist_keras import data as data_lib
-from dist_keras import imports, models
+from dist_keras import models
+from dist_keras.contract import imports
 from dist_keras.configs import base
 from dist_keras.errors import UserError
 
@@ -46,23 +47,26 @@ def resolve(config, model_fn=None, dataset_fn=None):
     dataset_fn = dataset_fn or imports.load("data.name", config.data.name)
   if user_model:
     model_fn = model_fn or imports.load("model.name", config.model.name)
-  spec = None if user_model else _input_spec(config, user_data)
+  spec = _input_spec(config, user_model, user_data)
   if not user_model:
     model_fn = models.model_fn(config, spec)
   if not user_data:
-    if config.data.name == data_lib.SYNTHETIC and user_model:
-      raise UserError(
-          "data.name='synthetic' builds batches for a built-in model's "
-          "inputs; with your own model, give it a dataset_fn of constant "
-          "batches (tf.data.Dataset.from_tensors(batch).repeat()).")
     dataset_fn = data_lib.dataset_fn(config, spec)
   return model_fn, dataset_fn
 
 
-def _input_spec(config, user_data: bool):
-  """The built-in model's InputSpec: the built-in data's own, or the shape
-  the config declares for the user's data."""
-  inputs = models.inputs(config.model)
+def _input_spec(config, user_model: bool, user_data: bool):
+  """The InputSpec the built-in side needs (None if both are the user's):
+  the built-in data's own, or the shape the config declares for a user's
+  data; checks the built-in side's settings, once."""
+  if user_model and user_data:
+    return None
+  if user_model and config.data.name == data_lib.SYNTHETIC:
+    raise UserError(
+        "data.name='synthetic' builds batches for a built-in model's "
+        "inputs; with your own model, give it a dataset_fn of constant "
+        "batches (tf.data.Dataset.from_tensors(batch).repeat()).")
+  inputs = "" if user_model else models.inputs(config.model)
   if user_data:
     return data_lib.declared_spec(config.data, inputs)
   return data_lib.input_spec(config.data, inputs)

@@ -23,45 +23,22 @@ import re
 import traceback
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
-from dist_keras import configs, errors, quiet, tfconfig
+from dist_keras import configs, errors, quiet, validate
+from dist_keras.distribute import tfconfig, tpu_env
 
-DEFAULT_CONFIG = configs.path("lstm_longmem")
-
-
-def _exit_bad_command_line(message: str) -> None:
-  """One line and exit 2: the same contract as every other bad value."""
-  print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
-  sys.exit(errors.EXIT_CONFIG_ERROR)
-
-
-def _define_config_flag():
-  # config_flags applies --config.KEY=VALUE overrides while defining the
-  # flag, so an unknown key fails here, at import, with a traceback.
-  try:
-    return config_flags.DEFINE_config_file(
-        "config", DEFAULT_CONFIG, "A built-in config's name (e.g. "
-        "cnn_shapes) or a config file: PATH.py[:ARG]; override keys with "
-        "--config.SECTION.KEY=VALUE.", lock_config=True)
-  except (AttributeError, KeyError) as e:
-    text = str(e)
-    key = re.search(r"'(\w+)\\?'", text)
-    hint = re.search(r'Did you mean "(\w+)"', text)
-    given = [a.split("=")[0] for a in sys.argv[1:] if a.startswith(
-        "--config.") and key and f".{key.group(1)}" in a.split("=")[0]]
-    _exit_bad_command_line(
-        f"{given[0] if given else text.splitlines()[0]} names no config key"
-        + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
-        + "; every key and its default is in configs/base.py.")
-
-
-_CONFIG = _define_config_flag()
+_CONFIG = flags.DEFINE_string(
+    "config", configs.DEFAULT, "A built-in config's name (e.g. cnn_shapes) "
+    "or a config file: PATH.py[:ARG]; override keys with "
+    "--config.SECTION.KEY=VALUE.")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Run folder (config.json, summary.json, model.keras, "
     "checkpoints/, TensorBoard events). Default: runs/<timestamp>.")
 _VERBOSE = flags.DEFINE_bool("verbose", False,
                              "Print tracebacks and TensorFlow's log lines.")
+# The --config.SECTION.KEY=VALUE overrides, split from argv before absl
+# parses the rest (_parse_flags): "SECTION.KEY=VALUE" each.
+_OVERRIDES: list[str] = []
 
 
 def default_workdir() -> str:
@@ -76,7 +53,8 @@ def main(argv) -> None:
     if len(argv) > 1:
       raise errors.UserError(f"unexpected arguments {argv[1:]}; the options "
                              "are --config, --workdir, --config.KEY=VALUE.")
-    sys.exit(_train(_CONFIG.value, _WORKDIR.value or default_workdir()))
+    config = configs.from_command_line(_CONFIG.value, _OVERRIDES)
+    sys.exit(_train(config, _WORKDIR.value or default_workdir()))
   except (errors.UserError, errors.Preempted) as e:
     _fail(e, e.exit_code)
   except Exception as e:  # pylint: disable=broad-except
@@ -87,16 +65,29 @@ def main(argv) -> None:
 
 
 def _train(config, workdir: str) -> int:
-  # Order matters: TF_CONFIG is checked before TensorFlow starts (a typo
-  # there fails now, not as a gRPC hang later); dist_keras.fit checks the
-  # config before the strategy splits the CPU into logical devices and
-  # before anything else initialises TensorFlow.
+  # Order matters: the config and TF_CONFIG are checked before TensorFlow
+  # starts (a typo fails in a fraction of a second, not after TensorFlow's
+  # start-up or as a gRPC hang later).
+  validate.config(config)
   tfconfig.from_env()
+  set_now = tpu_env.prepare(config.runtime.strategy, config.runtime.tpu)
+  if _VERBOSE.value:
+    print(tpu_env.describe(set_now), file=sys.stderr, flush=True)
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top,unused-import
+    try:
+      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    except Exception as e:  # pylint: disable=broad-except
+      if not set_now:
+        raise
+      raise errors.UserError(
+          f"TensorFlow could not load the TPU runtime "
+          f"{os.environ.get('TF_PLUGGABLE_DEVICE_LIBRARY_PATH', '')} "
+          f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+          "install a tensorflow-tpu and libtpu pair that match "
+          "(pip install 'dist-keras[tpu]'), or set PJRT_DEVICE yourself."
+      ) from e
   from dist_keras import api  # pylint: disable=g-import-not-at-top
-  api.fit(config.model.name, config.data.name, workdir=workdir,
-          config=config)
+  api.train(config, workdir)
   return 0
 
 
@@ -149,57 +140,42 @@ def _fail(error: Exception, code: int) -> None:
   sys.exit(code)
 
 
-def _parse_flags(argv):
-  """absl's parsing, with a wrong type or unloadable --config as one line
-  and exit 2 (absl's own handler prints two lines and exits 1)."""
-  try:
-    rest = flags.FLAGS(argv)
-    # A config that failed to load is a stand-in raising on first use.
-    _ = _CONFIG.value.runtime
-    return rest
-  except flags.Error as e:
-    if not str(e).startswith("flag --config="):
-      _exit_bad_command_line(f"{str(e).splitlines()[0]}; fix the value's "
-                             "type (see configs/base.py).")
-    _exit_bad_command_line(f"{str(e).split(':')[0][5:]} could not be loaded "
-                           f"(the file or its argument); {_CONFIG_HINT}")
-  except (OSError, ImportError, SyntaxError, AttributeError) as e:
-    given = [a for a in argv[1:] if a.startswith("--config=")]
-    _exit_bad_command_line(
-        f"{given[-1] if given else '--config'} could not be loaded "
-        f"({type(e).__name__}: {_first_line(e)}); {_CONFIG_HINT}")
-
-
-_CONFIG_HINT = (f"pass a built-in config ({', '.join(configs.names())}) or "
-                "a config file's path.")
-
-
-def _first_line(error: Exception) -> str:
-  return str(error).splitlines()[0][:200] if str(error) else "no message"
-
-
-def builtin_config_paths(argv: list[str]) -> list[str]:
-  """`argv` with `--config=NAME[:ARG]` of a built-in config turned into its
-  file's path (which absl's config flag loads), e.g. --config=cnn_shapes.
-
-  A path that exists wins over a built-in of the same name.
-  """
-  out, argv = [], list(argv)
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+  """(argv without them, the overrides): each --config.KEY=VALUE (or
+  --config.KEY VALUE) as "KEY=VALUE"; a bare --config.KEY as "KEY" (true,
+  for a bool) and --noconfig.KEY as "KEY=false", as absl reads bools."""
+  rest, overrides, argv = [], [], list(argv)
   while argv:
     arg = argv.pop(0)
-    if arg == "--config" and argv:  # `--config NAME`
-      arg = f"--config={argv.pop(0)}"
-    if arg.startswith("--config="):
-      name, colon, rest = arg[len("--config="):].partition(":")
-      if name in configs.names() and not os.path.exists(name):
-        arg = f"--config={configs.path(name)}{colon}{rest}"
-    out.append(arg)
-  return out
+    if arg.startswith("--noconfig."):  # absl's spelling of a false bool.
+      overrides.append(f"{arg[len('--noconfig.'):]}=false")
+    elif not arg.startswith("--config."):
+      rest.append(arg)
+    elif "=" in arg or not argv or argv[0].startswith("--"):
+      overrides.append(arg[len("--config."):])  # Bare: a bool's true.
+    else:
+      overrides.append(f"{arg[len('--config.'):]}={argv.pop(0)}")
+  return rest, overrides
+
+
+def _parse_flags(argv):
+  """absl's parsing of all but the overrides, with a bad flag as one line
+  and exit 2 (absl's own handler prints two lines and exits 1)."""
+  rest, _OVERRIDES[:] = split_overrides(argv)
+  try:
+    return flags.FLAGS(rest)
+  except flags.Error as e:
+    _exit_bad_command_line(f"{str(e).splitlines()[0]}; see --help.")
+
+
+def _exit_bad_command_line(message: str) -> None:
+  """One line and exit 2: the same contract as every other bad value."""
+  print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(errors.EXIT_CONFIG_ERROR)
 
 
 def run() -> None:
   """Console-script entry point (`dist-keras-train`)."""
-  sys.argv[:] = builtin_config_paths(sys.argv)
   app.run(main, flags_parser=_parse_flags)
 
 

@@ -13,11 +13,13 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-# The tools import their sibling modules (train_run, config_args) as they do
+# The tools import their sibling modules (common, scaling_report) as they do
 # when run as scripts from tools/.
 sys.path.insert(0, os.path.join(REPO, "tools"))
+# The subprocess scripts (tests/scripts/) are imported by tests too.
+sys.path.insert(0, os.path.join(REPO, "tests", "scripts"))
 
-from dist_keras import strategy  # pylint: disable=g-import-not-at-top
+from dist_keras.distribute import strategy  # pylint: disable=g-import-not-at-top
 
 strategy.split_cpu(2)
 

@@ -42,22 +42,31 @@ def fit(config, workdir, strategy):
 
 
 def trainer(config, workdir, strategy):
-  """The loop.Trainer of `config`'s named model and data (close() it)."""
-  from dist_keras import api  # pylint: disable=g-import-not-at-top
-  return api.build(config.model.name, config.data.name, workdir=str(workdir),
-                   config=config, strategy=strategy)
+  """The loop.Trainer of `config`'s named model and data, built as a run
+  builds it (close() it, or use it in a `with`)."""
+  from dist_keras import api, validate  # pylint: disable=g-import-not-at-top
+  validate.config(config)
+  return api.build(config, str(workdir), strategy=strategy)
+
+
+def distribute(strategy, dataset_fn, split, config):
+  """distribute/input.py's distribution of `dataset_fn`'s `split` with
+  `config`'s batch, eval steps and pipelines: (dataset, batch spec)."""
+  from dist_keras.distribute import input as input_lib  # pylint: disable=g-import-not-at-top
+  return input_lib.distribute(
+      strategy, dataset_fn, split,
+      global_batch_size=config.train.global_batch_size,
+      eval_steps=config.eval.steps if split == "eval" else 0,
+      per_replica_pipelines=config.data.pipeline_per_replica)
 
 
 @contextlib.contextmanager
 def built(config, strategy):
   """A Trainer of `config` in a throwaway workdir: its model, optimizer and
   distributed datasets, built exactly as a run builds them."""
-  with tempfile.TemporaryDirectory() as workdir:
-    built_trainer = trainer(config, workdir, strategy)
-    try:
-      yield built_trainer
-    finally:
-      built_trainer.close()
+  with tempfile.TemporaryDirectory() as workdir, trainer(
+      config, workdir, strategy) as built_trainer:
+    yield built_trainer
 
 
 def run_module(args, timeout=300, env=None, cwd=REPO):

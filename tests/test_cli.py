@@ -91,7 +91,7 @@ def test_bad_values_exit_2_with_one_line_and_write_nothing(tmp_path, override,
     ("--config.trian.steps=3",
      "--config.trian.steps names no config key (did you mean 'train'?)"),
     ("--config.train.steps=many",
-     "flag --config.train.steps=many: invalid literal for int()"),
+     "--config.train.steps=many: invalid literal for int()"),
     ("--config=configs/nope.py",
      "--config=configs/nope.py could not be loaded"),
 ])

@@ -6,6 +6,8 @@ import os
 import pytest
 
 import helpers
+from dist_keras import configs, train
+from dist_keras.errors import UserError
 
 CONFIG_FILES = sorted(
     os.path.basename(p)[:-3]
@@ -64,3 +66,52 @@ def test_default_is_lstm_on_longmem():
   assert (c.data.name, c.model.name, c.model.cell) == (
       "longmem", "sequence_classifier", "lstm")
   assert c.runtime.strategy == "auto" and c.runtime.num_cpu_devices == 2
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--config.train.steps=5"], {"train.steps": 5}),
+    (["--config.train.steps", "5"], {"train.steps": 5}),
+    (["--config.log.progress=false"], {"log.progress": False}),
+    (["--noconfig.log.progress"], {"log.progress": False}),
+    (["--config.log.progress", "--config.train.steps=7"],
+     {"log.progress": True, "train.steps": 7}),
+    (["--config.model.filters=(8, 16)"], {"model.filters": (8, 16)}),
+    (["--config.train.learning_rate=1e-3"], {"train.learning_rate": 1e-3}),
+    (["--config.data.name=tfds:mnist"], {"data.name": "tfds:mnist"}),
+])
+def test_command_line_overrides_are_parsed_as_their_keys_types(argv,
+                                                              expected):
+  rest, overrides = train.split_overrides(["prog", *argv, "--workdir=w"])
+  assert rest == ["prog", "--workdir=w"]
+  c = configs.from_command_line("lstm_longmem", overrides)
+  for key, value in expected.items():
+    section, field = key.split(".")
+    assert c[section][field] == value and type(c[section][field]) is type(
+        value), key
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.steps", "--config.train.steps needs a value"),
+    ("train.steps=1.5", "--config.train.steps=1.5: invalid literal for int()"),
+    ("log.progress=maybe", "'maybe' is not a bool (true or false)"),
+    ("train", "--config.train is not SECTION.KEY=VALUE"),
+    ("train.stepz=1", "--config.train.stepz names no config key (did you "
+     "mean 'steps'?)"),
+])
+def test_bad_overrides_are_one_line_user_errors(override, message):
+  with pytest.raises(UserError) as error:
+    configs.from_command_line("lstm_longmem", [override])
+  assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_config_file_outside_the_package_loads_with_its_argument(tmp_path):
+  path = tmp_path / "mine.py"
+  path.write_text("from dist_keras.configs import base\n"
+                  "def get_config(arg='4'):\n"
+                  "  c = base.get_config()\n"
+                  "  c.train.steps = int(arg)\n"
+                  "  return c\n")
+  assert configs.from_command_line(str(path)).train.steps == 4
+  assert configs.from_command_line(f"{path}:9").train.steps == 9
+  with pytest.raises(UserError, match="could not be loaded"):
+    configs.from_command_line(str(tmp_path / "nope.py"))

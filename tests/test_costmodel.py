@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from dist_keras import costmodel
+from dist_keras.measure import costmodel
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(REPO, "tools", "scaling_model.py")

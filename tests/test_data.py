@@ -4,7 +4,9 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import data, loop
+from dist_keras import data
+from dist_keras import validate
+from dist_keras.distribute import input as input_lib
 from dist_keras.data import generated
 from dist_keras.errors import UserError
 
@@ -84,7 +86,7 @@ def test_per_replica_batches_have_static_shape():
 def test_eval_steps_limits_global_batches(mirrored):
   c = helpers.tiny_config("lstm_longmem")
   c.eval.steps = 2
-  ds, _ = loop.distribute(mirrored, data.dataset_fn(c), "eval", c)
+  ds, _ = helpers.distribute(mirrored, data.dataset_fn(c), "eval", c)
   assert sum(1 for _ in ds) == 2
 
 
@@ -105,19 +107,25 @@ def test_pipeline_options_change_how_not_what_is_read():
 
 def test_batch_not_divisible_by_replicas_names_both_numbers():
   with pytest.raises(UserError, match=r"global_batch_size=30 .* 4 replicas"):
-    data.per_replica_batch_size(30, 4)
+    input_lib.per_replica_batch_size(30, 4)
 
 
 @pytest.mark.parametrize("key,value,message", [
     ("name", "mnist_typo", "data.name='mnist_typo' is not one of longmem"),
     ("num_classes", 7, "data.num_classes=7 for shapes must be 1..4"),
-    ("threads", -1, "data.threads=-1 must be >= 0"),
 ])
 def test_bad_data_settings_are_refused(key, value, message):
   c = helpers.tiny_config("cnn_shapes").data
   setattr(c, key, value)
   with pytest.raises(UserError, match=message):
     data.input_spec(c)
+
+
+def test_bad_pipeline_settings_are_refused_before_tensorflow_starts():
+  c = helpers.tiny_config("cnn_shapes")
+  c.data.threads = -1
+  with pytest.raises(UserError, match="data.threads=-1 must be >= 0"):
+    validate.config(c)
 
 
 @pytest.mark.parametrize("per_replica", [False, True])
@@ -132,7 +140,7 @@ def test_eval_sees_every_example_exactly_once(mirrored, per_replica):
 
 def test_a_per_replica_distribution_leaves_the_strategy_per_worker(mirrored):
   """TF 2.21's MirroredStrategy remembers per-replica input devices after a
-  PER_REPLICA distribution (loop._input_devices_kept undoes it): afterwards
+  PER_REPLICA distribution (input._input_devices_kept undoes it): afterwards
   a per-worker run must still build ONE pipeline for the 2 replicas."""
   c = helpers.tiny_config()
   fn, seen = data.dataset_fn(c), []
@@ -142,9 +150,9 @@ def test_a_per_replica_distribution_leaves_the_strategy_per_worker(mirrored):
     return fn(split, ctx)
 
   c.data.pipeline_per_replica = True
-  loop.distribute(mirrored, counting, "eval", c)
+  helpers.distribute(mirrored, counting, "eval", c)
   assert seen == [2, 2]
   c.data.pipeline_per_replica = False
   seen.clear()
-  loop.distribute(mirrored, counting, "eval", c)
+  helpers.distribute(mirrored, counting, "eval", c)
   assert seen == [1]

@@ -23,7 +23,8 @@ def weights(tmp_path_factory):
   procs = {}
   for name, (strategy, devices) in RUNS.items():
     procs[name] = subprocess.Popen(
-        [sys.executable, os.path.join(helpers.REPO, "tests", "train_weights.py"),
+        [sys.executable, os.path.join(helpers.REPO, "tests", "scripts",
+                                      "train_weights.py"),
          f"--strategy={strategy}", f"--devices={devices}",
          f"--out={out / name}.npz"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -1,4 +1,4 @@
-"""Model FLOPs (dist_keras/flops.py), peak FLOP/s and MFU (dist_keras/mfu.py)."""
+"""Model FLOPs (measure/flops.py), peak FLOP/s and MFU (measure/mfu.py)."""
 import json
 import os
 
@@ -7,7 +7,9 @@ import pytest
 
 import helpers
 from dist_keras import data as data_lib
-from dist_keras import api, flops, mfu, models
+from dist_keras import models, validate
+from dist_keras.measure import flops
+from dist_keras.measure import mfu
 from dist_keras.errors import UserError
 
 
@@ -209,7 +211,7 @@ def test_negative_peak_is_a_user_error():
   config = helpers.tiny_config()
   config.log.peak_tflops = -1.0
   with pytest.raises(UserError, match=r"log.peak_tflops=-1.0"):
-    api.validate(config)
+    validate.config(config)
 
 
 def test_tiny_run_logs_mfu_and_writes_it_to_summary(tmp_path, mirrored,

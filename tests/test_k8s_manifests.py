@@ -7,6 +7,7 @@ the container's own script, actually run, for the Indexed Job) and its
 addresses are checked against the ports and names in the manifests.
 """
 import ast
+import re
 import glob
 import json
 import os
@@ -14,13 +15,12 @@ import subprocess
 import sys
 
 from absl import flags
-from ml_collections import config_flags
 import pytest
 import yaml
 
-from configs import base
-from dist_keras import errors
-from dist_keras import strategy as strategy_lib
+from dist_keras import configs, errors, train, validate
+from dist_keras.configs import base
+from dist_keras.distribute import tfconfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S = os.path.join(REPO, "tools", "k8s")
@@ -124,22 +124,18 @@ def _trainer_argvs(tmp_path):
 
 
 def _parse_train_flags(argv, monkeypatch):
-  """The config dist_keras.train would build from `argv` (after -m NAME).
-
-  The same flags as dist_keras/train.py, in a FlagValues of their own; an
-  unknown flag or config key, or a wrongly typed value, raises here as it
-  would in the pod.
-  """
+  """The config and workdir dist_keras.train would build from `argv` (after
+  -m NAME), by its own parsing: an unknown flag or config key, or a wrongly
+  typed value, raises here as it would in the pod."""
   monkeypatch.chdir(REPO)  # The image's WORKDIR holds configs/ likewise.
+  rest, overrides = train.split_overrides(["dist_keras.train", *argv])
   fv = flags.FlagValues()
-  # Overrides are registered from the command line at definition time.
-  config_flags.DEFINE_config_file("config", None, flag_values=fv,
-                                  lock_config=True,
-                                  sys_argv=["dist_keras.train", *argv])
+  flags.DEFINE_string("config", configs.DEFAULT, "", flag_values=fv)
   flags.DEFINE_string("workdir", None, "", flag_values=fv)
   flags.DEFINE_bool("verbose", False, "", flag_values=fv)
-  fv(["dist_keras.train", *argv])
-  return fv["config"].value, fv["workdir"].value
+  fv(rest)
+  return (configs.from_command_line(fv["config"].value, overrides),
+          fv["workdir"].value)
 
 
 def test_every_manifest_parses_with_kind_and_name():
@@ -174,18 +170,18 @@ def test_trainer_commands_run_dist_keras_train(tmp_path, monkeypatch):
             f"{workload}: --config.{key} is not a key of configs/base.py")
     cfg, workdir = _parse_train_flags(flags_, monkeypatch)
     assert cfg.runtime.strategy == "multi_worker_mirrored", workload
-    assert cfg.runtime.strategy in strategy_lib.STRATEGIES
+    validate.config(cfg)
     assert workdir and workdir.startswith("/workdir/"), (workload, workdir)
 
 
 @pytest.mark.parametrize("override,error", [
-    ("--config.runtime.stratgy=multi_worker_mirrored", AttributeError),
-    ("--config.train.steps=many", flags.IllegalFlagValueError),
+    ("--config.runtime.stratgy=multi_worker_mirrored", "names no config key"),
+    ("--config.train.steps=many", "invalid literal for int()"),
 ])
 def test_a_bad_override_would_be_caught(override, error, monkeypatch):
   # The check above is real: the same parser refuses an unknown key or a
   # wrongly typed value, as dist_keras.train would in the pod.
-  with pytest.raises(error):
+  with pytest.raises(errors.UserError, match=re.escape(error)):
     _parse_train_flags(["--config=configs/lstm_longmem.py", override],
                        monkeypatch)
 
@@ -218,11 +214,18 @@ def test_tfjob_tf_config_addresses_use_port_2222():
     assert workers[i].startswith(f"dist-keras-worker-{i}.")
 
 
+# The shell's own permanent failures: a command found but not executable
+# (126) or not found (127), e.g. a broken image.
+SHELL_PERMANENT = (126, 127)
+
+
 def test_exit_codes_match_restart_policy_exit_code():
   # ExitCode: 1-127 permanent (job fails), 128-255 retryable (pod recreated),
   # per kubeflow/training-operator pkg/util/train/train_util.go.
-  for code in (errors.EXIT_CONFIG_ERROR, errors.EXIT_UNEXPECTED):
+  for code in errors.PERMANENT:
     assert 1 <= code <= 127, code
+  for code in errors.RETRYABLE:
+    assert 128 <= code <= 255, code
   job = _one("Job")
   rules = job["spec"]["podFailurePolicy"]["rules"]
   fail = [r for r in rules if r["action"] == "FailJob"]
@@ -230,10 +233,9 @@ def test_exit_codes_match_restart_policy_exit_code():
   on_exit = fail[0]["onExitCodes"]
   assert on_exit["operator"] == "In"
   assert on_exit["containerName"] == "trainer"
-  values = on_exit["values"]
-  assert values == sorted(set(values)) and 0 not in values
-  assert {errors.EXIT_CONFIG_ERROR, errors.EXIT_UNEXPECTED} <= set(values)
-  assert all(v < 128 for v in values), "128+ must stay retryable"
+  # Exactly dist_keras' permanent codes: a missing one is retried
+  # backoffLimit times, failing alike each time.
+  assert on_exit["values"] == sorted(errors.PERMANENT + SHELL_PERMANENT)
   assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
 
@@ -271,7 +273,6 @@ def test_indexed_job_builds_tf_config_from_its_index(tmp_path):
 
 
 def test_dist_keras_accepts_both_tf_configs(tmp_path):
-  tfconfig = pytest.importorskip("dist_keras.tfconfig")
   tfjob = _one("TFJob")
   n = tfjob["spec"]["tfReplicaSpecs"]["Worker"]["replicas"]
   job = _one("Job")
@@ -327,8 +328,16 @@ def test_dockerfile_installs_the_package():
     for s in sources:
       assert os.path.exists(os.path.join(REPO, s)), f"COPY {s}: not in repo"
       copied.add(s)
-  assert {"setup.py", "README.md", "dist_keras", "configs"} <= copied
   assert "configs ./configs" in by["COPY"]  # --config=configs/... from /app
+  # What setup.py reads or packages (configs/ too: it ships as
+  # dist_keras.configs) is in place before the install.
+  ops = [line.split(None, 1) for line in joined]
+  install_at = next(i for i, (op, rest) in enumerate(ops)
+                    if op.upper() == "RUN" and "pip install" in rest)
+  before = {s for op, rest in ops[:install_at] if op.upper() == "COPY"
+            for s in rest.split()[:-1]}
+  assert {"setup.py", "pyproject.toml", "README.md", "dist_keras",
+          "configs"} <= before
   installs = [r for r in by["RUN"] if "pip install" in r]
   assert installs == ['pip install ".[cpu]"']
   assert "cpu" in _setup_extras()

@@ -7,7 +7,9 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import loop, models, workdir as workdir_lib
+from dist_keras import data, models, validate
+from dist_keras.distribute import strategy as strategy_lib
+from dist_keras.training import workdir as workdir_lib
 
 CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
                  "perf/examples_per_sec", "perf/examples_per_sec_per_replica",
@@ -82,7 +84,7 @@ def test_restart_resumes_from_latest_checkpoint(tmp_path, mirrored, capsys):
 
 
 def test_only_the_chief_writes(tmp_path, mirrored, monkeypatch):
-  monkeypatch.setattr(loop, "is_chief", lambda strategy: False)
+  monkeypatch.setattr(strategy_lib, "is_chief", lambda strategy: False)
   helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
   assert not helpers.event_files(str(tmp_path))
   for name in ("summary.json", "model.keras", "config.json"):
@@ -90,16 +92,35 @@ def test_only_the_chief_writes(tmp_path, mirrored, monkeypatch):
 
 
 def test_progress_lines_show_step_loss_throughput_and_eta(
-    tmp_path, mirrored, capsys):
+    tmp_path, mirrored, capsys, monkeypatch):
   c = helpers.tiny_config()
   c.log.progress = True
+  calls = _count_calls(monkeypatch, (validate, "config"), (data, "_check"),
+                       (models, "check"))
   helpers.train(c, str(tmp_path), mirrored)
+  # Validated once: the config, the built-in data's and model's settings.
+  assert calls == {"config": 1, "_check": 1, "check": 1}
   lines = capsys.readouterr().out.splitlines()
   step_lines = [l for l in lines if l.startswith("step")]
   assert len(step_lines) == 2
   assert "warm-up" in step_lines[0]
   assert all(k in step_lines[1] for k in ("8/8", "loss", "ex/s", "ETA"))
   assert any(l.startswith("eval at step 8") for l in lines)
+
+
+def _count_calls(monkeypatch, *targets) -> dict:
+  """Wraps each (module, function name) to count its calls."""
+  calls = {}
+  for module, name in targets:
+    original = getattr(module, name)
+    calls[name] = 0
+
+    def counted(*args, _name=name, _original=original, **kwargs):
+      calls[_name] += 1
+      return _original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+  return calls
 
 
 @pytest.mark.parametrize("key,value,message", [
@@ -165,7 +186,10 @@ def test_logged_steps_carry_the_sync_breakdown(tmp_path, mirrored):
   for step in (4, 8, 12):
     value = {t: dict(tags[t])[step] for t in SYNC_TAGS}
     parts = sum(value[t] for t in SYNC_TAGS[:4])
-    assert parts == pytest.approx(value["sync/step_ms"], rel=0.15)
+    # Means over 2 replicas whose updates end apart; the step ends with the
+    # last (exact at one replica: tests/test_sync_scaling.py).
+    assert (0.85 * value["sync/step_ms"] <= parts
+            <= value["sync/step_ms"] * (1 + 1e-5))
     assert value["sync/fraction"] == pytest.approx(
         (value["sync/allreduce_ms"] + value["sync/straggler_ms"])
         / value["sync/step_ms"], rel=1e-5)
@@ -201,7 +225,7 @@ def test_calibration_adds_the_ideal_step_and_the_allreduce_model(
 
 def test_a_failed_allreduce_fit_does_not_cost_the_run(tmp_path, mirrored,
                                                      monkeypatch, capsys):
-  from dist_keras import costmodel  # pylint: disable=g-import-not-at-top
+  from dist_keras.measure import costmodel  # pylint: disable=g-import-not-at-top
 
   def refuse(*args, **kwargs):
     raise ValueError("all-reduce time does not grow with message size")
@@ -218,7 +242,7 @@ def test_a_failed_allreduce_fit_does_not_cost_the_run(tmp_path, mirrored,
 
 
 def test_profile_steps_write_a_trace_of_marked_steps(tmp_path, mirrored):
-  from dist_keras import trace  # pylint: disable=g-import-not-at-top
+  from dist_keras.measure import trace  # pylint: disable=g-import-not-at-top
   c = helpers.tiny_config()
   c.train.steps, c.log.profile_steps = 8, "3,5"
   helpers.train(c, str(tmp_path), mirrored)
@@ -238,7 +262,7 @@ def test_bad_profile_steps_are_refused(tmp_path, mirrored, spec):
 
 
 def test_profile_window_at_the_last_steps_is_still_written(tmp_path, mirrored):
-  from dist_keras import trace  # pylint: disable=g-import-not-at-top
+  from dist_keras.measure import trace  # pylint: disable=g-import-not-at-top
   c = helpers.tiny_config()
   c.train.steps, c.log.profile_steps = 8, "7,8"
   helpers.train(c, str(tmp_path), mirrored)
@@ -274,11 +298,8 @@ def test_non_finite_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
 
 
 def _trained(c, workdir, strategy):
-  trainer = helpers.trainer(c, str(workdir), strategy)
-  try:
+  with helpers.trainer(c, str(workdir), strategy) as trainer:
     summary = trainer.run()
-  finally:
-    trainer.close()
   return summary, [w.numpy() for w in trainer.model.weights]
 
 
@@ -320,11 +341,8 @@ def test_bfloat16_computes_in_bfloat16_keeps_float32_variables(tmp_path,
   import keras  # pylint: disable=g-import-not-at-top
   c = helpers.tiny_config()
   c.train.precision = "bfloat16"
-  trainer = helpers.trainer(c, str(tmp_path), mirrored)
-  try:
+  with helpers.trainer(c, str(tmp_path), mirrored) as trainer:
     summary = trainer.run()
-  finally:
-    trainer.close()
   assert np.isfinite(summary["train_loss"]) and summary["steps"] == 8
   dense = trainer.model.layers[-1]
   assert dense.compute_dtype == "bfloat16"

@@ -1,4 +1,4 @@
-"""Batch-size rules for the learning rate (dist_keras.lr): Goyal et al.
+"""Batch-size rules for the learning rate (training/lr.py): Goyal et al.
 2017's linear scaling and gradual warmup, exact across a resume and with
 several steps per tf.function call."""
 import glob
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import helpers
-from dist_keras import api, configs, lr, models
+from dist_keras import configs, models, validate
+from dist_keras.training import lr
 from dist_keras.errors import UserError
 
 
@@ -110,7 +111,7 @@ def test_bad_settings_are_one_line_user_errors(overrides, message):
   for key, value in overrides.items():
     setattr(c.train, key, value)
   with pytest.raises(UserError) as error:
-    api.validate(c)
+    validate.config(c)
   assert str(error.value).startswith(message)
   assert "\n" not in str(error.value)
 
@@ -143,11 +144,8 @@ def _warmup_config(**train):
 
 
 def _run(config, workdir, strategy):
-  trainer = helpers.trainer(config, str(workdir), strategy)
-  try:
+  with helpers.trainer(config, str(workdir), strategy) as trainer:
     summary = trainer.run()
-  finally:
-    trainer.close()
   return summary, [w.numpy() for w in trainer.model.weights]
 
 

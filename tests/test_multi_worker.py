@@ -19,7 +19,8 @@ import helpers
 import train_weights
 
 LAUNCHER = os.path.join(helpers.REPO, "tools", "launch_local.py")
-TRAIN_WEIGHTS = os.path.join(helpers.REPO, "tests", "train_weights.py")
+TRAIN_WEIGHTS = os.path.join(helpers.REPO, "tests", "scripts",
+                             "train_weights.py")
 GLOBAL_BATCH = 48  # Divisible by 2 and 3 workers.
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -258,7 +259,7 @@ def _free_ports(n):
 
 
 def test_two_workers_evaluate_every_example_exactly_once(tmp_path):
-  result = _launch(2, [os.path.join(helpers.REPO, "tests", "eval_ids.py"),
+  result = _launch(2, [os.path.join(helpers.REPO, "tests", "scripts", "eval_ids.py"),
                        f"--out={tmp_path}/ids{{task}}.npy",
                        "--eval_size=123", "--global_batch_size=32"])
   assert result.returncode == 0, result.stderr[-3000:]

@@ -1,9 +1,11 @@
 """notebooks/colab_tpu.ipynb runs top to bottom on this TPU-less CPU host.
 
 Executed with nbclient in a fresh kernel (its own process: the notebook
-splits the CPU and starts TensorFlow itself), with DIST_KERAS_NOTEBOOK_TEST=1:
-no install, few steps, the fallback from `tpu` to `auto`. Its TensorBoard
-cell really starts a TensorBoard server (on localhost); the test stops it.
+splits the CPU and starts TensorFlow itself), with DIST_KERAS_NOTEBOOK_TEST=1
+(no install, few steps) and the explicit CPU choice (DEVICE="cpu"); and once
+with the default DEVICE="tpu" on a fake Colab, where it must stop before
+training. Its TensorBoard cell really starts a TensorBoard server (on
+localhost); the test stops it.
 """
 import os
 import signal
@@ -49,10 +51,7 @@ def _stop_tensorboards(logdir: str) -> None:
         pass
 
 
-@pytest.fixture
-def executed(tmp_path, monkeypatch):
-  """The notebook after a run, as nbformat cells."""
-  workdir = str(tmp_path / "run")
+def _environment(monkeypatch, workdir: str, **env) -> None:
   monkeypatch.setenv("DIST_KERAS_NOTEBOOK_TEST", "1")
   monkeypatch.setenv("DIST_KERAS_NOTEBOOK_STEPS", str(STEPS))
   monkeypatch.setenv("DIST_KERAS_NOTEBOOK_WORKDIR", workdir)
@@ -62,12 +61,24 @@ def executed(tmp_path, monkeypatch):
   monkeypatch.setenv("PYTHONPATH", helpers.REPO)
   monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep
                      + os.environ.get("PATH", ""))
-  nb = nbformat.read(NOTEBOOK, as_version=4)
-  client = nbclient.NotebookClient(
+  for key, value in env.items():
+    monkeypatch.setenv(key, value)
+
+
+def _client(nb):
+  return nbclient.NotebookClient(
       nb, timeout=120, kernel_name="python3",
       resources={"metadata": {"path": helpers.REPO}})
+
+
+@pytest.fixture
+def executed(tmp_path, monkeypatch):
+  """The notebook after a run on the CPU, as nbformat cells."""
+  workdir = str(tmp_path / "run")
+  _environment(monkeypatch, workdir, DIST_KERAS_NOTEBOOK_DEVICE="cpu")
+  nb = nbformat.read(NOTEBOOK, as_version=4)
   try:
-    client.execute()
+    _client(nb).execute()
   finally:
     _stop_tensorboards(workdir)
   return [c for c in nb.cells if c.cell_type == "code"], workdir
@@ -77,10 +88,9 @@ def test_notebook_runs_and_reports_eval_accuracy(executed):
   cells, workdir = executed
   text = [_outputs(c) for c in cells]
   assert "install skipped" in text[1]
-  # No TPU here: the clear one-line refusal, then the fallback.
-  assert "No TPU: runtime.strategy='tpu' but no TPU was found" in text[2]
-  assert "Falling back to runtime.strategy=auto." in text[2]
+  assert "device cpu" in text[0]
   assert "MirroredStrategy with 2 replica(s)" in text[2]
+  assert "No TPU" not in text[2]
   assert f"step {STEPS}/{STEPS}" in text[3]
   # A user's own model through dist_keras.fit (random guessing: MAE 1.6).
   assert f"done: {STEPS} steps, eval mae " in text[4]
@@ -88,5 +98,23 @@ def test_notebook_runs_and_reports_eval_accuracy(executed):
   assert 0 < mae < 1.6, text[4]
   assert os.path.exists(os.path.join(workdir + "_own", "model.keras"))
   assert "<iframe" in _html(cells[5]) and "Failed" not in text[5], text[5]
-  assert f"MirroredStrategy x2: {STEPS} steps, eval accuracy " in text[6]
+  assert f"MirroredStrategy x2 on CPU: {STEPS} steps, eval accuracy " in (
+      text[6])
   assert os.path.exists(os.path.join(workdir, "summary.json"))
+
+
+def test_on_colab_without_a_tpu_it_stops_before_training(tmp_path,
+                                                        monkeypatch):
+  """The default DEVICE="tpu" on a (fake) Colab with no TPU: one message
+  saying how to switch the runtime, no silent CPU run."""
+  workdir = str(tmp_path / "run")
+  _environment(monkeypatch, workdir, COLAB_RELEASE_TAG="fake-for-test")
+  monkeypatch.delenv("DIST_KERAS_NOTEBOOK_DEVICE", raising=False)
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  with pytest.raises(nbclient.exceptions.CellExecutionError) as error:
+    _client(nb).execute()
+  message = str(error.value)
+  assert "No TPU: runtime.strategy='tpu' but no TPU was found" in message
+  assert "Runtime > Change runtime type > TPU (v5e-1 or v6e-1)" in message
+  assert 'set DEVICE = "cpu" in the first cell' in message
+  assert not os.path.exists(workdir)

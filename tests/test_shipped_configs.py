@@ -1,7 +1,7 @@
 """The shipped configs reach their documented results (slow: minutes).
 
-These are the README's claims, run as a user runs them: the default command
-with no flags and cnn_shapes, each in its own process. One seed: the README's
+These are docs/configs.md's claims, run as a user runs them: the default command
+with no flags and cnn_shapes, each in its own process. One seed: the docs'
 three-seed figures were measured with tools, and CI must stay under 15 min.
 """
 import json

@@ -5,7 +5,9 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import strategy, tfconfig
+from dist_keras import validate
+from dist_keras.distribute import strategy
+from dist_keras.distribute import tfconfig
 from dist_keras.errors import UserError
 
 
@@ -17,8 +19,10 @@ def _runtime(**overrides):
 
 
 def test_unknown_strategy_lists_the_valid_ones():
+  c = helpers.tiny_config()
+  c.runtime.strategy = "horovod"
   with pytest.raises(UserError) as e:
-    strategy.get_strategy(_runtime(strategy="horovod"))
+    validate.config(c)
   message = str(e.value)
   assert "runtime.strategy='horovod'" in message
   for name in ("auto", "mirrored", "one_device"):
@@ -78,8 +82,10 @@ def test_a_bad_tf_config_is_refused_by_the_factory():
     ("timeout_seconds", -5.0, "runtime.timeout_seconds=-5.0 must be >= 0"),
 ])
 def test_bad_communication_options_are_refused(key, value, message):
+  c = helpers.tiny_config()
+  setattr(c.runtime, key, value)
   with pytest.raises(UserError, match=message.replace("(", r"\(")):
-    strategy.communication_options(_runtime(**{key: value}))
+    validate.config(c)
 
 
 def test_communication_options_come_from_the_config():
@@ -93,8 +99,10 @@ def test_communication_options_come_from_the_config():
 
 
 def test_num_cpu_devices_must_be_positive():
+  c = helpers.tiny_config()
+  c.runtime.num_cpu_devices = 0
   with pytest.raises(UserError, match="num_cpu_devices=0 must be >= 1"):
-    strategy.get_strategy(_runtime(num_cpu_devices=0))
+    validate.config(c)
 
 
 def test_more_devices_than_the_started_runtime_has_is_refused():

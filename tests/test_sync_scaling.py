@@ -64,8 +64,17 @@ def test_four_replicas_all_reduce_longer_than_two(runs):
 
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 def test_parts_add_up_to_the_step(runs, replicas):
+  """Per replica the four parts add up to that replica's own step exactly
+  (measure/breakdown.py); the logged parts are means over replicas and the
+  step ends with the LAST replica. So with one replica the sum is the step
+  (float rounding only); with more it is at most the step, short of it by
+  the replicas' spread in finishing their updates (their stamps are
+  independent): a tolerance only there."""
   tags, _ = runs[replicas]
   for step, total in tags["sync/step_ms"]:
     parts = sum(dict(tags[f"sync/{p}_ms"])[step] for p in
                 ("input_wait", "compute", "straggler", "allreduce"))
-    assert parts == pytest.approx(total, rel=0.15), step
+    if replicas == 1:
+      assert parts == pytest.approx(total, rel=1e-5), step
+    else:
+      assert total * 0.85 <= parts <= total * (1 + 1e-5), step

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import configs, data, models, timing
+from dist_keras import configs, data, models
+from dist_keras.measure import timing
 from dist_keras.data import constant_batch
 from dist_keras.errors import UserError
 from tools import mock_tfds
@@ -137,7 +138,7 @@ def _tiny_synthetic(name):
 # ResNet-50 is left out: tracing its train step takes 35-60 s on this 2-core
 # CPU, which CI's budget cannot spare twice; its synthetic spec is checked
 # above at 224x224, its step compiles and learns in tests/test_xla.py, and
-# the README's synthetic ResNet-50 run was measured by hand.
+# docs/datasets.md's synthetic ResNet-50 run was measured by hand.
 TRAINED = [n for n in configs.names() if n != "resnet50_imagenet"]
 
 
@@ -145,11 +146,8 @@ TRAINED = [n for n in configs.names() if n != "resnet50_imagenet"]
 def test_every_config_trains_on_synthetic_data(tmp_path, mirrored, capsys,
                                                name):
   c = _tiny_synthetic(name)
-  trainer = helpers.trainer(c, str(tmp_path), mirrored)
-  try:
+  with helpers.trainer(c, str(tmp_path), mirrored) as trainer:
     summary = trainer.run()
-  finally:
-    trainer.close()
   spec = _spec(c)
   assert trainer.model.input_shape[1:] == spec.shape
   assert trainer.model.output_shape[-1] == spec.num_classes

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dist_keras import tfconfig
+from dist_keras.distribute import tfconfig
 from dist_keras.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,7 +191,7 @@ def test_importing_tfconfig_does_not_import_tensorflow():
   # conftest.py imports TensorFlow here, so ask a fresh interpreter.
   result = subprocess.run(
       [sys.executable, "-c",
-       "import dist_keras.tfconfig, sys; print('tensorflow' in sys.modules)"],
+       "import dist_keras.distribute.tfconfig, sys; print('tensorflow' in sys.modules)"],
       env={**os.environ, "PYTHONPATH": REPO},
       capture_output=True, text=True, check=True, timeout=120)
   assert result.stdout.strip() == "False"

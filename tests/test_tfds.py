@@ -19,7 +19,7 @@ import tensorflow_datasets as tfds
 
 import helpers
 from dist_keras import data, models
-from dist_keras.data import tfds_sources
+from dist_keras.data import preprocess, tfds_sources
 from dist_keras.errors import UserError
 from tools import mock_tfds
 
@@ -181,7 +181,7 @@ def test_eval_split_is_validation_else_test_else_last_tenth(meta_dir,
 
 
 def test_hashed_tokens_are_in_range_deterministic_and_case_blind():
-  ids = tfds_sources.hash_tokens(
+  ids = preprocess.hash_tokens(
       tf.constant("The film was GREAT.<br />the Film, was great!"), 12, 50)
   ids = ids.numpy()
   assert ids.dtype == np.int32 and ids.shape == (12,)
@@ -189,18 +189,18 @@ def test_hashed_tokens_are_in_range_deterministic_and_case_blind():
   words = ids[4:]
   assert 1 <= words.min() and words.max() < 50
   np.testing.assert_array_equal(words[:4], words[4:])  # Case, punctuation.
-  again = tfds_sources.hash_tokens(tf.constant("the film was great"), 4, 50)
+  again = preprocess.hash_tokens(tf.constant("the film was great"), 4, 50)
   np.testing.assert_array_equal(again.numpy(), words[:4])
   # Truncation keeps the LAST words.
-  last = tfds_sources.hash_tokens(tf.constant("x y the film was great"), 4, 50)
+  last = preprocess.hash_tokens(tf.constant("x y the film was great"), 4, 50)
   np.testing.assert_array_equal(last.numpy(), words[:4])
-  empty = tfds_sources.hash_tokens(tf.constant(""), 3, 50)
+  empty = preprocess.hash_tokens(tf.constant(""), 3, 50)
   np.testing.assert_array_equal(empty.numpy(), [0, 0, 0])
 
 
 def test_lm_targets_are_the_inputs_shifted_by_one_byte(meta_dir):
   text = "To be, or not to be: that is the question."
-  inputs, targets = tfds_sources.byte_windows(tf.constant(text), 8)
+  inputs, targets = preprocess.byte_windows(tf.constant(text), 8)
   inputs, targets = inputs.numpy(), targets.numpy()
   assert inputs.shape == targets.shape == ((len(text) - 1) // 8, 8)
   np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])

@@ -11,7 +11,9 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import strategy, tfconfig, tpu
+from dist_keras.distribute import strategy
+from dist_keras.distribute import tfconfig
+from dist_keras.distribute import tpu
 from dist_keras.errors import UserError
 
 NO_DEVICES = lambda path: False  # pylint: disable=unnecessary-lambda-assignment
@@ -276,8 +278,8 @@ def test_real_resolver_fails_fast_where_it_is_tried(tmp_path):
   with no TPU (as if one were detected), and auto's fallback after it."""
   code = (
       "import sys, time\n"
-      "from configs import base\n"
-      "from dist_keras import strategy\n"
+      "from dist_keras.configs import base\n"
+      "from dist_keras.distribute import strategy\n"
       "c = base.get_config().runtime\n"
       "env = {'TPU_ACCELERATOR_TYPE': 'v2-8', 'TPU_LIBRARY_PATH': '/x.so'}\n"
       "start = time.monotonic()\n"

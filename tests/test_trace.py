@@ -1,7 +1,7 @@
-"""The profiler-trace reader (dist_keras/trace.py) and its CLI.
+"""The profiler-trace reader (measure/trace.py) and its CLI.
 
-A real trace is made in a subprocess (tests/make_trace.py: its own 2-device
-CPU split and profiler session); hand-built traces pin the arithmetic.
+A real trace is made in a subprocess (tests/scripts/make_trace.py: its own
+2-device CPU split and profiler session); hand-built traces pin the arithmetic.
 """
 import json
 import os
@@ -11,7 +11,8 @@ import sys
 import pytest
 
 import helpers
-from dist_keras import summaries, trace
+from dist_keras import summaries
+from dist_keras.measure import trace
 
 STEPS, STRAGGLE_MS = 5, 30.0
 CLI = os.path.join("tools", "profile_collectives.py")
@@ -22,7 +23,7 @@ def real(tmp_path_factory):
   """(logdir, make_trace's JSON) of 5 profiled steps, replica 1 late 30 ms."""
   logdir = str(tmp_path_factory.mktemp("trace"))
   result = helpers.run_module(
-      [os.path.join("tests", "make_trace.py"), logdir, f"--steps={STEPS}",
+      [os.path.join("tests", "scripts", "make_trace.py"), logdir, f"--steps={STEPS}",
        "--megabytes=4", f"--straggle_ms={STRAGGLE_MS}"], timeout=120)
   assert result.returncode == 0, result.stderr[-3000:]
   return logdir, json.loads(result.stdout.strip().splitlines()[-1])

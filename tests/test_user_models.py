@@ -164,7 +164,7 @@ def test_bad_user_code_is_one_line_before_anything_is_written(
      "zero)"),
 ])
 def test_bad_import_paths_are_one_line(tmp_path, monkeypatch, name, message):
-  from dist_keras import imports  # pylint: disable=g-import-not-at-top
+  from dist_keras.contract import imports  # pylint: disable=g-import-not-at-top
   (tmp_path / "broken_user_module.py").write_text("x = 1 / 0\n")
   monkeypatch.chdir(tmp_path)  # Import paths resolve from here too.
   monkeypatch.syspath_prepend(str(tmp_path))
@@ -229,8 +229,8 @@ def test_a_builtin_model_trains_on_a_users_data_of_the_declared_shape(
 
 
 def test_config_overrides_are_checked(tmp_path, mirrored):
-  for config, message in [({"train.stepz": 3}, "config key 'train.stepz' "
-                           "names no setting"),
+  for config, message in [({"train.stepz": 3}, "config['train.stepz'] "
+                           "names no config key (did you mean 'steps'?)"),
                           ({"steps": 3}, "config key 'steps' names no setting"),
                           ({"train.steps": "many"}, "config['train.steps']="
                            "'many'")]:
@@ -244,7 +244,8 @@ def test_config_overrides_are_checked(tmp_path, mirrored):
 def test_saved_models_load_in_a_fresh_process(tmp_path, mirrored):
   """model.keras of every built-in model and of a user's loads with
   keras.models.load_model after `import dist_keras` and nothing else."""
-  from dist_keras import data, models, registry  # pylint: disable=g-import-not-at-top
+  from dist_keras import data, models  # pylint: disable=g-import-not-at-top
+  from dist_keras import registry
   paths = {}
   for name in ("lstm_longmem", "rnn_longmem", "cnn_shapes"):
     c = helpers.tiny_config(name)

@@ -15,7 +15,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import helpers
-from dist_keras import configs, step as step_lib
+from dist_keras import configs
+from dist_keras.training import step as step_lib
 from dist_keras.data import tfds_sources
 from tools import mock_tfds
 
@@ -61,7 +62,7 @@ def _train(strategy, c, jit_compile="step"):
   with helpers.built(c, strategy) as run:
     train_step = step_lib.make_train_step(strategy, run.model, run.optimizer,
                                           jit_compile=jit_compile)
-    iterator = iter(run.train_ds)
+    iterator = iter(run.parts.train_ds)
     return [float(train_step(iterator)["loss"]) for _ in range(STEPS)]
 
 
@@ -114,7 +115,7 @@ def test_compiled_compute_matches_the_plain_step(mirrored):
   weights = {}
   for jit in (False, True):
     with helpers.built(c, mirrored) as run:
-      iterator = iter(run.train_ds)
+      iterator = iter(run.parts.train_ds)
       for timed in (False, True):
         step = step_lib.make_train_step(mirrored, run.model, run.optimizer,
                                         timed=timed, jit_compile=jit)

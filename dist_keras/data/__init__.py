@@ -130,9 +130,7 @@ def _warn_if_declared_differs(data_cfg, spec: InputSpec) -> None:
 
 
 def _check(data_cfg):
-  if data_cfg.threads < 0:
-    raise UserError(f"data.threads={data_cfg.threads} must be >= 0 (0: "
-                    "TensorFlow's shared pool).")
+  """The built-in data's own settings (validate.py checks the generic)."""
   if data_cfg.name == SYNTHETIC:
     return None  # declared_spec checks the sizes it reads.
   if tfds_sources.is_tfds(data_cfg.name):
@@ -143,18 +141,6 @@ def _check(data_cfg):
                     "tfds:NAME, or PKG.MODULE:FN naming your own dataset_fn;"
                     " pick one of those.")
   generated.check(data_cfg, data_cfg.name)
-
-
-def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
-  """global / replicas; raises UserError unless it divides exactly."""
-  if global_batch_size < 1:
-    raise UserError(f"train.global_batch_size={global_batch_size} must be "
-                    ">= 1.")
-  if global_batch_size % num_replicas:
-    raise UserError(
-        f"train.global_batch_size={global_batch_size} is not divisible by "
-        f"the {num_replicas} replicas; use a multiple of {num_replicas}.")
-  return global_batch_size // num_replicas
 
 
 def num_examples(data_cfg, split: str) -> int:
@@ -182,7 +168,6 @@ def dataset_fn(config, spec=None, with_ids: bool = False):
   """
   data_cfg, seed = config.data, config.runtime.seed
   global_batch_size = config.train.global_batch_size
-  _check(data_cfg)
   synthetic_batches = data_cfg.name == SYNTHETIC
   if synthetic_batches and spec is None:
     raise ValueError("data.name=synthetic: pass the model's InputSpec "

@@ -10,7 +10,8 @@ reach it through the same contract as users' models.
 """
 import keras
 
-from dist_keras.errors import UserError, check_choice
+from dist_keras.errors import UserError
+from dist_keras import validate
 from dist_keras.models import cnn, language, resnet, sequence
 
 _MODULES = {"sequence_classifier": sequence, "cnn": cnn, "char_lm": language,
@@ -24,9 +25,6 @@ OPTIMIZERS = {
     "rmsprop": keras.optimizers.RMSprop,
 }
 
-# The optimizers train.momentum applies to (Adam-style optimizers have their
-# own first-moment decay, beta_1, instead).
-MOMENTUM_OPTIMIZERS = ("sgd", "rmsprop")
 
 
 def _module(model_cfg):
@@ -54,38 +52,17 @@ def build(model_cfg, input_spec) -> keras.Model:
   return _MODULES[model_cfg.name].build(model_cfg, input_spec)
 
 
-def check_optimizer(train_cfg) -> None:
-  """Raises UserError for an unknown optimizer, a non-positive rate, a
-  momentum it cannot use or a negative clipping norm."""
-  check_choice("train.optimizer", train_cfg.optimizer, OPTIMIZERS)
-  if not train_cfg.learning_rate > 0:
-    raise UserError(f"train.learning_rate={train_cfg.learning_rate} must be "
-                    "> 0.")
-  if not 0.0 <= train_cfg.momentum < 1.0:
-    raise UserError(f"train.momentum={train_cfg.momentum} must be in [0, 1) "
-                    "(0.9 is the usual SGD momentum).")
-  if train_cfg.momentum and train_cfg.optimizer not in MOMENTUM_OPTIMIZERS:
-    raise UserError(f"train.momentum={train_cfg.momentum} does nothing with "
-                    f"train.optimizer={train_cfg.optimizer!r} (its beta_1 "
-                    "plays that part); use it with "
-                    f"{' or '.join(MOMENTUM_OPTIMIZERS)}, or set momentum=0.")
-  if train_cfg.global_clipnorm < 0:
-    raise UserError(f"train.global_clipnorm={train_cfg.global_clipnorm} must "
-                    "be >= 0 (0: no clipping).")
-
-
 def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
   """The optimizer `train_cfg.optimizer` names, at `train_cfg.learning_rate`.
 
   Its global-norm clipping sees the all-reduced gradient: dist_keras reduces
-  gradients before `apply_gradients` (sync.py), where Keras would clip each
+  gradients before `apply_gradients` (training/allreduce.py), where Keras would clip each
   replica's own. The batch-size rule (train.lr_scaling) is applied later,
-  to this optimizer as to a user's (dist_keras.lr).
+  to this optimizer as to a user's (training/lr.py).
   """
-  check_optimizer(train_cfg)
   kwargs = {"learning_rate": train_cfg.learning_rate,
             "global_clipnorm": train_cfg.global_clipnorm or None}
-  if train_cfg.optimizer in MOMENTUM_OPTIMIZERS:
+  if train_cfg.optimizer in validate.MOMENTUM_OPTIMIZERS:
     kwargs["momentum"] = train_cfg.momentum
   return OPTIMIZERS[train_cfg.optimizer](**kwargs)
 
@@ -94,10 +71,9 @@ def model_fn(config, input_spec):
   """The `model_fn()` of built-in model `config.model.name`: the model,
   compiled with the config's optimizer, for inputs `input_spec`."""
   check(config.model, input_spec)
-  check_optimizer(config.train)
 
   def build_and_compile() -> keras.Model:
-    model = build(config.model, input_spec)
+    model = _MODULES[config.model.name].build(config.model, input_spec)
     model.compile(
         optimizer=make_optimizer(config.train),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

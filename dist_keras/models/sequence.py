@@ -2,7 +2,8 @@
 import keras
 import numpy as np
 
-from dist_keras.errors import UserError, check_choice
+from dist_keras.errors import UserError
+from dist_keras.validate import check_choice
 
 INPUTS = "tokens"  # Token ids in, one label per sequence out.
 

@@ -23,28 +23,16 @@ import importlib.util
 import os
 import socket
 import sys
-from typing import Callable, Mapping
+from typing import Mapping
 from urllib import parse
 
 import tensorflow as tf
 
+from dist_keras.distribute.tpu_env import detect
 from dist_keras.errors import UserError
 
 LOCAL = "local"
 PROBE_SECONDS = 3.0
-# TPU chips' device nodes on a TPU VM: /dev/accelN for v2-v4, VFIO IOMMU
-# groups /dev/vfio/N for v5e, v5p and v6e. Not /dev/accel/accelN (Intel and
-# AMD NPUs) nor /dev/vfio/vfio (VFIO's control node, on any VFIO host).
-DEVICE_PATHS = ("/dev/accel0",) + tuple(f"/dev/vfio/{i}" for i in range(8))
-# Variables that configure a TPU for this process.
-ENV_VARS = (
-    "TPU_NAME",  # TF's Cloud TPU client reads it: a TPU node's name/address.
-    "COLAB_TPU_ADDR",  # Colab's TPU-node runtimes (before 2024).
-    "KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS",  # GKE TPU nodes; TF's client reads it.
-    "TPU_ACCELERATOR_TYPE",  # libtpu's topology variables, set by GKE on
-    "TPU_WORKER_ID",  # TPU VM pods (and read by libtpu instead of asking
-    "TPU_WORKER_HOSTNAMES",  # the GCE metadata server).
-)
 _HINTS = {
     LOCAL: "on Colab: Runtime > Change runtime type > TPU; on a Cloud TPU VM: "
            "pip install 'dist-keras[tpu]'; or use runtime.strategy=auto.",
@@ -52,23 +40,6 @@ _HINTS = {
             "name resolves only on a GCE VM in its project; else pass "
             "grpc://HOST:8470); or use runtime.strategy=auto.",
 }
-
-
-def detect(environ: Mapping[str, str],
-           path_exists: Callable[[str], bool]) -> str | None:
-  """Why a TPU may be attached to or configured for this process, or None.
-
-  Pure (reads only its arguments), so tests can drive it. A non-None answer
-  means "worth trying", not "works": the TensorFlow build may lack TPU
-  support, or the TPU may be busy.
-  """
-  for path in DEVICE_PATHS:
-    if path_exists(path):
-      return f"{path} exists"
-  for name in ENV_VARS:
-    if environ.get(name):
-      return f"{name} is set"
-  return None
 
 
 def has_tpu_runtime(environ: Mapping[str, str]) -> bool:

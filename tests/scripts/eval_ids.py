@@ -1,6 +1,6 @@
 """Writes the ids of the eval examples this process's replicas evaluate.
 
-  python tests/eval_ids.py --out=ids{task}.npy [--eval_size=123]
+  python tests/scripts/eval_ids.py --out=ids{task}.npy [--eval_size=123]
 
 Run under tools/launch_local.py for multi-worker: each worker writes the ids
 (weight 1, i.e. not padding) its replicas got in one pass of the eval split.
@@ -10,13 +10,16 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# tests/, for helpers (this folder is on the path as the script's own).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import helpers  # pylint: disable=g-import-not-at-top
-from dist_keras import data, loop, strategy as strategy_lib, tfconfig  # pylint: disable=g-import-not-at-top
+from dist_keras import data  # pylint: disable=g-import-not-at-top
+from dist_keras.distribute import input as input_lib
+from dist_keras.distribute import strategy as strategy_lib
+from dist_keras.distribute import tfconfig
 
 
 def evaluated_ids(strategy, config):
@@ -25,7 +28,10 @@ def evaluated_ids(strategy, config):
   out of data get empty batches)."""
   ids = []
   fn = data.dataset_fn(config, with_ids=True)
-  dataset, _ = loop.distribute(strategy, fn, "eval", config)
+  dataset, _ = input_lib.distribute(
+      strategy, fn, "eval", global_batch_size=config.train.global_batch_size,
+      eval_steps=config.eval.steps,
+      per_replica_pipelines=config.data.pipeline_per_replica)
   for batch in dataset:
     for _, _, i in zip(*[strategy.experimental_local_results(t)
                          for t in batch]):

@@ -7,11 +7,11 @@ import os
 
 import tensorflow as tf
 
-from dist_keras import tfconfig
-from dist_keras import tpu as tpu_lib
-from dist_keras.errors import UserError, check_choice
+from dist_keras.distribute import tfconfig
+from dist_keras.distribute import tpu as tpu_lib
+from dist_keras.errors import UserError
 
-STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker_mirrored", "tpu")
+# validate.COLLECTIVES' names -> TensorFlow's implementations.
 _COLLECTIVES = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
@@ -25,14 +25,13 @@ def choose(name: str, cluster, tpu_possible: bool = False) -> str:
   Args:
     name: `runtime.strategy`.
     cluster: the checked TF_CONFIG (tfconfig.ClusterSpec) or None.
-    tpu_possible: whether a TPU may be here (tpu.detect): `auto` then tries
+    tpu_possible: whether a TPU may be here (tpu_env.detect): `auto` then tries
       it first.
 
   Raises:
-    UserError: an unknown name, or a name that contradicts TF_CONFIG (a
-      cluster run as a single host would train N unsynchronised copies).
+    UserError: a name that contradicts TF_CONFIG (a cluster run as a single
+      host would train N unsynchronised copies).
   """
-  check_choice("runtime.strategy", name, STRATEGIES)
   multi = tfconfig.is_multi_worker(cluster)
   if name == "auto":
     if multi:
@@ -85,6 +84,24 @@ def get_strategy(runtime_cfg, environ=None,
   return tf.distribute.MirroredStrategy(devices)
 
 
+def is_chief(strategy) -> bool:
+  """Whether this process writes summaries, checkpoints and files."""
+  try:
+    return bool(strategy.extended.should_checkpoint)
+  except (AttributeError, NotImplementedError):
+    return True
+
+
+def num_workers(strategy) -> int:
+  """Processes taking part in the strategy's collectives (1 if local)."""
+  resolver = strategy.cluster_resolver  # None for single-host strategies.
+  if resolver is None:
+    return 1
+  spec = resolver.cluster_spec()
+  return max(1, sum(spec.num_tasks(job) for job in ("chief", "worker")
+                    if job in spec.jobs))
+
+
 def display_name(strategy) -> str:
   """The public name of `strategy`'s class (TF's multi-worker class is
   CollectiveAllReduceStrategy under the hood; users know the alias)."""
@@ -97,13 +114,6 @@ def display_name(strategy) -> str:
 
 def communication_options(runtime_cfg):
   """CommunicationOptions from `runtime.collective/bytes_per_pack/timeout`."""
-  check_choice("runtime.collective", runtime_cfg.collective, _COLLECTIVES)
-  if runtime_cfg.bytes_per_pack < 0:
-    raise UserError(f"runtime.bytes_per_pack={runtime_cfg.bytes_per_pack} "
-                    "must be >= 0 (0: one pack).")
-  if runtime_cfg.timeout_seconds < 0:
-    raise UserError(f"runtime.timeout_seconds={runtime_cfg.timeout_seconds} "
-                    "must be >= 0 (0: no timeout).")
   return tf.distribute.experimental.CommunicationOptions(
       bytes_per_pack=runtime_cfg.bytes_per_pack,
       timeout_seconds=runtime_cfg.timeout_seconds or None,
@@ -153,8 +163,6 @@ def split_cpu(num_devices: int) -> None:
   a different split is impossible, so ask for it first thing. A process that
   already has at least `num_devices` logical CPUs is left as it is.
   """
-  if isinstance(num_devices, bool) or num_devices < 1:
-    raise UserError(f"runtime.num_cpu_devices={num_devices!r} must be >= 1.")
   cpu = tf.config.list_physical_devices("CPU")[0]
   current = tf.config.get_logical_device_configuration(cpu)
   if current and len(current) >= num_devices:

@@ -10,29 +10,21 @@ import time
 
 import tensorflow as tf
 
-from dist_keras import costmodel
-from dist_keras import step as step_lib
-from dist_keras import sync
+from dist_keras.measure import costmodel
 
 _MIN_SWEEP_BYTES = 1 << 18
 
 
-def no_communication_step_ms(strategy, model, optimizer, iterator,
+def no_communication_step_ms(strategy, replica_compute, iterator,
                              steps: int) -> float:
-  """Median wall time of a step with the same forward and backward pass but
-  no all-reduce and no update: the ideal-communication step."""
-
-  def replica_step(batch):
-    _, grads = step_lib.forward_backward(model, optimizer, batch,
-                                         update_metrics=False)
-    grads = sync.dense_gradients(grads)  # As the train step does.
-    # Consume every gradient so none is pruned; per replica, no collective.
-    return tf.add_n([tf.reduce_sum(g) for g in grads if g is not None])
+  """Median wall time of a step running `replica_compute(batch)` (the train
+  step's forward and backward pass, step.make_compute_only) on every
+  replica, with no all-reduce and no update: the ideal-communication step."""
 
   @tf.function
   def step(it):
     return strategy.experimental_local_results(
-        strategy.run(replica_step, args=(next(it),)))
+        strategy.run(replica_compute, args=(next(it),)))
 
   step(iterator)  # Trace and warm up.
   samples = []
@@ -41,6 +33,36 @@ def no_communication_step_ms(strategy, model, optimizer, iterator,
     [t.numpy() for t in step(iterator)]  # pylint: disable=expression-not-assigned
     samples.append(time.perf_counter() - start)
   return 1e3 * statistics.median(samples)
+
+
+def check(strategy, real_step_ms: float, ideal_step_ms: float,
+          gradient_bytes: int, measured_allreduce_ms,
+          deterministic: bool) -> dict:
+  """summary.json's calibration fields: the ideal speedup and the
+  all-reduce model's prediction (allreduce_model_check)."""
+  return {"ideal_step_ms": ideal_step_ms,
+          "ideal_speedup": real_step_ms / ideal_step_ms,
+          **allreduce_model_check(strategy, gradient_bytes,
+                                  measured_allreduce_ms, deterministic)}
+
+
+def lines(out: dict, gradient_bytes: int, measured_allreduce_ms,
+          multi_replica: bool) -> list[str]:
+  """What a run prints of its calibration (`out`: check's result)."""
+  real_ms = out["ideal_step_ms"] * out["ideal_speedup"]
+  said = [f"step {real_ms:.1f} ms; with free communication (no all-reduce, "
+          f"no update) {out['ideal_step_ms']:.1f} ms: ideal speedup "
+          f"x{out['ideal_speedup']:.2f}"]
+  if out.get("allreduce_fit_error"):
+    said.append(f"all-reduce model not fitted: {out['allreduce_fit_error']}")
+  elif measured_allreduce_ms is not None and multi_replica:
+    said.append(
+        f"all-reduce of {gradient_bytes:,} gradient bytes: measured "
+        f"{measured_allreduce_ms:.2f} ms, alpha-beta model "
+        f"{out['allreduce_predicted_ms']:.2f} ms (alpha "
+        f"{out['allreduce_alpha_us']:.0f} us, bus bandwidth "
+        f"{out['allreduce_bandwidth_GBps']:.2f} GB/s)")
+  return said
 
 
 def allreduce_model_check(strategy, gradient_bytes: int,

@@ -1,6 +1,6 @@
 """Trains both models 10 SGD steps and saves their weights (for equivalence).
 
-  python tests/train_weights.py --strategy=mirrored --devices=4 --out=w.npz
+  python tests/scripts/train_weights.py --strategy=mirrored --devices=4 --out=w.npz
 
 Run as its own process: a process can hold only one replica count. Under
 tools/launch_local.py with --strategy=multi_worker_mirrored every worker
@@ -12,14 +12,15 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# tests/, for helpers (this folder is on the path as the script's own).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import helpers  # pylint: disable=g-import-not-at-top
 import user_task  # pylint: disable=g-import-not-at-top
-from dist_keras import strategy as strategy_lib, tfconfig  # pylint: disable=g-import-not-at-top
+from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+from dist_keras.distribute import tfconfig
 from dist_keras.configs import base  # pylint: disable=g-import-not-at-top
 
 

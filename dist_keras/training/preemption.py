@@ -10,7 +10,7 @@ tiny all-reduce every `agree_every` steps instead of every step.
 import signal
 import threading
 
-from dist_keras import sync
+from dist_keras.training import allreduce
 
 
 class StopRequest:
@@ -48,5 +48,5 @@ class StopRequest:
 
   def _anyone_requested(self) -> bool:
     if self._agree is None:
-      self._agree = sync.host_value_sum(self.strategy)
+      self._agree = allreduce.host_value_sum(self.strategy)
     return self._agree(float(self.requested)) > 0

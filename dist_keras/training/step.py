@@ -10,7 +10,9 @@ and the host loop are dist_keras'.
 import keras
 import tensorflow as tf
 
-from dist_keras import contract, sync
+from dist_keras.contract import checks
+from dist_keras.measure import stamps
+from dist_keras.training import allreduce
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -28,13 +30,27 @@ def forward_backward(model, optimizer, batch, update_metrics: bool = True):
   x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
   with tf.GradientTape() as tape:
     y_pred = model(x, training=True)
-    loss = contract.compute_loss(model, x, y, y_pred, sample_weight,
+    loss = checks.compute_loss(model, x, y, y_pred, sample_weight,
                                  training=True)
     scaled = optimizer.scale_loss(loss)
   grads = tape.gradient(scaled, model.trainable_variables)
   if update_metrics:
     model.compute_metrics(x, y, y_pred, sample_weight)
   return loss, grads
+
+
+def make_compute_only(model, optimizer):
+  """The per-replica forward and backward pass of the train step, and no
+  more (calibration: the step with free communication)."""
+
+  def replica_compute(batch):
+    _, grads = forward_backward(model, optimizer, batch,
+                                update_metrics=False)
+    grads = allreduce.dense_gradients(grads)  # As the train step does.
+    # Consume every gradient so none is pruned; per replica, no collective.
+    return tf.add_n([tf.reduce_sum(g) for g in grads if g is not None])
+
+  return replica_compute
 
 
 def loss_scale_of(optimizer):
@@ -53,9 +69,9 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
   global batch's loss: the replicas' losses summed) and 'grad_norm', the
   global norm of the all-reduced (unscaled) gradient; the compiled metrics
   are updated in place. With `timed`, the step is instrumented with in-graph
-  stamps (sync.STAMPS) and the dict also holds 'step_start',
+  stamps (stamps.STAMPS) and the dict also holds 'step_start',
   'inputs_ready', per-replica 'stamps' and every replica's
-  'collective_waits' for sync.breakdown.
+  'collective_waits' for breakdown_lib.breakdown.
 
   `jit_compile=True` compiles each replica's forward and backward pass (its
   compute: where the FLOPs are) with XLA; the all-reduce and the update stay
@@ -69,7 +85,7 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
   (tf.timestamp has no XLA kernel).
 
   The optimizer applies the gradients as reduced here (its own per-replica
-  all-reduce is off, sync.disable_optimizer_allreduce), so its clipping
+  all-reduce is off, allreduce.disable_optimizer_allreduce), so its clipping
   (clipnorm, global_clipnorm) sees the global gradient. With a
   LossScaleOptimizer (train.precision=float16) the gradients are scaled
   until the update, which skips a step whose scaled gradients overflowed
@@ -78,15 +94,15 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
   number of batches read, which exact resume relies on.
   `allreduce_dtype` (bfloat16 | float16) casts the gradients for the
   all-reduce only: half the bytes on the wire, summed in that precision;
-  `bytes_per_pack` packs it (sync.all_reduce_gradients).
+  `bytes_per_pack` packs it (allreduce.all_reduce_gradients).
   """
   variables = model.trainable_variables
-  clock = sync.make_clock(strategy) if timed else None
+  clock = stamps.make_clock(strategy) if timed else None
   scale = loss_scale_of(optimizer)
 
   def compute(batch):
     loss, grads = forward_backward(model, optimizer, batch)
-    return loss, sync.dense_gradients(grads)  # Compute, not all-reduce.
+    return loss, allreduce.dense_gradients(grads)  # Compute, not all-reduce.
 
   def update(grads):
     norm = tf.linalg.global_norm(grads)  # Same on every replica.
@@ -105,27 +121,34 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
 
   def replica_step(batch, inputs_ready=None):
     if timed:
-      start = sync.stamp_after([batch, inputs_ready], clock)
-      batch = sync.after_stamp(start, batch)
+      start = stamps.stamp_after([batch, inputs_ready], clock)
+      batch = stamps.after_stamp(start, batch)
     loss, grads = compute_fn(batch)
     if timed:
-      grads_ready = sync.stamp_after(grads, clock)
-      grads = sync.after_stamp(grads_ready, grads)
-    grads = sync.all_reduce_gradients(grads, allreduce_dtype, bytes_per_pack)
+      grads_ready = stamps.stamp_after(grads, clock)
+      grads = stamps.after_stamp(grads_ready, grads)
+    grads = allreduce.all_reduce_gradients(grads, allreduce_dtype, bytes_per_pack)
     if timed:
-      reduced = sync.stamp_after(grads, clock)
-      grads = sync.after_stamp(reduced, grads)
+      reduced = stamps.stamp_after(grads, clock)
+      grads = stamps.after_stamp(reduced, grads)
     grad_norm = update(grads)
     if not timed:
       return loss, grad_norm, (), ()
     # Reading every variable orders the last stamp after all their updates.
-    end = sync.stamp_after([tf.identity(v.value) for v in variables], clock)
-    waits = sync.gather_collective_wait(grads_ready, reduced, end)
+    end = stamps.stamp_after([tf.identity(v.value) for v in variables], clock)
+    waits = stamps.gather_collective_wait(grads_ready, reduced, end)
     return (loss, grad_norm, tf.stack([start, grads_ready, reduced, end]),
             waits)
 
   if jit_compile == "step":
     replica_step = tf.function(replica_step, jit_compile=True)
+
+  return _distributed_step(strategy, replica_step, optimizer, scale, timed)
+
+
+def _distributed_step(strategy, replica_step, optimizer, scale, timed):
+  """The tf.function that reads a batch and runs `replica_step` on every
+  replica (make_train_step), with the stamps around the input read."""
 
   def one_step(iterator):
     out = {}
@@ -133,7 +156,7 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
       out["step_start"] = tf.timestamp()
       with tf.control_dependencies([out["step_start"]]):
         batch = next(iterator)
-      out["inputs_ready"] = sync.stamp_after(
+      out["inputs_ready"] = stamps.stamp_after(
           [strategy.experimental_local_results(t)
            for t in tf.nest.flatten(batch)])
       # Replicas start after this stamp; otherwise, with every core busy
@@ -141,13 +164,13 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
       kwargs = {"inputs_ready": out["inputs_ready"]}
     else:
       batch, kwargs = next(iterator), {}
-    loss, grad_norm, stamps, waits = strategy.run(
+    loss, grad_norm, stamped, waits = strategy.run(
         replica_step, args=(batch,), kwargs=kwargs)
     out["loss"] = strategy.reduce(_SUM, loss, axis=None)
     out["grad_norm"] = strategy.experimental_local_results(grad_norm)[0]
     out["skipped"] = _count_skipped_step(optimizer, scale, out["grad_norm"])
     if timed:
-      out["stamps"] = tf.stack(strategy.experimental_local_results(stamps))
+      out["stamps"] = tf.stack(strategy.experimental_local_results(stamped))
       # The same gathered vector on every replica: take the first.
       out["collective_waits"] = strategy.experimental_local_results(waits)[0]
     return out
@@ -220,7 +243,7 @@ def make_eval_pass(strategy, model):
   def replica_step(batch):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     y_pred = model(x, training=False)
-    loss = contract.compute_loss(model, x, y, y_pred, sample_weight,
+    loss = checks.compute_loss(model, x, y, y_pred, sample_weight,
                                  training=False)
     model.compute_metrics(x, y, y_pred, sample_weight)
     examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)

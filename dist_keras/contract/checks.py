@@ -16,11 +16,10 @@ import inspect
 import keras
 import tensorflow as tf
 
+from dist_keras import validate
 from dist_keras.errors import UserError
 
 SPLITS = ("train", "eval")
-PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16",
-              "float16": "mixed_float16"}
 
 
 def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
@@ -33,7 +32,7 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   """
   previous = keras.config.dtype_policy()
   if precision != "float32":
-    keras.config.set_dtype_policy(PRECISIONS[precision])
+    keras.config.set_dtype_policy(validate.PRECISIONS[precision])
   try:
     with strategy.scope():
       model = model_fn()

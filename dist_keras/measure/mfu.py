@@ -1,6 +1,6 @@
 """Model FLOPs utilisation (MFU): achieved model FLOP/s over peak FLOP/s.
 
-achieved = training FLOPs per example (dist_keras.flops: analytic, 3 x
+achieved = training FLOPs per example (measure/flops.py: analytic, 3 x
 forward) x examples/s; MFU = achieved / (peak per device x devices).
 The peak per device, in order:
   1. `log.peak_tflops` when set ("configured");
@@ -21,8 +21,7 @@ import time
 
 import tensorflow as tf
 
-from dist_keras import flops as flops_lib
-from dist_keras.errors import UserError
+from dist_keras.measure import flops as flops_lib
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per GPU, from NVIDIA's datasheets:
 # A100 (nvidia.com/en-us/data-center/a100, 2021), H100 SXM and PCIe
@@ -79,14 +78,6 @@ class Peak:
   @property
   def total_tflops(self) -> float | None:
     return self.tflops * self.devices if self.tflops else None
-
-
-def check(log_cfg) -> None:
-  """Raises UserError for a negative `log.peak_tflops`."""
-  if log_cfg.peak_tflops < 0:
-    raise UserError(f"log.peak_tflops={log_cfg.peak_tflops} must be >= 0 "
-                    "(0: the table of known accelerators, or a measured "
-                    "matmul on CPU).")
 
 
 def gpu_peak(device_name: str, precision: str,
@@ -173,7 +164,7 @@ def find_peak(strategy, precision: str, configured_tflops: float, hosts: int,
     measure: whether a matmul may be timed (False on non-chief workers:
       only the chief reports).
   """
-  kind = _device_kind(strategy)
+  kind = device_kind(strategy)
   devices = hosts if kind == "CPU" else strategy.num_replicas_in_sync
   unit = "host" if kind == "CPU" else "device"
   if configured_tflops > 0:
@@ -199,7 +190,8 @@ def find_peak(strategy, precision: str, configured_tflops: float, hosts: int,
               devices, unit)
 
 
-def _device_kind(strategy) -> str:
+def device_kind(strategy) -> str:
+  """TPU, GPU or CPU: what `strategy`'s replicas run on."""
   if isinstance(strategy, tf.distribute.TPUStrategy):
     return "TPU"
   devices = getattr(strategy.extended, "worker_devices", ())
@@ -273,12 +265,12 @@ def _si(value: float) -> str:
   return f"{value:.3g} "
 
 
-def for_run(model, strategy, config, hosts: int,
+def for_run(model, strategy, precision: str, peak_tflops: float, hosts: int,
             chief: bool) -> Utilisation:
-  """The Utilisation of a run of `config`: `model`'s FLOPs and the peak.
+  """The Utilisation of a run: `model`'s FLOPs and the peak at
+  train.precision (log.peak_tflops if set).
 
   Only the chief times a matmul (it alone reports); the others skip it.
   """
-  peak = find_peak(strategy, config.train.precision, config.log.peak_tflops,
-                   hosts, measure=chief)
-  return Utilisation(flops_lib.count(model), peak, config.train.precision)
+  peak = find_peak(strategy, precision, peak_tflops, hosts, measure=chief)
+  return Utilisation(flops_lib.count(model), peak, precision)

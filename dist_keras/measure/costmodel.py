@@ -205,15 +205,15 @@ def _timed_allreduce(strategy, elements: int):
   which the fit would misread as link latency.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from dist_keras import sync  # pylint: disable=g-import-not-at-top
+  from dist_keras.measure import stamps
 
   def replica_fn():
     x = tf.fill([elements], 1.0)
-    start = sync.stamp_after(x)
-    x = sync.after_stamp(start, x)  # The all-reduce may not start before it.
+    start = stamps.stamp_after(x)
+    x = stamps.after_stamp(start, x)  # The all-reduce may not start before it.
     y = tf.distribute.get_replica_context().all_reduce(
         tf.distribute.ReduceOp.SUM, x)
-    return tf.stack([start, sync.stamp_after(y)])
+    return tf.stack([start, stamps.stamp_after(y)])
 
   @tf.function
   def timed():

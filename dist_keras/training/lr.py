@@ -17,35 +17,15 @@ import math
 
 import keras
 
-from dist_keras.errors import UserError, check_choice
+from dist_keras.errors import UserError
 
 # Factor applied to the base rate for a global batch `ratio` times
-# train.base_batch_size.
+# train.base_batch_size (validate.LR_SCALINGS names them).
 SCALINGS = {
     "none": lambda ratio: 1.0,
     "linear": lambda ratio: ratio,
     "sqrt": math.sqrt,
 }
-
-
-def check(train_cfg) -> None:
-  """Raises UserError for a bad lr_scaling, base_batch_size or warmup."""
-  check_choice("train.lr_scaling", train_cfg.lr_scaling, SCALINGS)
-  if train_cfg.base_batch_size < 1:
-    raise UserError(f"train.base_batch_size={train_cfg.base_batch_size} must "
-                    "be >= 1 (the global batch the learning rate is for).")
-  if train_cfg.warmup_steps < 0:
-    raise UserError(f"train.warmup_steps={train_cfg.warmup_steps} must be "
-                    ">= 0.")
-  if train_cfg.warmup_steps > train_cfg.steps:
-    raise UserError(f"train.warmup_steps={train_cfg.warmup_steps} is more "
-                    f"than train.steps={train_cfg.steps}; use at most "
-                    f"{train_cfg.steps}.")
-  if train_cfg.warmup_steps and train_cfg.lr_scaling == "none":
-    raise UserError(f"train.warmup_steps={train_cfg.warmup_steps} does "
-                    "nothing with train.lr_scaling='none' (warmup ramps from "
-                    "the compiled rate to the scaled rate); set lr_scaling "
-                    "to linear or sqrt, or warmup_steps=0.")
 
 
 def factor(train_cfg) -> float:

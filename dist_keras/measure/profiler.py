@@ -3,21 +3,7 @@ import contextlib
 
 import tensorflow as tf
 
-from dist_keras.errors import UserError
-
-
-def parse_profile_steps(spec: str) -> tuple[int, int]:
-  """'START,STOP' -> (START, STOP); '' -> (0, 0). Raises UserError."""
-  if not spec:
-    return 0, 0
-  try:
-    start, stop = (int(x) for x in spec.split(","))
-  except ValueError:
-    start = stop = -1
-  if not 2 <= start <= stop:
-    raise UserError(f"log.profile_steps={spec!r} must be 'START,STOP' with "
-                    "2 <= START <= STOP (step 1 traces the function).")
-  return start, stop
+from dist_keras import validate
 
 
 class Profiler:
@@ -29,7 +15,7 @@ class Profiler:
   """
 
   def __init__(self, spec: str, logdir: str, chief: bool):
-    self.start, self.stop = parse_profile_steps(spec)
+    self.start, self.stop = validate.profile_steps(spec)
     self.logdir, self.enabled, self.active = logdir, chief and self.start, False
 
   def __enter__(self):
@@ -40,13 +26,6 @@ class Profiler:
     if self.active:
       tf.profiler.experimental.stop()
       self.active = False
-
-  def covers(self, step: int) -> bool:
-    """Whether `step` is traced (or closes the trace): it runs alone.
-
-    Decided from the spec, not from `enabled` (chief only): every worker must
-    group steps into calls alike, or their collectives would not match."""
-    return bool(self.start) and self.start <= step <= self.stop + 2
 
   def step(self, step: int):
     if not self.enabled:

@@ -1,6 +1,6 @@
 """Writes a real profiler trace of a 2-replica all-reduce (run as a script).
 
-  python tests/make_trace.py LOGDIR [--steps=5] [--megabytes=4]
+  python tests/scripts/make_trace.py LOGDIR [--steps=5] [--megabytes=4]
       [--straggle_ms=0] [--no_markers]
 
 Splits the CPU into 2 logical devices (before TensorFlow initialises, hence a
@@ -18,16 +18,16 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from dist_keras import strategy as strategy_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 strategy_lib.split_cpu(2)
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from dist_keras import trace  # pylint: disable=g-import-not-at-top,wrong-import-position
+from dist_keras.measure import trace  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def parse_args(argv=None):

@@ -1,0 +1,3 @@
+"""The distribution layer: which strategy (strategy.py), the cluster from
+TF_CONFIG (tfconfig.py), TPU start-up (tpu.py), and the per-replica input
+pipelines handed to the strategy (input.py)."""

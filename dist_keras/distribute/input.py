@@ -1,0 +1,89 @@
+"""The per-replica input pipelines: a dataset_fn's datasets, checked and
+handed to the strategy with `distribute_datasets_from_function`."""
+import contextlib
+import warnings
+
+import tensorflow as tf
+
+from dist_keras.contract import checks
+from dist_keras.errors import UserError
+
+# Iterating a distributed dataset inside tf.function reads its options in
+# graph mode, which warns on every eval trace; the behaviour is intended.
+warnings.filterwarnings(
+    "ignore", message="To make it possible to preserve tf.data options")
+
+
+def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
+  """global / replicas; raises UserError unless it divides exactly."""
+  if global_batch_size < 1:
+    raise UserError(f"train.global_batch_size={global_batch_size} must be "
+                    ">= 1.")
+  if global_batch_size % num_replicas:
+    raise UserError(
+        f"train.global_batch_size={global_batch_size} is not divisible by "
+        f"the {num_replicas} replicas; use a multiple of {num_replicas}.")
+  return global_batch_size // num_replicas
+
+
+def distribute(strategy, dataset_fn, split: str, *, global_batch_size: int,
+               start_step: int = 0, eval_steps: int = 0,
+               per_replica_pipelines: bool = False):
+  """`dataset_fn`'s pipelines of `split` for the strategy's replicas, and
+  their element spec.
+
+  Each pipeline's dataset is checked against the contract; the train
+  stream skips the `start_step` steps already trained (every pipeline
+  feeds num_replicas / num_pipelines batches per step); eval stops after
+  `eval_steps` steps when set. `per_replica_pipelines`: one pipeline per
+  replica instead of per worker (data.pipeline_per_replica), so one process
+  reads exactly what N one-replica workers read.
+  """
+  replicas = strategy.num_replicas_in_sync
+  per_replica_batch_size(global_batch_size, replicas)
+  specs = []
+
+  def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+    ds = dataset_fn(split, ctx)
+    checks.check_dataset(ds, split, global_batch_size, replicas, eval_steps)
+    specs.append(ds.element_spec)
+    per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+    if split == "train" and start_step:
+      ds = ds.skip(start_step * per_pipeline)
+    if split == "eval" and eval_steps:
+      ds = ds.take(eval_steps * per_pipeline)
+    return ds
+
+  options = None
+  if per_replica_pipelines:
+    # Batches stay on the host, where each replica's pipeline runs (TF 2.21
+    # would also prefetch them to the devices; only the batches' contents
+    # matter for the equivalence this mode exists for).
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=(
+            tf.distribute.InputReplicationMode.PER_REPLICA),
+        experimental_fetch_to_device=False)
+  # distribute_datasets_from_function never auto-shards: each pipeline
+  # reads the shard its dataset_fn picks by input_pipeline_id.
+  with _input_devices_kept(strategy):
+    dataset = strategy.distribute_datasets_from_function(make, options)
+  return dataset, specs[0]
+
+
+@contextlib.contextmanager
+def _input_devices_kept(strategy):
+  """Undoes what a PER_REPLICA distribution does to a MirroredStrategy.
+
+  TF 2.21's MirroredStrategy keeps the per-replica input devices of such a
+  call (`_input_workers_with_options` assigns `_input_workers_devices`), so
+  every later dataset of that strategy object got one pipeline per replica
+  too: a second run in one process read its data twice over. Restored here,
+  in this one place; tests/test_data.py fails if TensorFlow moves it.
+  """
+  extended = strategy.extended
+  saved = getattr(extended, "_input_workers_devices", None)
+  try:
+    yield
+  finally:
+    if saved is not None:
+      extended._input_workers_devices = saved  # pylint: disable=protected-access

@@ -1,0 +1,80 @@
+"""The sync breakdown: one step split into input wait, compute, straggler
+wait and all-reduce, from the stamps of measure/stamps.py; and its log."""
+import numpy as np
+
+
+def breakdown(step_start: float, inputs_ready: float, stamps,
+              collective_waits=None) -> dict:
+  """Splits one step into input wait, compute, straggler wait and all-reduce.
+
+  Args:
+    step_start: host stamp before asking for the next distributed batch.
+    inputs_ready: stamp once every replica's batch is there.
+    stamps: [local replicas, 4] array of STAMPS per replica, in seconds.
+    collective_waits: `reduced - grads_ready` of EVERY replica in the job
+      (gather_collective_wait); default: the local replicas' own, which is
+      all of them on one host.
+
+  Returns:
+    Milliseconds (mean and max over the local replicas; per replica, the four
+    parts add up to its step time exactly) and `fraction`, the share of the
+    step spent synchronising (all-reduce + straggler wait). A replica's time
+    in the reduction is straggler wait (until the last replica has its
+    gradients) plus all-reduce. When every replica is local, one clock
+    says when the last one arrived. When some are on other hosts, whose
+    clocks differ, only durations are compared: the replica that arrives
+    last waits for no one, so the shortest time in the reduction is the
+    all-reduce proper and a replica's excess over it is straggler wait
+    (this assumes the replicas finish the reduction together).
+  """
+  stamps = np.asarray(stamps, dtype=np.float64)
+  start, ready, reduced, end = stamps.T
+  waits = reduced - ready
+  if collective_waits is None or len(collective_waits) == len(stamps):
+    # Every replica is here, on one clock: the last arrival is known.
+    straggler = ready.max() - ready
+  else:
+    # Replicas on other hosts, other clocks: durations only.
+    straggler = np.maximum(waits - float(np.min(collective_waits)), 0.0)
+  per_replica = {
+      # Until the replica holds its batch: the host's wait for the next
+      # distributed batch plus handing it to the replica.
+      "input_wait_ms": np.maximum(start - step_start, 0.0),
+      "compute_ms": (ready - start) + (end - reduced),
+      "straggler_ms": straggler,
+      "allreduce_ms": np.maximum(waits - straggler, 0.0),
+  }
+  out = {"batch_ready_ms": 1e3 * (inputs_ready - step_start),
+         "step_ms": 1e3 * (end.max() - step_start)}
+  for name, values in per_replica.items():
+    out[name] = 1e3 * float(values.mean())
+    out[name.replace("_ms", "_max_ms")] = 1e3 * float(values.max())
+  out["per_replica_compute_ms"] = (1e3 * per_replica["compute_ms"]).tolist()
+  out["fraction"] = ((out["allreduce_ms"] + out["straggler_ms"])
+                     / max(out["step_ms"], 1e-9))
+  return out
+
+
+class SyncLog:
+  """Breakdowns of the logged steps: TensorBoard values and run averages."""
+
+  COMPONENTS = ("input_wait_ms", "compute_ms", "straggler_ms", "allreduce_ms")
+
+  def __init__(self):
+    self.breakdowns = []
+
+  def add(self, breakdown_: dict) -> dict:
+    """Records one step's breakdown; returns its `sync/*` scalars."""
+    self.breakdowns.append(breakdown_)
+    values = {f"sync/{k}": v for k, v in breakdown_.items()
+              if k != "per_replica_compute_ms"}
+    for i, ms in enumerate(breakdown_["per_replica_compute_ms"]):
+      values[f"sync_replica/{i}/compute_ms"] = ms
+    return values
+
+  def means(self) -> dict:
+    """Mean of every component over the recorded steps ({} if none)."""
+    if not self.breakdowns:
+      return {}
+    keys = [*self.COMPONENTS, "step_ms", "fraction"]
+    return {k: float(np.mean([b[k] for b in self.breakdowns])) for k in keys}

@@ -1,0 +1,115 @@
+"""What the loop reads of the config (Settings), and when it logs,
+evaluates, checkpoints and times a step (Schedule, big_vision's `itstime`).
+
+The loop is handed a Settings, never the config: what it reads is listed
+here, derived once.
+"""
+import dataclasses
+
+from dist_keras import validate
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """What happens after which step; steps count from 1.
+
+  Attributes:
+    steps: train.steps, the last step.
+    log_every, checkpoint_every: train.log_every, train.checkpoint_every.
+    eval_every: eval.every (0: only the final eval).
+    steps_per_loop: train.steps_per_loop, plain steps per call.
+    sync_timing: whether logged steps are instrumented (log.sync_timing, off
+      on TPUs).
+    profile: (START, STOP) of log.profile_steps, (0, 0) for none.
+  """
+  steps: int
+  log_every: int
+  checkpoint_every: int
+  eval_every: int
+  steps_per_loop: int = 1
+  sync_timing: bool = True
+  profile: tuple[int, int] = (0, 0)
+
+  def logs(self, step: int) -> bool:
+    return step % self.log_every == 0 or step == self.steps
+
+  def evaluates(self, step: int) -> bool:
+    """An eval during training (the final one always runs)."""
+    return bool(self.eval_every) and step % self.eval_every == 0 and (
+        step < self.steps)
+
+  def checkpoints(self, step: int) -> bool:
+    """A checkpoint during training (the final one always is saved)."""
+    return step % self.checkpoint_every == 0 and step < self.steps
+
+  def timed(self, step: int) -> bool:
+    """Whether `step` is instrumented: the logged ones, and step 1 to warm
+    the instrumented function up (its breakdown is discarded)."""
+    return self.sync_timing and (step == 1 or self.logs(step))
+
+  def profiled(self, step: int) -> bool:
+    """Whether `step` is traced (or closes the trace): it runs alone.
+
+    Every worker must group steps into calls alike, or their collectives
+    would not match: decided from the config, not from who traces.
+    """
+    start, stop = self.profile
+    return bool(start) and start <= step <= stop + 2
+
+  def call_size(self, step: int) -> int:
+    """Plain steps for the call after `step`: up to steps_per_loop, never
+    past a step the host must see (log, timed, checkpoint, eval, end,
+    profile)."""
+    if self.steps_per_loop <= 1 or self.profiled(step + 1):
+      return 1
+    stops = [self.steps, _next_multiple(step, self.log_every),
+             _next_multiple(step, self.checkpoint_every)]
+    if self.eval_every:
+      stops.append(_next_multiple(step, self.eval_every))
+    start = self.profile[0]
+    if start and step < start:
+      stops.append(start - 1)
+    target = min(stops)
+    if self.timed(target):  # A timed step runs alone: stop just before it.
+      target -= 1
+    return max(1, min(self.steps_per_loop, target - step))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The config values the loop reads, and nothing else of the config."""
+  schedule: Schedule
+  global_batch_size: int
+  step_options: dict  # make_train_step's jit/all-reduce options.
+  calibration_steps: int
+  profile_steps: str
+  precision: str
+  peak_tflops: float
+  perplexity: bool
+  progress: bool
+  tensorboard: bool
+
+  @classmethod
+  def from_config(cls, config, on_tpu: bool) -> "Settings":
+    """On a TPU the stamps behind the breakdown and the calibration have no
+    kernel (tf.timestamp): both are off there."""
+    train, log = config.train, config.log
+    return cls(
+        schedule=Schedule(
+            train.steps, train.log_every, train.checkpoint_every,
+            config.eval.every, train.steps_per_loop,
+            sync_timing=log.sync_timing and not on_tpu,
+            profile=validate.profile_steps(log.profile_steps)),
+        global_batch_size=train.global_batch_size,
+        step_options={"jit_compile": train.jit_compile,
+                      "allreduce_dtype": config.runtime.allreduce_dtype,
+                      "bytes_per_pack": config.runtime.bytes_per_pack},
+        calibration_steps=0 if on_tpu else log.calibration_steps,
+        profile_steps=log.profile_steps, precision=train.precision,
+        peak_tflops=log.peak_tflops, perplexity=log.perplexity,
+        progress=log.progress, tensorboard=log.tensorboard)
+
+
+def _next_multiple(step: int, every: int) -> int:
+  """The first multiple of `every` after `step`."""
+  return (step // every + 1) * every

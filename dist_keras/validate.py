@@ -1,0 +1,128 @@
+"""Every check of a config's values, in one place, before TensorFlow starts.
+
+The command line runs `config()` before it imports TensorFlow (a typo costs
+a fraction of a second, not a TensorFlow start-up); `dist_keras.fit` runs it
+for Python callers. The rest of the package trusts the values. What can only
+be checked against something else is checked where that is known, once: a
+built-in model or dataset against the data's shape (registry.py),
+TF_CONFIG against the strategy (distribute/strategy.py), a user's model and
+data against the contract (contract/checks.py).
+
+No TensorFlow import here, and the choices' names live here: the modules
+that act on them map names to objects.
+"""
+from dist_keras.errors import UserError
+
+STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker_mirrored", "tpu")
+COLLECTIVES = ("auto", "ring", "nccl")
+ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
+# train.precision -> Keras' dtype policy.
+PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16",
+              "float16": "mixed_float16"}
+LR_SCALINGS = ("none", "linear", "sqrt")
+# The built-in models' optimizers (models.OPTIMIZERS maps them to Keras').
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
+# The optimizers train.momentum applies to (Adam-style optimizers have their
+# own first-moment decay, beta_1, instead).
+MOMENTUM_OPTIMIZERS = ("sgd", "rmsprop")
+
+
+def check_choice(key: str, value, choices) -> None:
+  """Raises UserError unless `value` of config key `key` is in `choices`."""
+  if value not in choices:
+    raise UserError(f"{key}={value!r} is not one of {', '.join(choices)}; "
+                    "pick one of those.")
+
+
+def config(c) -> None:
+  """Raises UserError, one line naming the value and the fix, for the first
+  bad value of config `c`."""
+  _runtime(c.runtime)
+  _train(c.train)
+  for key in ("every", "steps"):
+    _at_least(f"eval.{key}", getattr(c.eval, key), 0)
+  _at_least("data.threads", c.data.threads, 0,
+            "0: TensorFlow's shared pool")
+  profile_steps(c.log.profile_steps)
+  _at_least("log.peak_tflops", c.log.peak_tflops, 0,
+            "0: the table of known accelerators, or a measured matmul on CPU")
+
+
+def _runtime(runtime) -> None:
+  check_choice("runtime.strategy", runtime.strategy, STRATEGIES)
+  if isinstance(runtime.num_cpu_devices, bool) or runtime.num_cpu_devices < 1:
+    raise UserError(f"runtime.num_cpu_devices={runtime.num_cpu_devices!r} "
+                    "must be >= 1.")
+  check_choice("runtime.collective", runtime.collective, COLLECTIVES)
+  _at_least("runtime.bytes_per_pack", runtime.bytes_per_pack, 0,
+            "0: one pack")
+  _at_least("runtime.timeout_seconds", runtime.timeout_seconds, 0,
+            "0: no timeout")
+  check_choice("runtime.allreduce_dtype", runtime.allreduce_dtype,
+               ALLREDUCE_DTYPES)
+
+
+def _train(train) -> None:
+  for key in ("steps", "global_batch_size", "log_every", "checkpoint_every",
+              "steps_per_loop"):
+    if getattr(train, key) < 1:
+      raise UserError(f"train.{key}={getattr(train, key)} must be >= 1.")
+  check_choice("train.precision", train.precision, PRECISIONS)
+  lr_rule(train)
+  _optimizer(train)
+
+
+def _optimizer(train) -> None:
+  """The built-in models' optimizer settings (a user's model brings its
+  own; registry.py refuses these keys then)."""
+  check_choice("train.optimizer", train.optimizer, OPTIMIZERS)
+  if not train.learning_rate > 0:
+    raise UserError(f"train.learning_rate={train.learning_rate} must be "
+                    "> 0.")
+  if not 0.0 <= train.momentum < 1.0:
+    raise UserError(f"train.momentum={train.momentum} must be in [0, 1) "
+                    "(0.9 is the usual SGD momentum).")
+  if train.momentum and train.optimizer not in MOMENTUM_OPTIMIZERS:
+    raise UserError(f"train.momentum={train.momentum} does nothing with "
+                    f"train.optimizer={train.optimizer!r} (its beta_1 "
+                    "plays that part); use it with "
+                    f"{' or '.join(MOMENTUM_OPTIMIZERS)}, or set momentum=0.")
+  _at_least("train.global_clipnorm", train.global_clipnorm, 0,
+            "0: no clipping")
+
+
+def lr_rule(train) -> None:
+  """train.lr_scaling, base_batch_size and warmup_steps (training/lr.py)."""
+  check_choice("train.lr_scaling", train.lr_scaling, LR_SCALINGS)
+  if train.base_batch_size < 1:
+    raise UserError(f"train.base_batch_size={train.base_batch_size} must "
+                    "be >= 1 (the global batch the learning rate is for).")
+  _at_least("train.warmup_steps", train.warmup_steps, 0)
+  if train.warmup_steps > train.steps:
+    raise UserError(f"train.warmup_steps={train.warmup_steps} is more than "
+                    f"train.steps={train.steps}; use at most {train.steps}.")
+  if train.warmup_steps and train.lr_scaling == "none":
+    raise UserError(f"train.warmup_steps={train.warmup_steps} does nothing "
+                    "with train.lr_scaling='none' (warmup ramps from the "
+                    "compiled rate to the scaled rate); set lr_scaling to "
+                    "linear or sqrt, or warmup_steps=0.")
+
+
+def profile_steps(spec: str) -> tuple[int, int]:
+  """log.profile_steps 'START,STOP' -> (START, STOP); '' -> (0, 0)."""
+  if not spec:
+    return 0, 0
+  try:
+    start, stop = (int(x) for x in spec.split(","))
+  except ValueError:
+    start = stop = -1
+  if not 2 <= start <= stop:
+    raise UserError(f"log.profile_steps={spec!r} must be 'START,STOP' with "
+                    "2 <= START <= STOP (step 1 traces the function).")
+  return start, stop
+
+
+def _at_least(key: str, value, low, meaning: str = "") -> None:
+  if value < low:
+    raise UserError(f"{key}={value} must be >= {low}"
+                    + (f" ({meaning})." if meaning else "."))
