@@ -1,8 +1,15 @@
-"""tools/features.py: variant parsing and argument errors (not its figures)."""
+"""tools/features.py: variants, argument errors, and one tiny real run."""
+import json
 
+import pytest
+
+import features  # tools/, on sys.path (conftest.py)
 import helpers
 
-import features  # pylint: disable=g-import-not-at-top,wrong-import-position
+# Shrinks every block to seconds (as helpers.tiny_config).
+TINY = ["data.train_size=512", "data.eval_size=128", "data.seq_len=12",
+        "model.units=16", "model.embed_dim=8", "train.global_batch_size=32",
+        "train.log_every=2"]
 
 
 def test_a_variant_is_a_list_of_overrides_and_empty_is_the_baseline():
@@ -19,7 +26,41 @@ def test_variant_config_applies_overrides_then_the_variant():
   assert c.eval.every == 0 and c.log.calibration_steps == 0
 
 
-def test_too_few_steps_fail_before_training():
-  result = helpers.run_module(["tools/features.py", "--steps=20"], timeout=60)
-  assert result.returncode == 2
-  assert "--steps=20 must cover at least two log windows" in result.stderr
+def test_a_variant_set_leads_and_repeats_are_dropped():
+  args = features.parse_args(["--variant_set=sync_timing",
+                              "--variant=log.sync_timing=False",
+                              "--variant=train.steps_per_loop=2"])
+  assert args.variants == ["", "log.sync_timing=False",
+                           "train.steps_per_loop=2"]
+  assert not args.configs["log.sync_timing=False"].log.sync_timing
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--steps=20"], "--steps=20 must cover at least two log windows"),
+    (["--variant=train.steps_per_loop=4,x.y=1"],
+     "--variant x.y names no config key"),
+    (["--variant=", "--variant=runtime.strategy=one_device"],
+     "--variant='runtime.strategy=one_device' changes runtime.strategy"),
+    (["--variant_set=fast"], "argument --variant_set: invalid choice"),
+])
+def test_bad_arguments_fail_before_training(argv, message, capsys):
+  assert features.main(argv) == 2
+  (line,) = capsys.readouterr().err.splitlines()
+  assert line.startswith("features: error: ") and message in line
+
+
+@pytest.mark.slow
+def test_real_blocks_timing_on_and_off(tmp_path):
+  out = tmp_path / "features.json"
+  result = helpers.run_module(
+      ["tools/features.py", "--variant_set=sync_timing", "--steps=4",
+       "--repeats=1", "--warmup=0", f"--out={out}",
+       *[f"--override={o}" for o in TINY]])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "lstm_longmem: 2 replicas (MirroredStrategy), 4 steps" in (
+      result.stdout)
+  variants = json.loads(out.read_text())["variants"]
+  assert list(variants) == ["baseline", "log.sync_timing=False"]
+  assert all(v["examples_per_sec"] > 0 for v in variants.values())
+  assert variants["baseline"]["sync_fraction"] > 0
+  assert variants["log.sync_timing=False"]["sync_fraction"] == 0

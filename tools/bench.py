@@ -10,8 +10,11 @@ ms/step and examples/s of each and the ratios the README quotes; writes
 JSON. A benchmark, not a test.
 
   python tools/bench.py --config=lstm_longmem --repeats=5 --out=bench.json
+
+"timing overhead" is (c) against (d). With --override=train.log_every=1
+every step of (c) is instrumented, so it is the cost of one instrumented
+step; the default log_every gives what a real run pays.
 """
-import argparse
 import json
 import os
 import statistics
@@ -19,11 +22,10 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import common
 
-import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+PROG = "bench"
 
 
 def keras_fit_block(c, strategy, data_lib, models):
@@ -51,14 +53,15 @@ def keras_fit_block(c, strategy, data_lib, models):
 
 def loop_block(c, strategy, sync_timing):
   """A `(steps) -> seconds` running dist_keras's steps as its loop does."""
-  from dist_keras import api, step as step_lib, sync  # pylint: disable=g-import-not-at-top
+  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  from dist_keras.measure import breakdown as breakdown_lib  # pylint: disable=g-import-not-at-top
+  from dist_keras.training import step as step_lib  # pylint: disable=g-import-not-at-top
   c.log.sync_timing = sync_timing
   with tempfile.TemporaryDirectory() as workdir:
-    with api.build(c.model.name, c.data.name, workdir=workdir, config=c,
-                   strategy=strategy) as trainer:
+    with api.build(c, workdir, strategy=strategy) as trainer:
       pass
   log_every = c.train.log_every
-  iterator = iter(trainer.train_ds)
+  iterator = iter(trainer.parts.train_ds)
   steps_fn = {timed: step_lib.make_train_step(
       strategy, trainer.model, trainer.optimizer, timed=timed)
               for timed in (False, True)}
@@ -72,44 +75,53 @@ def loop_block(c, strategy, sync_timing):
       out = steps_fn[timed](iterator)
       out["loss"].numpy()  # The loop reads the loss every step.
       if timed:
-        sync.breakdown(out["step_start"].numpy(), out["inputs_ready"].numpy(),
-                       out["stamps"].numpy(), out["collective_waits"].numpy())
+        breakdown_lib.breakdown(
+            out["step_start"].numpy(), out["inputs_ready"].numpy(),
+            out["stamps"].numpy(), out["collective_waits"].numpy())
     return time.perf_counter() - start
 
   return run
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--config", default="lstm_longmem")
+def parse_args(argv=None):
+  p = common.Parser(prog="bench.py", description=__doc__.splitlines()[0])
+  common.add_config_args(p)
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--steps", type=int, default=50, help="steps per block")
-  p.add_argument("--override", action="append", default=[])
   p.add_argument("--out", default="")
-  args = p.parse_args()
-  args.config = config_args.checked(p, args.config, args.override)
+  args = p.parse_args(argv)
+  common.load_config(args.config, args.override)  # Fails before any run.
+  return args
+
+
+def main(argv=None) -> int:
+  try:
+    args = parse_args(argv)
+  except common.BadInput as e:
+    return common.fail(PROG, e)
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from dist_keras import data as data_lib, models, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  from dist_keras import configs  # pylint: disable=g-import-not-at-top
-  c = configs.load(args.config, args.override)
+  from dist_keras import data as data_lib  # pylint: disable=g-import-not-at-top
+  from dist_keras import models  # pylint: disable=g-import-not-at-top
+  from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+
+  def config():  # A fresh config per block: each sets its own keys.
+    return common.load_config(args.config, args.override)
+
+  c = config()
   mirrored = strategy_lib.get_strategy(c.runtime)
   one = tf.distribute.get_strategy()  # The default: no strategy.
   blocks = {
-      "fit, no strategy": keras_fit_block(configs.load(args.config, args.override),
-                                          one, data_lib, models),
-      "fit, Mirrored": keras_fit_block(configs.load(args.config, args.override),
-                                       mirrored, data_lib, models),
-      "dist_keras": loop_block(configs.load(args.config, args.override),
-                               mirrored, sync_timing=True),
-      "dist_keras, timing off": loop_block(
-          configs.load(args.config, args.override), mirrored,
-          sync_timing=False),
+      "fit, no strategy": keras_fit_block(config(), one, data_lib, models),
+      "fit, Mirrored": keras_fit_block(config(), mirrored, data_lib, models),
+      "dist_keras": loop_block(config(), mirrored, sync_timing=True),
+      "dist_keras, timing off": loop_block(config(), mirrored,
+                                           sync_timing=False),
       # The price of being distributed: the same loop on one device.
       "dist_keras, one device": loop_block(
-          configs.load(args.config, args.override),
-          tf.distribute.OneDeviceStrategy("/cpu:0"), sync_timing=True),
+          config(), tf.distribute.OneDeviceStrategy("/cpu:0"),
+          sync_timing=True),
   }
   for run in blocks.values():  # Warm-up: tracing, autotuning.
     run(args.steps)
@@ -146,7 +158,8 @@ def main():
   if args.out:
     with open(args.out, "w") as f:
       json.dump(result, f, indent=2)
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -15,19 +15,32 @@ runtime.bytes_per_pack). A benchmark, not a test.
   python tools/features.py --config=lstm_longmem --steps=200 --repeats=3 \\
       --variant= --variant=train.steps_per_loop=10 \\
       --variant=train.precision=bfloat16,train.steps_per_loop=10
+  python tools/features.py --variant_set=speed   # The README's table.
+  python tools/features.py --variant_set=sync_timing   # What timing costs.
 """
-import argparse
 import json
 import os
 import statistics
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import common
 
-import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+PROG = "features"
+# Named lists of variants (--variant_set), each led by the baseline: the
+# speed options, the sync breakdown's timing on and off (whole runs in one
+# process), and the options that matter between workers (run the tool
+# under tools/launch_local.py for those).
+VARIANT_SETS = {
+    "speed": ["", "train.steps_per_loop=25", "train.jit_compile=True",
+              "train.precision=bfloat16", "train.precision=float16",
+              "runtime.allreduce_dtype=bfloat16", "data.prefetch=False",
+              "data.threads=2", "log.sync_timing=False"],
+    "sync_timing": ["", "log.sync_timing=False"],
+    "multi_worker": ["", "runtime.bytes_per_pack=32768",
+                     "runtime.allreduce_dtype=bfloat16"],
+}
 
 
 def parse_variant(text: str) -> list[str]:
@@ -35,11 +48,15 @@ def parse_variant(text: str) -> list[str]:
   return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def variant_config(name: str, overrides, variant, steps: int):
-  """The config of one block: `name` + overrides + variant, timed like a
-  real run, with nothing but training in the block."""
-  from dist_keras import configs  # pylint: disable=g-import-not-at-top
-  c = configs.load(name, [*overrides, *variant])
+def variant_config(spec: str, overrides, variant, steps: int):
+  """The config of one block: `spec` + overrides + variant, timed like a
+  real run, with nothing but training in the block.
+
+  Raises:
+    common.BadInput: naming the bad override or variant.
+  """
+  common.load_config(spec, overrides)  # A bad override is named as one.
+  c = common.load_config(spec, [*overrides, *variant], "--variant ")
   c.train.steps = steps
   c.train.checkpoint_every = steps
   c.eval.every, c.eval.steps = 0, 2
@@ -48,9 +65,9 @@ def variant_config(name: str, overrides, variant, steps: int):
   return c
 
 
-def run_block(c, strategy, loop) -> dict:
+def run_block(c, strategy) -> dict:
+  """One block: `dist_keras.fit` as a user calls it; its figures."""
   from dist_keras import api  # pylint: disable=g-import-not-at-top
-  del loop  # The run goes through the public path, like a user's.
   with tempfile.TemporaryDirectory() as workdir:
     summary = api.fit(c.model.name, c.data.name, workdir=workdir, config=c,
                       strategy=strategy).summary
@@ -58,43 +75,63 @@ def run_block(c, strategy, loop) -> dict:
                                   "train_loss", "sync_fraction")}
 
 
-def main():
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--config", default="lstm_longmem")
+def parse_args(argv=None):
+  """The arguments, every variant's config loaded and checked (.configs).
+
+  Raises:
+    common.BadInput: a bad argument, override or variant; nothing has run.
+  """
+  p = common.Parser(prog="features.py", description=__doc__.splitlines()[0])
+  common.add_config_args(p)
   p.add_argument("--variant", action="append", default=[],
                  help="comma-separated section.key=value overrides; '' is "
                  "the baseline; the first variant is the reference")
-  p.add_argument("--override", action="append", default=[],
-                 help="section.key=value applied to every variant")
+  p.add_argument("--variant_set", choices=sorted(VARIANT_SETS),
+                 help="a named list of variants, run before any --variant: "
+                 + "; ".join(f"{name}: {', '.join(v or 'baseline' for v in vs)}"
+                             for name, vs in VARIANT_SETS.items()))
   p.add_argument("--steps", type=int, default=200)
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--warmup", type=int, default=1,
                  help="repeats run first and not counted (process warm-up)")
   p.add_argument("--out", default="")
-  args = p.parse_args()
-  args.config = config_args.checked(p, args.config, args.override)
-  for v in args.variant:
-    config_args.checked(p, args.config, parse_variant(v), "--variant ")
-  variants = args.variant or [""]
-  if args.steps < 2 * 25 or args.repeats < 1:
-    p.error(f"--steps={args.steps} must cover at least two log windows "
-            f"(>= 50) and --repeats={args.repeats} must be >= 1")
-  from dist_keras import quiet  # pylint: disable=g-import-not-at-top
-  with quiet.startup_lines_filtered():
-    from dist_keras import loop, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  configs = {v: variant_config(args.config, args.override, parse_variant(v),
-                               args.steps) for v in variants}  # Checked first.
-  strategy = strategy_lib.get_strategy(configs[variants[0]].runtime)
-  chief = loop.is_chief(strategy)
+  args = p.parse_args(argv)
+  args.variants = list(dict.fromkeys(
+      VARIANT_SETS.get(args.variant_set, []) + args.variant)) or [""]
+  args.configs = {v: variant_config(args.config, args.override,
+                                    parse_variant(v), args.steps)
+                  for v in args.variants}
+  log_every = args.configs[args.variants[0]].train.log_every
+  if args.steps < 2 * log_every or args.repeats < 1:
+    raise common.BadInput(
+        f"--steps={args.steps} must cover at least two log windows (>= "
+        f"{2 * log_every}: the first is warm-up) and --repeats="
+        f"{args.repeats} must be >= 1.")
   # One strategy for all variants: per-call options (runtime.bytes_per_pack,
   # runtime.allreduce_dtype) vary, strategy-level ones must not.
-  for v in variants:
-    if configs[v].runtime.strategy != configs[variants[0]].runtime.strategy:
-      p.error(f"--variant={v!r} changes runtime.strategy; run it separately")
+  first = args.configs[args.variants[0]].runtime.strategy
+  for v in args.variants:
+    if args.configs[v].runtime.strategy != first:
+      raise common.BadInput(f"--variant={v!r} changes runtime.strategy; run "
+                            "it separately.")
+  return args
+
+
+def main(argv=None) -> int:
+  try:
+    args = parse_args(argv)
+  except common.BadInput as e:
+    return common.fail(PROG, e)
+  from dist_keras import quiet  # pylint: disable=g-import-not-at-top
+  with quiet.startup_lines_filtered():
+    from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  variants, configs = args.variants, args.configs
+  strategy = strategy_lib.get_strategy(configs[variants[0]].runtime)
+  chief = strategy_lib.is_chief(strategy)
   results = {v: [] for v in variants}
   for repeat in range(-args.warmup, args.repeats):
     for v in variants:
-      result = run_block(configs[v], strategy, loop)
+      result = run_block(configs[v], strategy)
       if repeat >= 0:
         results[v].append(result)
       if chief:
@@ -103,6 +140,7 @@ def main():
               f"{result['examples_per_sec']:10,.0f} ex/s", flush=True)
   if chief:
     report(args, strategy, results)
+  return 0
 
 
 def report(args, strategy, results):
@@ -118,16 +156,17 @@ def report(args, strategy, results):
             r["sync_fraction"] or 0.0 for r in runs),
     }
   reference = next(iter(table.values()))["examples_per_sec"]
-  from dist_keras import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
   print(f"{args.config}: {strategy.num_replicas_in_sync} replicas "
-        f"({strategy_lib.display_name(strategy)}), {args.steps} steps x {args.repeats} "
-        "repeats, medians")
+        f"({strategy_lib.display_name(strategy)}), {args.steps} steps x "
+        f"{args.repeats} repeats, medians")
   for name, row in table.items():
     row["speed_vs_first"] = row["examples_per_sec"] / reference
     low, high = row["examples_per_sec_range"]
     print(f"  {name:52} {row['examples_per_sec']:10,.0f} ex/s "
           f"({low:,.0f}-{high:,.0f})  "
-          f"x{row['speed_vs_first']:.2f}  sync {100 * row['sync_fraction']:4.1f}%"
+          f"x{row['speed_vs_first']:.2f}  "
+          f"sync {100 * row['sync_fraction']:4.1f}%"
           f"  eval acc {min(row['eval_accuracy']):.3f}")
   if args.out:
     with open(args.out, "w") as f:
@@ -138,4 +177,4 @@ def report(args, strategy, results):
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

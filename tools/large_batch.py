@@ -14,41 +14,34 @@ A benchmark, not a test: it prints figures.
 `--override` applies to every run (e.g. `--override=train.optimizer=sgd`);
 `--scale_steps=4` lengthens the schedule of base and large runs alike.
 """
-import argparse
 import os
 import statistics
 import sys
 import tempfile
 
-import train_run
+import common
+from common import BadInput
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from dist_keras import validate
 
-import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
-from dist_keras import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
-from dist_keras import quiet  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-with quiet.startup_lines_filtered():
-  from dist_keras import lr as lr_lib  # pylint: disable=g-import-not-at-top
+PROG = "large_batch"
+SCALINGS = validate.LR_SCALINGS
 
 
-def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--config", default="lstm_longmem",
-                 help="A config name under configs/.")
+def parser() -> common.Parser:
+  p = common.Parser(prog="large_batch.py",
+                    description=__doc__.splitlines()[0])
+  common.add_config_args(p)
   p.add_argument("--k", type=int, default=8,
                  help="Large global batch = k x the config's.")
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--rules", default="none:0,linear:20",
                  help="RULE:WARMUP_STEPS pairs for the large batch, RULE "
-                 f"one of {', '.join(lr_lib.SCALINGS)}.")
+                 f"one of {', '.join(SCALINGS)}.")
   p.add_argument("--scale_steps", type=float, default=1.0,
                  help="Multiply the config's train.steps by this (both runs).")
   p.add_argument("--tolerance", type=float, default=0.01,
                  help="Largest accepted drop below the base's mean accuracy.")
-  p.add_argument("--override", action="append", default=[],
-                 help="section.key=value for every run (repeatable).")
   p.add_argument("--root", help="Keep the runs here (must be empty or new; "
                  "default: a temporary folder).")
   p.add_argument("--out", help="Write the results here as JSON, after every "
@@ -63,25 +56,18 @@ RUN_KEYS = {"runtime.seed": "--seeds", "train.base_batch_size": "--k",
             "eval.every": None, "train.checkpoint_every": None}
 
 
-class BadInput(ValueError):
-  """An argument that cannot make a sweep; main() exits 2 with it."""
-
-
-def fail(message: str):
-  raise BadInput(message)
-
-
 def parse_rules(text: str) -> list[tuple[str, int]]:
   """"linear:20,none:0" -> [("linear", 20), ("none", 0)]."""
   rules = []
   for item in text.split(","):
     rule, _, warmup = item.partition(":")
-    if rule not in lr_lib.SCALINGS or not warmup.isdigit():
-      fail(f"--rules item {item!r} is not RULE:WARMUP_STEPS with RULE one "
-           f"of {', '.join(lr_lib.SCALINGS)}; e.g. --rules=linear:20.")
+    if rule not in SCALINGS or not warmup.isdigit():
+      raise BadInput(f"--rules item {item!r} is not RULE:WARMUP_STEPS with "
+                     f"RULE one of {', '.join(SCALINGS)}; e.g. "
+                     "--rules=linear:20.")
     if rule == "none" and int(warmup):
-      fail(f"--rules item {item!r}: warmup ramps to a scaled rate, so "
-           "'none' takes warmup 0.")
+      raise BadInput(f"--rules item {item!r}: warmup ramps to a scaled rate, "
+                     "so 'none' takes warmup 0.")
     rules.append((rule, int(warmup)))
   return rules
 
@@ -90,34 +76,36 @@ def plan(args) -> dict:
   """The base and large schedules.
 
   Raises:
-    BadInput, config_args.BadConfigArg: an argument that cannot run.
+    BadInput: an argument that cannot run.
   """
-  name = config_args.config_name(args.config)
-  config_args.check_overrides(name, args.override, "--override=")
   for override in args.override:
     key = override.split("=", 1)[0]
     if key in RUN_KEYS:
-      fail(f"--override={override}: the tool sets {key} for each run"
-           + (f"; use {RUN_KEYS[key]} instead." if RUN_KEYS[key] else "."))
+      raise BadInput(
+          f"--override={override}: the tool sets {key} for each run"
+          + (f"; use {RUN_KEYS[key]} instead." if RUN_KEYS[key] else "."))
+  config = common.load_config(args.config, args.override)
   if args.k < 2:
-    fail(f"--k={args.k} must be >= 2 (the large batch is k x the base).")
+    raise BadInput(f"--k={args.k} must be >= 2 (the large batch is k x the "
+                   "base).")
   try:
     seeds = [int(s) for s in args.seeds.split(",")]
   except ValueError:
-    fail(f"--seeds={args.seeds!r} is not a comma-separated list of integers.")
+    raise BadInput(f"--seeds={args.seeds!r} is not a comma-separated list of "
+                   "integers.") from None
   rules = parse_rules(args.rules)
-  config = configs.load(name, args.override)
   batch = config.train.global_batch_size
   base_steps = round(config.train.steps * args.scale_steps)
   large_steps = base_steps // args.k
   if large_steps < 1:
-    fail(f"{base_steps} base steps / k={args.k} leave no large-batch step; "
-         "raise --scale_steps.")
+    raise BadInput(f"{base_steps} base steps / k={args.k} leave no "
+                   "large-batch step; raise --scale_steps.")
   for rule, warmup in rules:
     if warmup > large_steps:
-      fail(f"--rules {rule}:{warmup}: warmup is longer than the "
-           f"{large_steps} large-batch steps; use at most {large_steps}.")
-  return {"config": name, "k": args.k, "seeds": seeds, "rules": rules,
+      raise BadInput(f"--rules {rule}:{warmup}: warmup is longer than the "
+                     f"{large_steps} large-batch steps; use at most "
+                     f"{large_steps}.")
+  return {"config": args.config, "k": args.k, "seeds": seeds, "rules": rules,
           "batch": batch, "base_steps": base_steps, "large_steps": large_steps,
           "learning_rate": config.train.learning_rate,
           "optimizer": config.train.optimizer}
@@ -140,8 +128,8 @@ def run_overrides(p: dict, seed: int, batch: int, steps: int,
 def run(p: dict, args, root: str, name: str, overrides: list[str]) -> dict:
   # The run's own settings last: absl keeps the last value of a flag, and
   # the user's global_batch_size and steps are the base run's.
-  summary, seconds = train_run.train(
-      f"configs/{p['config']}.py", os.path.join(root, name),
+  summary, seconds = common.train(
+      p["config"], os.path.join(root, name),
       [f"--config.{o}" for o in args.override] + overrides)
   return {"name": name, "eval_accuracy": summary["eval_accuracy"],
           "train_loss": summary["train_loss"], "wall_s": seconds,
@@ -189,7 +177,7 @@ def save(path, p, results, tolerance) -> None:
   document = {"plan": p, "runs": results, "tolerance": tolerance,
               "verdicts": verdicts(p, results, tolerance)
                           if results["base"] else []}
-  train_run.write_json(path, document)  # Never a half-written file.
+  common.write_json(path, document)  # Never a half-written file.
 
 
 def sweep(p: dict, args, root: str) -> dict:
@@ -215,24 +203,21 @@ def sweep(p: dict, args, root: str) -> dict:
   return results
 
 
-def main(argv=None):
-  arg_parser = parser()
-  args = arg_parser.parse_args(argv)
+def main(argv=None) -> int:
   try:
+    args = parser().parse_args(argv)
     p = plan(args)
-    if args.root and os.path.isdir(args.root) and os.listdir(args.root):
-      # A run's workdir with a checkpoint would resume, not train afresh.
-      fail(f"--root={args.root} is not empty; its runs would resume "
-           "instead of training. Name a new folder.")
-  except (BadInput, config_args.BadConfigArg) as e:
-    arg_parser.error(str(e))  # One line, exit 2, nothing run.
+    common.require_empty("--root", args.root)
+  except BadInput as e:
+    return common.fail(PROG, e)  # One line, exit 2, nothing run.
   print(f"{p['config']} ({p['optimizer']}, learning rate "
         f"{p['learning_rate']:g} for batch {p['batch']}): seeds "
         f"{p['seeds']}, k={p['k']}", flush=True)
   with tempfile.TemporaryDirectory() as scratch:
     results = sweep(p, args, args.root or scratch)
   print_verdicts(p, results, args.tolerance)
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -29,6 +29,7 @@ its worker binds it (rare; a restart picks fresh ones). A launcher killed with
 SIGKILL cannot stop its workers.
 """
 import argparse
+import functools
 import json
 import os
 import signal
@@ -38,35 +39,17 @@ import sys
 import threading
 import time
 
+import common
+from common import BadInput
+
 PROG = "launch_local"
-EXIT_BAD_INPUT = 2
 EXIT_CANNOT_START = 127  # The shell's code for "command not found".
 # Signals that stop the launcher; each is forwarded as SIGTERM to the workers.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_SECONDS = 0.05
 # How long to wait for a relay thread to drain a dead worker's last lines.
 DRAIN_SECONDS = 2.0
-
-# One lock for both streams: a worker line and a launcher message never
-# interleave mid-line, even when stdout and stderr are the same terminal.
-_OUTPUT_LOCK = threading.Lock()
-
-
-class BadInput(Exception):
-  """A bad command-line value; its message is one line naming the fix."""
-
-
-class _Parser(argparse.ArgumentParser):
-  """argparse whose errors are one line (no usage block) and exit 2."""
-
-  def error(self, message):
-    raise BadInput(f"{message}; see --help.")
-
-
-def say(message: str) -> None:
-  """Prints one launcher line to stderr, prefixed with the program name."""
-  with _OUTPUT_LOCK:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+say = functools.partial(common.say, PROG)  # One launcher line on stderr.
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -157,10 +140,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   """
   options, command = _split_command(
       list(sys.argv[1:] if argv is None else argv))
-  p = _Parser(prog="launch_local.py", allow_abbrev=False,
-              usage="%(prog)s (--num_workers=N | --worker_hosts=H:P,... "
-              "--task_index=I) [options] -- COMMAND ...",
-              description=__doc__.splitlines()[0])
+  p = common.Parser(prog="launch_local.py", allow_abbrev=False,
+                    usage="%(prog)s (--num_workers=N | --worker_hosts=H:P,"
+                    "... --task_index=I) [options] -- COMMAND ...",
+                    description=__doc__.splitlines()[0])
   cluster = p.add_mutually_exclusive_group(required=True)
   cluster.add_argument("--num_workers", type=int,
                        help="Start N local workers on free ports of --host.")
@@ -246,7 +229,7 @@ def _relay(pipe, out, prefix: bytes) -> None:
     for line in iter(pipe.readline, b""):
       if not line.endswith(b"\n"):
         line += b"\n"
-      with _OUTPUT_LOCK:
+      with common.OUTPUT_LOCK:
         try:
           out.write(prefix + line)
           out.flush()
@@ -386,8 +369,7 @@ def run(args, signals: list[int]) -> int:
     try:
       failure = _attempt(args, signals)
     except BadInput as e:
-      say(f"error: {e}")
-      return EXIT_BAD_INPUT
+      return common.fail(PROG, e)
     except OSError as e:
       say(f"cannot start {args.command[0]!r}: {e.strerror or e}")
       return EXIT_CANNOT_START
@@ -407,8 +389,7 @@ def main(argv=None) -> int:
   try:
     args = parse_args(argv)
   except BadInput as e:
-    say(f"error: {e}")
-    return EXIT_BAD_INPUT
+    return common.fail(PROG, e)
   signals = []
   # Record, don't raise: an exception mid-Popen could orphan a worker.
   previous = {s: signal.signal(s, lambda signum, _: signals.append(signum))

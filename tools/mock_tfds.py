@@ -3,7 +3,7 @@
 `tfds.testing.mock_data` serves random examples with a dataset's real
 features, but dist_keras first checks that the dataset is prepared in
 data_dir (dataset_info.json, builder.is_prepared()); `write_metadata` puts
-the real metadata there, with no data. Used by tools/input_wait.py and the
+the real metadata there, with no data. Used by tools/grid.py and the
 tests (no network here).
 """
 # Real datasets and their splits, as their prepared metadata lists them.

@@ -18,13 +18,12 @@ import json
 import os
 import sys
 
+import common
+from common import BadInput
+
 PROG = "pin_cores"
-EXIT_BAD_INPUT = 2
+USAGE = "usage: pin_cores.py --cores=SETS -- COMMAND ..."
 EXIT_CANNOT_START = 127
-
-
-class BadInput(Exception):
-  """A bad argument; its message is one line naming the fix."""
 
 
 def parse_sets(text: str) -> list[set[int]]:
@@ -63,8 +62,13 @@ def choose(sets: list[set[int]], environ) -> set[int]:
 
 
 def parse_args(argv: list[str]) -> tuple[list[set[int]], list[str]]:
+  """(the core sets, the command). Not argparse: everything after `--` is
+  the command's, and before it --cores is the only option."""
+  if argv in (["--help"], ["-h"]):
+    print(f"{USAGE}\n\n{__doc__.strip()}")
+    sys.exit(0)
   if "--" not in argv:
-    raise BadInput("usage: pin_cores.py --cores=SETS -- COMMAND ...")
+    raise BadInput(USAGE)
   split = argv.index("--")
   options, command = argv[:split], argv[split + 1:]
   if len(options) != 1 or not options[0].startswith("--cores="):
@@ -84,13 +88,11 @@ def main(argv=None) -> int:
                      f"to this process (it may use {sorted(available)}).")
     os.sched_setaffinity(0, cores)
   except BadInput as e:
-    print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-    return EXIT_BAD_INPUT
+    return common.fail(PROG, e)
   try:
     os.execvp(command[0], command)
   except OSError as e:
-    print(f"{PROG}: cannot start {command[0]!r}: {e.strerror or e}",
-          file=sys.stderr, flush=True)
+    common.say(PROG, f"cannot start {command[0]!r}: {e.strerror or e}")
     return EXIT_CANNOT_START
 
 

@@ -14,23 +14,16 @@ Equivalent to `tfds build NAME --data_dir DIR`. Progress bars come from TFDS.
 Exit status: 0 prepared (or already prepared); 2 on any failure, with one
 line on stderr.
 """
-import argparse
 import sys
+
+import common
 
 PROG = "prepare_data"
 EXIT_FAILED = 2
 
 
-class _Parser(argparse.ArgumentParser):
-  """argparse whose errors are one line (no usage block) and exit 2."""
-
-  def error(self, message):
-    print(f"{PROG}: {message}", file=sys.stderr)
-    sys.exit(EXIT_FAILED)
-
-
 def parse_args(argv):
-  parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+  parser = common.Parser(prog=PROG, description=__doc__.splitlines()[0])
   parser.add_argument("name", help="TFDS name, e.g. mnist or tfds:mnist")
   parser.add_argument("--data_dir", default="",
                       help="where to prepare it; '' = ~/tensorflow_datasets")
@@ -52,16 +45,19 @@ def prepare(name: str, data_dir: str = "", manual_dir: str = "") -> str:
 
 
 def main(argv=None) -> int:
-  args = parse_args(sys.argv[1:] if argv is None else argv)
+  try:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+  except common.BadInput as e:
+    return common.fail(PROG, e)
   try:
     path = prepare(args.name, args.data_dir, args.manual_dir)
   except Exception as e:  # pylint: disable=broad-except
     # Whatever went wrong (no network, no such dataset, no manual files), the
     # user gets its first line, not a traceback through TFDS's internals.
     first = (str(e).strip().splitlines() or [""])[0]
-    print(f"{PROG}: preparing {args.name} into "
-          f"{args.data_dir or '~/tensorflow_datasets'} failed: "
-          f"{type(e).__name__}: {first}", file=sys.stderr)
+    common.say(PROG, f"preparing {args.name} into "
+               f"{args.data_dir or '~/tensorflow_datasets'} failed: "
+               f"{type(e).__name__}: {first}")
     return EXIT_FAILED
   print(f"{PROG}: {args.name} is prepared in {path}")
   return 0

@@ -12,18 +12,15 @@ steps, and their ratio to the trace's figures.
 
 Exit 2: no trace under --workdir.
 """
-import argparse
 import json
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+import common
 
-from dist_keras import quiet  # pylint: disable=g-import-not-at-top,wrong-import-position
+from dist_keras.measure import trace
 
-with quiet.startup_lines_filtered():
-  from dist_keras import summaries, trace  # pylint: disable=g-import-not-at-top
+PROG = "profile_collectives"
 
 # {scalar tag: [(the trace figure it is compared with, its label)]}: what
 # the loop's scalars include is its own definition, so both candidates show.
@@ -36,7 +33,8 @@ COMPARISONS = {
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p = common.Parser(prog="profile_collectives.py",
+                    description=__doc__.splitlines()[0])
   p.add_argument("--workdir", required=True,
                  help="The run's --workdir (holds plugins/profile/).")
   p.add_argument("--num_steps", type=int,
@@ -137,17 +135,23 @@ def print_scalars(result: dict, scalars: dict, steps_range) -> None:
 
 
 def main(argv=None) -> int:
-  args = parse_args(argv)
-  paths = trace.find_traces(args.workdir)
-  if not paths:
-    print(f"profile_collectives: error: no profiler trace (*.xplane.pb) under "
-          f"{args.workdir}; train with --config.log.profile_steps=START,STOP "
-          "to write one.", file=sys.stderr)
-    return 2
+  try:
+    args = parse_args(argv)
+    paths = trace.find_traces(args.workdir)
+    if not paths:
+      raise common.BadInput(
+          f"no profiler trace (*.xplane.pb) under {args.workdir}; train with "
+          "--config.log.profile_steps=START,STOP to write one.")
+  except common.BadInput as e:
+    return common.fail(PROG, e)
   results = [trace.collective_ms_per_step(p, args.num_steps) for p in paths]
   if args.json:
     print(json.dumps(results, indent=2))
     return 0
+  from dist_keras import quiet  # pylint: disable=g-import-not-at-top
+  # TensorFlow, imported here: seconds that --help need not wait.
+  with quiet.startup_lines_filtered():
+    from dist_keras import summaries  # pylint: disable=g-import-not-at-top
   scalars = summaries.read_scalars(args.workdir)
   for result in results:
     print_trace(result)

@@ -63,6 +63,7 @@ too), no scaling.json or scaling.png is written.
 import argparse
 import dataclasses
 import datetime
+import functools
 import importlib
 import math
 import os
@@ -74,18 +75,12 @@ import subprocess
 import sys
 import time
 
+import common
 import scaling_report
-import train_run
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-  sys.path.insert(0, REPO)
-
-import config_args  # pylint: disable=g-import-not-at-top,wrong-import-position
-from dist_keras import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from common import REPO, BadInput
 
 PROG = "scaling"
-EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_RUN_FAILED = 0, 1  # 2: bad arguments (common.fail).
 # The sweep sets these keys itself, per point.
 SWEEP_KEYS = ("runtime.strategy", "runtime.num_cpu_devices",
               "train.global_batch_size", "train.steps")
@@ -99,10 +94,7 @@ _OWN_ENTRY = re.compile(r"^((replicas|workers)_\d+|scaling\.(json|png)|"
 LOG_FILE = "train.log"
 TAIL_LINES = 15
 STOP_GRACE_SECONDS = 20  # > launch_local's 10 s grace for its workers.
-
-
-class BadInput(Exception):
-  """A bad command-line value; its message is one line naming the fix."""
+say = functools.partial(common.say, PROG)
 
 
 class Stopped(Exception):
@@ -115,17 +107,6 @@ class Stopped(Exception):
 
 def _raise_stopped(signum, _frame):
   raise Stopped(signum)
-
-
-class _Parser(argparse.ArgumentParser):
-  """argparse whose errors are one line (no usage block) and exit 2."""
-
-  def error(self, message):
-    raise BadInput(f"{message}; see --help.")
-
-
-def say(message: str) -> None:
-  print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,19 +190,14 @@ def counts(flag: str, text: str, minimum: int) -> list[int]:
   return sorted(values)
 
 
-def config_name(text: str) -> str:
-  """"lstm_longmem" or "configs/lstm_longmem.py" -> "lstm_longmem"."""
-  try:
-    return config_args.config_name(text)
-  except config_args.BadConfigArg as e:
-    raise BadInput(str(e)) from None
-
-
 def config_overrides(args: list[str]) -> list[str]:
-  """`--config.S.K=V` arguments -> ["S.K=V", ...], refusing the sweep's own."""
+  """`--config.S.K=V` arguments -> ["S.K=V", ...], refusing the sweep's own.
+
+  Only the prefix is checked here; load_config parses the rest.
+  """
   overrides = []
   for arg in args:
-    if not re.fullmatch(r"--config\.\w+\.\w+=.*", arg):
+    if not arg.startswith("--config."):
       raise BadInput(f"{arg!r} after -- must be --config.SECTION.KEY=VALUE.")
     key = arg[len("--config."):].split("=", 1)[0]
     if key in SWEEP_KEYS:
@@ -234,16 +210,12 @@ def config_overrides(args: list[str]) -> list[str]:
   return overrides
 
 
-def load_config(name: str, overrides: list[str]):
+def load_config(spec: str, overrides: list[str]):
   """The config with the tool's defaults and the user's overrides applied.
 
   Checked here, before any run: a typo must not fail every point in turn.
   """
-  try:
-    config_args.check_overrides(name, overrides, "--config.")
-  except config_args.BadConfigArg as e:
-    raise BadInput(str(e)) from None
-  return configs.load(name, [*POINT_DEFAULTS, *overrides])
+  return common.load_config(spec, [*POINT_DEFAULTS, *overrides], "--config.")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -254,11 +226,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   """
   argv = list(sys.argv[1:] if argv is None else argv)
   options, extra = _split_overrides(argv)
-  p = _Parser(prog="scaling.py", allow_abbrev=False,
-              usage="%(prog)s --out=DIR [options] [-- --config.KEY=VALUE ...]",
-              description=__doc__.splitlines()[0])
-  p.add_argument("--config", default="lstm_longmem",
-                 help="A config in configs/ (default %(default)s).")
+  p = common.Parser(prog="scaling.py", allow_abbrev=False,
+                    usage="%(prog)s --out=DIR [options] [-- "
+                    "--config.KEY=VALUE ...]",
+                    description=__doc__.splitlines()[0])
+  common.add_config_args(p, overrides=False)
   p.add_argument("--replicas", default="1,2,4",
                  help="Replica counts in ONE process (default %(default)s; "
                  "'' for none).")
@@ -298,7 +270,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="Skip scaling.png (no matplotlib needed).")
   args = p.parse_args(options)
   args.argv = argv
-  args.config = config_name(args.config)
   args.overrides = config_overrides(extra)
   config = load_config(args.config, args.overrides)
   _check(args, config)
@@ -464,7 +435,7 @@ def run_dir(out: str, point: Point, repeat: int, repeats: int) -> str:
 def train_command(point: Point, args, workdir: str) -> list[str]:
   """The command line of one run (the launcher's for multi-worker points)."""
   train = [sys.executable, "-m", "dist_keras.train",
-           f"--config={os.path.join(REPO, 'configs', args.config + '.py')}",
+           f"--config={common.child_spec(args.config)}",
            f"--workdir={workdir}",
            f"--config.runtime.strategy={point.strategy}",
            # One logical CPU per process unless Mirrored splits it.
@@ -616,7 +587,7 @@ def run_once(args, point: Point, repeat: int, label: str, baseline):
       raise ValueError(f"timed out after {args.timeout:g} s and was stopped")
     if code:
       raise ValueError(f"exit code {code}")
-    summary = train_run.read_summary(workdir)
+    summary = common.read_summary(workdir)
     check_summary(point, summary, args.steps)
   except ValueError as e:
     say(f"{label} {point.name}: FAILED after {seconds:.0f} s: {e}; last "
@@ -681,8 +652,7 @@ def main(argv=None) -> int:
   try:
     args = parse_args(argv)
   except BadInput as e:
-    say(f"error: {e}")
-    return EXIT_BAD_INPUT
+    return common.fail(PROG, e)
   start = time.monotonic()
   host = host_info()
   over = announce(args, host["cores"])
@@ -710,7 +680,7 @@ def main(argv=None) -> int:
       r["examples_per_sec"] is not None for r in rows)
   if plotted:
     scaling_report.plot(data, os.path.join(args.out, "scaling.png"))
-  train_run.write_json(os.path.join(args.out, "scaling.json"), data)
+  common.write_json(os.path.join(args.out, "scaling.json"), data)
   print(f"{PROG}: wrote {os.path.join(args.out, 'scaling.json')}"
         + (" and scaling.png" if plotted else "")
         + f" in {data['seconds']:.0f} s; tensorboard --logdir {args.out} "

@@ -2,8 +2,8 @@
 
 From one replica's compute time per step and the bytes of gradient it
 all-reduces, predicts what N devices would give over typical links, with the
-ring all-reduce cost model of dist_keras/costmodel.py. A planning tool, not a
-test: it prints figures.
+ring all-reduce cost model of dist_keras/measure/costmodel.py. A planning
+tool, not a test: it prints figures.
 
 Model: weak scaling (the per-replica batch is fixed, so the global batch grows
 with N), and NO overlap of compute and communication: each step computes,
@@ -20,17 +20,14 @@ does, would do better; these figures are the pessimistic bound.
   python tools/scaling_model.py --compute_ms=40 --gradient_bytes=1e8 \\
       --bandwidth_gbps=3.8 --latency_us=72 --json=/tmp/scaling.json
 """
-import argparse
 import json
 import math
-import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+import common
+from common import BadInput
 
-from dist_keras import costmodel  # pylint: disable=g-import-not-at-top,wrong-import-position
-import train_run  # pylint: disable=g-import-not-at-top,wrong-import-position
+from dist_keras.measure import costmodel
 
 # Nominal planning figures, not measurements: bus bandwidth (NCCL busbw sense,
 # GB/s = 1e9 bytes/s) and per-step latency of each link class. Calibrate on
@@ -46,23 +43,12 @@ PRESETS = {
                "latency_us": 20.0},
 }
 DEFAULT_DEVICES = "1,2,4,8,16,32,64"
-SUMMARY_KEYS = ("compute_ms", "gradient_bytes")
-EXIT_BAD_INPUT = 2
-
-
-class BadInput(Exception):
-  """A bad command-line value; its message is one line naming the fix."""
-
-
-class _Parser(argparse.ArgumentParser):
-  """argparse whose errors are one line (no usage block) and exit 2."""
-
-  def error(self, message):
-    raise BadInput(f"{message}; see --help.")
+PROG = "scaling_model"
 
 
 def parse_args(argv=None):
-  p = _Parser(description=__doc__.splitlines()[0])
+  p = common.Parser(prog="scaling_model.py",
+                    description=__doc__.splitlines()[0])
   p.add_argument("--compute_ms", type=float,
                  help="One replica's compute time per step, ms (overrides "
                  "--workdir's).")
@@ -110,7 +96,7 @@ def model_inputs(args) -> tuple[float, float]:
 
 def _read_summary(workdir: str) -> dict:
   try:
-    return train_run.read_summary(workdir)
+    return common.read_summary(workdir)
   except ValueError as e:
     raise BadInput(f"--workdir={workdir}: {e}; pass a finished dist_keras "
                    "run.") from None
@@ -190,8 +176,7 @@ def main(argv=None) -> int:
     chosen = links(args)
     counts = device_counts(args.devices)
   except BadInput as e:
-    print(f"scaling_model: error: {e}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return common.fail(PROG, e)
   print(f"compute {compute_ms:g} ms per replica step, {gradient_bytes:,.0f} "
         "gradient bytes; weak scaling, no compute/communication overlap, "
         "ring all-reduce\n")

@@ -4,7 +4,7 @@ tools/scaling.py runs the points; this module turns their summary.json
 figures into what the sweep reports: per point the medians, speedup and
 scaling efficiency (results), the printed table (format_table), scaling.png,
 written whole or not at all (plot; scaling.py writes scaling.json with
-train_run.write_json), and TensorBoard's HParams tab (write_hparams_config,
+common.write_json), and TensorBoard's HParams tab (write_hparams_config,
 write_run_hparams). The definitions are in scaling.py's docstring.
 
 A point is a scaling.Point, of which only attributes are read: this module
@@ -12,7 +12,7 @@ does not import scaling.py, which imports it.
 """
 import statistics
 
-import train_run
+import common
 
 SUMMARY_KEYS = ("examples_per_sec", "replicas", "sync_fraction",
                 "allreduce_ms", "straggler_ms", "compute_ms", "input_wait_ms",
@@ -153,7 +153,8 @@ def plot(report: dict, path: str) -> None:
   rate_ax.legend(fontsize=8, loc="upper left")
   frac_ax.legend(fontsize=8, loc="best")
   fig.suptitle(_title(report), fontsize=10)
-  train_run.write_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+  common.write_atomically(
+      path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
 
 
 def _plot_group(rate_ax, frac_ax, rows, multi: bool) -> None:

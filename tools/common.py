@@ -1,0 +1,184 @@
+"""What the tools share: the checkout on sys.path, one-line argument errors,
+progress lines, the --config argument, and one training run in a subprocess.
+
+A tool runs as a script (`python tools/NAME.py`), so Python puts tools/ on
+sys.path and `import common` finds this module; importing it puts the
+checkout there too, so `import dist_keras` works from a checkout that is not
+installed. Nothing here imports dist_keras or TensorFlow at import time:
+launch_local.py and pin_cores.py run any command and need neither.
+
+Errors: a bad argument raises BadInput, one line naming the fix; a tool's
+main() hands it to `fail`, which prints `PROG: error: MESSAGE` and returns
+exit status 2 before anything has run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+EXIT_BAD_INPUT = 2
+# One lock for stdout and stderr: a tool's own line and a line it relays
+# (launch_local.py's workers) never interleave mid-line on one terminal.
+OUTPUT_LOCK = threading.Lock()
+
+
+class BadInput(ValueError):
+  """A bad command-line value; its message is one line naming the fix."""
+
+
+class RunFailed(SystemExit):
+  """A training run exited non-zero. Uncaught, it ends the tool with exit
+  status 1 and its message, which ends with the run's last stderr."""
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse whose errors are a BadInput: one line, no usage block."""
+
+  def error(self, message):
+    raise BadInput(f"{message}; see --help.")
+
+
+def say(prog: str, message: str) -> None:
+  """One line on stderr (progress, a warning, an error) after `prog: `."""
+  with OUTPUT_LOCK:
+    print(f"{prog}: {message}", file=sys.stderr, flush=True)
+
+
+def fail(prog: str, error: Exception) -> int:
+  """Prints `error` as the tool's one-line error; returns exit status 2."""
+  say(prog, f"error: {error}")
+  return EXIT_BAD_INPUT
+
+
+# ---- the config -------------------------------------------------------------
+
+
+def add_config_args(parser: argparse.ArgumentParser,
+                    overrides: bool = True) -> None:
+  """--config and, with `overrides`, the repeatable --override."""
+  from dist_keras import configs  # pylint: disable=g-import-not-at-top
+  parser.add_argument(
+      "--config", default=configs.DEFAULT,
+      help="A built-in config's name (e.g. cnn_shapes) or a config file: "
+      "PATH.py[:ARG] (default %(default)s).")
+  if overrides:
+    parser.add_argument("--override", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE",
+                        help="A config override for every run (repeatable).")
+
+
+def load_config(spec: str, overrides=(), flag: str = "--override="):
+  """The config `spec` names with `overrides`, every value checked.
+
+  The tools' one path to a config: dist_keras.configs.from_command_line,
+  then dist_keras.validate.config, as `python -m dist_keras.train` does. A
+  typo thus fails at once, not after every run of a sweep has failed alike.
+
+  Args:
+    spec: --config's text: a built-in name or a file, either with ":ARG".
+    overrides: "section.key=value" texts.
+    flag: how the user spelled an override before its text, so that the
+      error quotes what they typed ("--override=", "--config.").
+
+  Raises:
+    BadInput: one line naming the bad config, override or value.
+  """
+  # pylint: disable=g-import-not-at-top
+  from dist_keras import configs, errors, validate
+  try:
+    config = configs.from_command_line(spec, overrides, flag=flag)
+    validate.config(config)
+  except errors.UserError as e:
+    raise BadInput(str(e)) from None
+  return config
+
+
+def child_spec(spec: str) -> str:
+  """--config's text as a run in another directory reads it: a config
+  file's path made absolute, a built-in name as it is."""
+  name, colon, arg = spec.partition(":")
+  return os.path.abspath(name) + colon + arg if os.path.exists(name) else spec
+
+
+def require_empty(flag: str, folder: str) -> None:
+  """Refuses a `folder` that holds anything: a run's workdir holding a
+  checkpoint would resume from it instead of training afresh."""
+  if folder and os.path.isdir(folder) and os.listdir(folder):
+    raise BadInput(f"{flag}={folder} is not empty; its runs would resume "
+                   "instead of training. Name a new folder.")
+
+
+# ---- runs -------------------------------------------------------------------
+
+
+TRAINER = ("-m", "dist_keras.train")
+
+
+def train(spec: str, workdir: str, overrides, entry=TRAINER):
+  """Trains config `spec` into `workdir` in a subprocess, as a user would.
+
+  Calibration and progress lines are off: the tools time whole runs, and
+  the post-training calibration would add seconds that are not training.
+
+  Args:
+    spec: --config's text.
+    workdir: the run's folder.
+    overrides: "--config.SECTION.KEY=VALUE" arguments; the last of a key
+      wins.
+    entry: what follows `python` to start the trainer.
+
+  Returns:
+    (summary.json as a dict, wall seconds of the whole command).
+
+  Raises:
+    RunFailed: the run failed; carries the end of its stderr.
+  """
+  command = [sys.executable, *entry, f"--config={child_spec(spec)}",
+             f"--workdir={workdir}", "--config.log.progress=False",
+             "--config.log.calibration_steps=0", *overrides]
+  start = time.monotonic()
+  result = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                          check=False)
+  seconds = time.monotonic() - start
+  if result.returncode:
+    raise RunFailed(f"the run into {workdir} failed (exit "
+                    f"{result.returncode}); its last lines:\n"
+                    f"{result.stderr.strip()[-2000:]}")
+  return read_summary(workdir), seconds
+
+
+def read_summary(workdir: str) -> dict:
+  """The run's summary.json. Raises ValueError saying what is wrong."""
+  path = os.path.join(workdir, "summary.json")
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except OSError as e:
+    raise ValueError(f"no readable {path} ({e.strerror})") from None
+  except json.JSONDecodeError:
+    raise ValueError(f"{path} is not valid JSON") from None
+
+
+def write_atomically(path: str, write) -> None:
+  """Calls write(tmp_path), then renames: `path` is whole or absent."""
+  tmp = path + ".tmp"
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def write_json(path: str, data) -> None:
+  def write(tmp):
+    with open(tmp, "w") as f:
+      f.write(json.dumps(data, indent=2) + "\n")
+  write_atomically(path, write)
