@@ -1,0 +1,152 @@
+"""README.md and docs/*.md: every relative link resolves, and the README
+stays a page.
+
+A relative link `[text](path)` or `![alt](path)` must name an existing file
+or folder (relative to the page that holds it), and an anchor `#anchor`,
+in the same page or in another .md page, must be the slug of one of that
+page's headings, as GitHub makes them. Links to http(s) and other schemes,
+and anything inside code (fenced blocks, inline `spans`), are not checked.
+No TensorFlow import here (the checks read text only).
+"""
+import glob
+import os
+import re
+import urllib.parse
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(REPO, "README.md")
+README_MAX_LINES = 250
+PAGES = [README, *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]
+
+_FENCE = re.compile(r"^\s{0,3}(```|~~~)")
+_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
+# [text](target) and ![alt](target), text with one level of nested [...];
+# an optional "title" after the target.
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]*)>?"
+                   r"(?:\s+\"[^\"]*\")?\s*\)")
+_REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\".*\")?\s*$")
+_HTML_ID = re.compile(r"<a\s[^>]*(?:id|name)=\"([^\"]+)\"")
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+
+
+def prose_lines(text: str):
+  """(line number, line) outside fenced code blocks."""
+  fence = None
+  for number, line in enumerate(text.splitlines(), 1):
+    match = _FENCE.match(line)
+    if match:
+      if fence is None:
+        fence = match.group(1)
+      elif match.group(1) == fence:
+        fence = None
+      continue
+    if fence is None:
+      yield number, line
+
+
+def slug(heading: str) -> str:
+  """GitHub's anchor for a heading's text: the rendered text (links to their
+  text, no code or emphasis markers), lowercased, every character but
+  letters, digits, `_`, `-` and spaces dropped, spaces to hyphens."""
+  text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+  text = text.replace("`", "").replace("*", "")
+  text = re.sub(r"<[^>]+>", "", text).strip().lower()
+  text = re.sub(r"[^\w\- ]", "", text)
+  return text.replace(" ", "-")
+
+
+def anchors(path: str) -> set[str]:
+  """Every anchor of a page: its headings' slugs (a repeated slug gets -1,
+  -2, ...) and explicit <a id=...> / <a name=...>."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  seen, found = {}, set()
+  for _, line in prose_lines(text):
+    found.update(_HTML_ID.findall(line))
+    match = _HEADING.match(line)
+    if not match:
+      continue
+    base = slug(match.group(2))
+    count = seen.get(base, 0)
+    seen[base] = count + 1
+    found.add(base if count == 0 else f"{base}-{count}")
+  return found
+
+
+def links(path: str):
+  """(line number, target) of every link in `path`'s prose."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  for number, line in prose_lines(text):
+    line = _CODE_SPAN.sub("", line)
+    definition = _REF_DEF.match(line)
+    if definition:
+      yield number, definition.group(1)
+      continue
+    for match in _LINK.finditer(line):
+      yield number, match.group(1)
+
+
+def broken_links(path: str) -> list[str]:
+  """'page:line: target (why)' for each relative link of `path` that does
+  not resolve."""
+  problems = []
+  where = os.path.relpath(path, REPO)
+  for number, target in links(path):
+    if not target or _SCHEME.match(target) or target.startswith("//"):
+      continue
+    file_part, _, anchor = target.partition("#")
+    file_part = urllib.parse.unquote(file_part)
+    resolved = (os.path.normpath(os.path.join(os.path.dirname(path),
+                                              file_part))
+                if file_part else path)
+    if not os.path.exists(resolved):
+      problems.append(f"{where}:{number}: {target} (no such file)")
+      continue
+    if anchor and resolved.endswith(".md") and os.path.isfile(resolved):
+      if urllib.parse.unquote(anchor) not in anchors(resolved):
+        problems.append(f"{where}:{number}: {target} (no heading "
+                        f"#{anchor} in {os.path.relpath(resolved, REPO)})")
+  return problems
+
+
+@pytest.mark.parametrize("page", PAGES,
+                         ids=[os.path.relpath(p, REPO) for p in PAGES])
+def test_relative_links_and_anchors_resolve(page):
+  assert not broken_links(page), "\n".join(broken_links(page))
+
+
+def test_readme_is_at_most_250_lines():
+  with open(README, encoding="utf-8") as f:
+    lines = len(f.read().splitlines())
+  assert lines <= README_MAX_LINES, (
+      f"README.md has {lines} lines; keep it <= {README_MAX_LINES} and move "
+      "the rest to a page in docs/")
+
+
+def test_slug_follows_github():
+  assert slug("Real datasets (TFDS)") == "real-datasets-tfds"
+  assert (slug("Synthetic data: compute + sync without the input pipeline")
+          == "synthetic-data-compute--sync-without-the-input-pipeline")
+  assert slug("Against Keras' own `fit`") == "against-keras-own-fit"
+  assert slug("`tools/scaling_model.py`") == "toolsscaling_modelpy"
+  assert slug("[Links](x.md) and **bold**") == "links-and-bold"
+
+
+def test_a_broken_link_or_anchor_is_reported(tmp_path):
+  (tmp_path / "other.md").write_text("# Other\n\n## Twice\n\n## Twice\n")
+  page = tmp_path / "page.md"
+  page.write_text(
+      "# Page\n\n## Here\n\n"
+      "[ok](other.md) [ok](other.md#twice-1) [ok](#here) "
+      "[web](https://example.com/nowhere) `[code](nowhere.md)`\n\n"
+      "```\n[fenced](nowhere.md)\n```\n\n"
+      "[gone](nowhere.md) [bad anchor](other.md#thrice) [self](#there)\n"
+      "![image](missing.png)\n")
+  problems = broken_links(str(page))
+  assert len(problems) == 4, problems
+  assert [p.split(": ", 1)[1].split(" ")[0] for p in problems] == [
+      "nowhere.md", "other.md#thrice", "#there", "missing.png"]
