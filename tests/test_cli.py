@@ -31,6 +31,9 @@ def test_run_prints_progress_and_where_tensorboard_logs_are(tmp_path):
   assert "oneDNN" not in result.stderr and "cpu_feature" not in result.stderr
   summary = json.load(open(os.path.join(workdir, "summary.json")))
   assert summary["steps"] == 4 and summary["replicas"] == 2
+  # Which device kind trained: the header and summary.json say it.
+  assert "MirroredStrategy with 2 replica(s) on CPU" in result.stdout
+  assert summary["device_kind"] == "CPU"
 
 
 def test_no_workdir_means_a_fresh_timestamped_run_folder(tmp_path):

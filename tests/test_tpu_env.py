@@ -138,3 +138,14 @@ def test_tpu_env_is_what_the_tpu_module_detects_with():
   from dist_keras.distribute import tpu  # pylint: disable=g-import-not-at-top
   assert tpu.detect is tpu_env.detect
   assert sys.modules["dist_keras.distribute.tpu_env"] is tpu_env
+
+
+def test_a_tpu_run_at_one_step_per_call_gets_a_hint():
+  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  c = helpers.tiny_config()
+  c.train.steps_per_loop = 1
+  hint = "TPU: train.steps_per_loop=1 returns to the host after every step"
+  assert any(n.startswith(hint) for n in api._notes(c, True, None))  # pylint: disable=protected-access
+  assert not any(n.startswith(hint) for n in api._notes(c, False, None))  # pylint: disable=protected-access
+  c.train.steps_per_loop = 50
+  assert not any(n.startswith(hint) for n in api._notes(c, True, None))  # pylint: disable=protected-access

@@ -1,3 +1,4 @@
 """The distribution layer: which strategy (strategy.py), the cluster from
-TF_CONFIG (tfconfig.py), TPU start-up (tpu.py), and the per-replica input
-pipelines handed to the strategy (input.py)."""
+TF_CONFIG (tfconfig.py), TPU start-up (tpu.py) and the TPU runtime's
+environment set before TensorFlow starts (tpu_env.py), and the per-replica
+input pipelines handed to the strategy (input.py)."""
