@@ -1,4 +1,4 @@
-"""tools/bench.py: one tiny real run of its five blocks (its figures are a
+"""tools/bench.py: one tiny real run of its default rows (its figures are a
 benchmark's, not checked here; argument errors are in test_tools.py)."""
 import json
 
@@ -7,22 +7,30 @@ import pytest
 import helpers
 
 TINY = ["data.train_size=512", "data.eval_size=128", "data.seq_len=12",
-        "model.units=16", "model.embed_dim=8", "train.global_batch_size=32",
-        "train.log_every=2"]
+        "model.units=16", "model.embed_dim=8", "train.global_batch_size=32"]
 
 
 @pytest.mark.slow
-def test_real_blocks(tmp_path):
+def test_real_rounds(tmp_path):
   out = tmp_path / "bench.json"
   result = helpers.run_module(
-      ["tools/bench.py", "--steps=2", "--repeats=1", f"--out={out}",
+      ["tools/bench.py", "--rounds=1", "--epochs=1", "--steps=3",
+       "--settings=defaults", f"--out={out}",
        *[f"--override={o}" for o in TINY]])
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "lstm_longmem: 2 replicas, global batch 32, 1 x 2 steps" in (
-      result.stdout)
+  assert ("lstm_longmem: 2 replicas under Mirrored, global batch 32; 1 rounds "
+          "of 1 + 1 x 3 steps") in result.stdout
   report = json.loads(out.read_text())
-  assert list(report["ms_per_step"]) == [
-      "fit, no strategy", "fit, Mirrored", "dist_keras",
-      "dist_keras, timing off", "dist_keras, one device"]
-  assert all(ms > 0 for ms in report["ms_per_step"].values())
-  assert "timing overhead" in report["ratios"]
+  assert list(report["variants"]) == [
+      "fit, defaults, one", "dist_keras, defaults, one",
+      "fit, defaults, mirrored", "dist_keras, defaults, mirrored"]
+  for name, entry in report["variants"].items():
+    assert entry["ms_per_step"] > 0, name
+    # fit's per-call overhead is reported apart from its step time.
+    assert ("per_call_overhead_s" in entry) == name.startswith("fit"), name
+  assert set(report["ratios"]) == {"defaults, one", "defaults, mirrored"}
+
+
+def test_bad_settings_are_refused():
+  import bench  # pylint: disable=g-import-not-at-top
+  assert bench.main(["--settings=fast"]) == 2

@@ -1,21 +1,30 @@
-"""dist_keras's loop against Keras' own fit: same model, data, batch, strategy.
+"""dist_keras's loop against Keras' own fit, each timed the way its users run it.
 
-In ONE process, after a warm-up of each, blocks of STEPS steps alternate
-between (a) Keras `model.fit` with no strategy (one device), (b) `model.fit`
-under MirroredStrategy, (c) dist_keras's loop under the same strategy with
-its sync timing as in a real run (one instrumented step per
-train.log_every), (d) the same loop with timing off, and (e) the loop on one
-device (OneDeviceStrategy), the counterpart of (a). Prints the median
-ms/step and examples/s of each and the ratios the README quotes; writes
-JSON. A benchmark, not a test.
+Same model, data, global batch and strategy. Each side runs as its users
+run it: Keras `model.fit` in ONE call of 1 + --epochs epochs of --steps
+steps, timed per epoch by a callback (the first epoch, with tracing and the
+iterator's start, dropped); dist_keras in ONE run of 1 + --epochs log
+windows of --steps steps, timed per window by its own loop (the first
+window dropped; one instrumented step per window, as a real run has). A
+round runs every variant once; rounds alternate, so drift hits all alike.
+Printed: per variant the median ms/step over its rounds, examples/s and the
+range of the rounds; the ratios dist_keras/fit (speed: >1 means faster);
+and fit's per-call overhead (wall time of the call outside
+on_train_begin..on_train_end: real for users who call fit in a loop, but not
+step speed). A benchmark, not a test.
 
-  python tools/bench.py --config=lstm_longmem --repeats=5 --out=bench.json
+  python tools/bench.py --config=lstm_longmem --rounds=3 --epochs=4 \\
+      --steps=50 --out=bench.json
 
-"timing overhead" is (c) against (d). With --override=train.log_every=1
-every step of (c) is instrumented, so it is the cost of one instrumented
-step; the default log_every gives what a real run pays.
+Variants: defaults and "best" (fit: steps_per_execution=K, jit_compile=True
+on one device, steps_per_execution=K alone under Mirrored; dist_keras:
+train.steps_per_loop=K, train.jit_compile=True; K=--per_call), each on one
+device (fit with no strategy; dist_keras on OneDeviceStrategy) and under
+MirroredStrategy over runtime.num_cpu_devices devices. A variant that fails
+is reported as such (Keras 3.15's fit with steps_per_execution > 1 fails
+under MirroredStrategy here); the "best" ratio compares each side's fastest
+variant that ran.
 """
-import json
 import os
 import statistics
 import sys
@@ -26,59 +35,80 @@ import common
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PROG = "bench"
+# (label, where, best): where is "one" (one device) or "mirrored".
+SETTINGS = (("defaults", "one", False), ("defaults", "mirrored", False),
+            ("best", "one", True), ("best", "mirrored", True))
 
 
-def keras_fit_block(c, strategy, data_lib, models):
-  """A `(steps) -> seconds` running model.fit for `steps` steps."""
-  import keras  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+def fit_runner(c, strategy, args, best: bool):
+  """A `() -> (ms per step, per-call overhead s)` of one fit call."""
+  # pylint: disable=g-import-not-at-top
+  import keras
+  import tensorflow as tf
+  from dist_keras import data as data_lib, models
   spec = data_lib.input_spec(c.data, models.inputs(c.model))
   with strategy.scope():
     keras.utils.set_random_seed(c.runtime.seed)
-    # The built-in model_fn: the model and compile dist_keras trains.
-    model = models.model_fn(c, spec)()
+    model = models.model_fn(c, spec)()  # The model and compile dist_keras trains.
+    if best:
+      # XLA cannot compile fit's step across MirroredStrategy's CPU devices
+      # (InvalidArgumentError, measured): its best there is without it.
+      model.compile(optimizer=models.make_optimizer(c.train),
+                    loss=model.loss, metrics=["accuracy"],
+                    steps_per_execution=args.per_call,
+                    jit_compile=strategy.num_replicas_in_sync == 1)
   # The same examples, shuffled and batched globally, as fit expects.
-  fn = data_lib.dataset_fn(c, spec)
-  ds = fn("train", tf.distribute.InputContext()).unbatch().batch(
-      c.train.global_batch_size, drop_remainder=True).prefetch(
-          tf.data.AUTOTUNE)
+  ds = data_lib.dataset_fn(c, spec)("train", tf.distribute.InputContext())
+  ds = ds.unbatch().batch(c.train.global_batch_size, drop_remainder=True)
+  ds = ds.prefetch(tf.data.AUTOTUNE)
 
-  def run(steps):
+  class Timer(keras.callbacks.Callback):
+    def __init__(self):
+      super().__init__()
+      self.epochs, self.train = [], [0.0, 0.0]
+
+    def on_train_begin(self, logs=None):
+      self.train[0] = time.perf_counter()
+
+    def on_train_end(self, logs=None):
+      self.train[1] = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+      self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+      self.epochs.append(time.perf_counter() - self.start)
+
+  def run():
+    timer = Timer()
     start = time.perf_counter()
-    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
-    return time.perf_counter() - start
+    model.fit(ds, steps_per_epoch=args.steps, epochs=1 + args.epochs,
+              verbose=0, callbacks=[timer])
+    call = time.perf_counter() - start
+    ms = 1e3 * statistics.median(timer.epochs[1:]) / args.steps
+    return ms, call - (timer.train[1] - timer.train[0])
 
   return run
 
 
-def loop_block(c, strategy, sync_timing):
-  """A `(steps) -> seconds` running dist_keras's steps as its loop does."""
+def dist_keras_runner(c, strategy, args, best: bool):
+  """A `() -> (ms per step, None)` of one dist_keras run."""
   from dist_keras import api  # pylint: disable=g-import-not-at-top
-  from dist_keras.measure import breakdown as breakdown_lib  # pylint: disable=g-import-not-at-top
-  from dist_keras.training import step as step_lib  # pylint: disable=g-import-not-at-top
-  c.log.sync_timing = sync_timing
-  with tempfile.TemporaryDirectory() as workdir:
-    with api.build(c, workdir, strategy=strategy) as trainer:
-      pass
-  log_every = c.train.log_every
-  iterator = iter(trainer.parts.train_ds)
-  steps_fn = {timed: step_lib.make_train_step(
-      strategy, trainer.model, trainer.optimizer, timed=timed)
-              for timed in (False, True)}
-  done = [0]
+  c.train.steps = (1 + args.epochs) * args.steps
+  c.train.log_every = args.steps
+  c.train.checkpoint_every = c.train.steps  # Only the final one.
+  c.eval.every = 0  # Only the final eval (after the timed windows).
+  c.log.progress = c.log.tensorboard = False
+  c.log.calibration_steps = 0
+  c.log.peak_tflops = c.log.peak_tflops or 1.0  # No timed matmul.
+  if best:
+    c.train.steps_per_loop, c.train.jit_compile = args.per_call, True
 
-  def run(steps):
-    start = time.perf_counter()
-    for _ in range(steps):
-      done[0] += 1
-      timed = sync_timing and done[0] % log_every == 0
-      out = steps_fn[timed](iterator)
-      out["loss"].numpy()  # The loop reads the loss every step.
-      if timed:
-        breakdown_lib.breakdown(
-            out["step_start"].numpy(), out["inputs_ready"].numpy(),
-            out["stamps"].numpy(), out["collective_waits"].numpy())
-    return time.perf_counter() - start
+  def run():
+    with tempfile.TemporaryDirectory() as workdir:
+      with api.build(c, workdir, strategy=strategy) as trainer:
+        summary = trainer.run()
+    return summary["step_ms_median"], None  # Window 1 left out.
 
   return run
 
@@ -86,12 +116,106 @@ def loop_block(c, strategy, sync_timing):
 def parse_args(argv=None):
   p = common.Parser(prog="bench.py", description=__doc__.splitlines()[0])
   common.add_config_args(p)
-  p.add_argument("--repeats", type=int, default=5)
-  p.add_argument("--steps", type=int, default=50, help="steps per block")
+  p.add_argument("--rounds", type=int, default=3, help="(default %(default)s)")
+  p.add_argument("--epochs", type=int, default=4,
+                 help="timed epochs / log windows per call or run, after "
+                 "the first (default %(default)s)")
+  p.add_argument("--steps", type=int, default=50,
+                 help="steps per epoch / log window (default %(default)s)")
+  p.add_argument("--per_call", type=int, default=25,
+                 help="steps per call in the best settings: fit's "
+                 "steps_per_execution, train.steps_per_loop (default "
+                 "%(default)s)")
+  p.add_argument("--settings", default="defaults,best",
+                 help="which rows: defaults, best or both (default "
+                 "%(default)s)")
   p.add_argument("--out", default="")
   args = p.parse_args(argv)
+  args.settings = args.settings.split(",")
+  if not set(args.settings) <= {"defaults", "best"} or not args.settings:
+    raise common.BadInput(f"--settings={','.join(args.settings)}: use "
+                          "defaults, best or defaults,best.")
+  for name in ("rounds", "epochs", "steps", "per_call"):
+    if getattr(args, name) < 1:
+      raise common.BadInput(f"--{name}={getattr(args, name)} must be >= 1.")
   common.load_config(args.config, args.override)  # Fails before any run.
   return args
+
+
+def _settings(args):
+  return [s for s in SETTINGS if s[0] in args.settings]
+
+
+def _variants(args, strategies):
+  """{name: runner} in the order each round runs them."""
+  runners = {}
+  for label, where, best in _settings(args):
+    for side, make in (("fit", fit_runner), ("dist_keras", dist_keras_runner)):
+      c = common.load_config(args.config, args.override)
+      strategy = strategies[f"{side}/{where}"]
+      runners[f"{side}, {label}, {where}"] = make(c, strategy, args, best)
+  return runners
+
+
+def _measure(runners, rounds):
+  """{name: [(ms, overhead) per round]} or {name: error text}."""
+  results = {name: [] for name in runners}
+  for r in range(rounds):
+    for name, run in runners.items():
+      if isinstance(results[name], str):
+        continue
+      try:
+        results[name].append(run())
+      except Exception as e:  # pylint: disable=broad-except
+        results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+      common.say(PROG, f"round {r + 1}/{rounds}: {name} done")
+  return results
+
+
+def report(results, args, replicas: int, global_batch: int) -> dict:
+  out = {"config": args.config, "replicas": replicas,
+         "global_batch_size": global_batch, "rounds": args.rounds,
+         "epochs": args.epochs, "steps": args.steps,
+         "per_call": args.per_call, "variants": {}, "ratios": {}}
+  print(f"{args.config}: {replicas} replicas under Mirrored, global batch "
+        f"{global_batch}; {args.rounds} rounds of 1 + {args.epochs} x "
+        f"{args.steps} steps per variant (medians over rounds)")
+  for name, rows in results.items():
+    if isinstance(rows, str):
+      out["variants"][name] = {"error": rows}
+      print(f"  {name:34} failed: {rows}")
+      continue
+    ms = [m for m, _ in rows]
+    entry = {"ms_per_step": statistics.median(ms), "rounds_ms": ms,
+             "examples_per_sec": 1e3 * global_batch / statistics.median(ms)}
+    overhead = [o for _, o in rows if o is not None]
+    if overhead:
+      entry["per_call_overhead_s"] = statistics.median(overhead)
+    out["variants"][name] = entry
+    print(f"  {name:34} {entry['ms_per_step']:8.2f} ms/step "
+          f"{entry['examples_per_sec']:9,.0f} ex/s  (rounds "
+          f"{min(ms):.2f}-{max(ms):.2f})"
+          + (f"  fit per-call overhead {entry['per_call_overhead_s']:.2f} s"
+             if overhead else ""))
+  for label, where, _ in _settings(args):
+    if label == "best":  # Each side's fastest setting that ran.
+      fit, ours = (_fastest(out["variants"], side, where)
+                   for side in ("fit", "dist_keras"))
+    else:
+      fit, ours = (out["variants"][f"{side}, {label}, {where}"].get(
+          "ms_per_step") for side in ("fit", "dist_keras"))
+    if fit and ours:
+      out["ratios"][f"{label}, {where}"] = fit / ours
+      print(f"  dist_keras / fit, {label}, {where}: {fit / ours:.2f}x")
+  return out
+
+
+def _fastest(variants, side: str, where: str):
+  """The lowest ms/step of `side`'s variants at `where` that ran."""
+  ms = [v["ms_per_step"] for name, v in variants.items()
+        if name.startswith(f"{side},") and name.endswith(f", {where}")
+        and "ms_per_step" in v]
+  return min(ms) if ms else None
 
 
 def main(argv=None) -> int:
@@ -102,62 +226,18 @@ def main(argv=None) -> int:
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from dist_keras import data as data_lib  # pylint: disable=g-import-not-at-top
-  from dist_keras import models  # pylint: disable=g-import-not-at-top
   from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-
-  def config():  # A fresh config per block: each sets its own keys.
-    return common.load_config(args.config, args.override)
-
-  c = config()
+  c = common.load_config(args.config, args.override)
   mirrored = strategy_lib.get_strategy(c.runtime)
-  one = tf.distribute.get_strategy()  # The default: no strategy.
-  blocks = {
-      "fit, no strategy": keras_fit_block(config(), one, data_lib, models),
-      "fit, Mirrored": keras_fit_block(config(), mirrored, data_lib, models),
-      "dist_keras": loop_block(config(), mirrored, sync_timing=True),
-      "dist_keras, timing off": loop_block(config(), mirrored,
-                                           sync_timing=False),
-      # The price of being distributed: the same loop on one device.
-      "dist_keras, one device": loop_block(
-          config(), tf.distribute.OneDeviceStrategy("/cpu:0"),
-          sync_timing=True),
-  }
-  for run in blocks.values():  # Warm-up: tracing, autotuning.
-    run(args.steps)
-  seconds = {name: [] for name in blocks}
-  for _ in range(args.repeats):
-    for name, run in blocks.items():  # Alternating: drift hits all alike.
-      seconds[name].append(run(args.steps))
-  gb = c.train.global_batch_size
-  result = {"config": args.config, "replicas": mirrored.num_replicas_in_sync,
-            "global_batch_size": gb, "steps_per_block": args.steps,
-            "repeats": args.repeats, "ms_per_step": {}}
-  print(f"{args.config}: {mirrored.num_replicas_in_sync} replicas, global "
-        f"batch {gb}, {args.repeats} x {args.steps} steps each (medians)")
-  result["ms_per_step_quartiles"] = {}
-  for name, values in seconds.items():
-    ms = 1e3 * statistics.median(values) / args.steps
-    result["ms_per_step"][name] = ms
-    # The spread of the blocks: how far one block's figure can be trusted.
-    q1, _, q3 = (1e3 * q / args.steps for q in statistics.quantiles(
-        values, n=4)) if len(values) > 1 else (ms, ms, ms)
-    result["ms_per_step_quartiles"][name] = [q1, q3]
-    print(f"  {name:24} {ms:8.2f} ms/step {1e3 * gb / ms:10,.0f} ex/s  "
-          f"(quartiles {q1:.2f}-{q3:.2f})")
-  ms = result["ms_per_step"]
-  result["ratios"] = {
-      "dist_keras / fit, Mirrored (speed)": ms["fit, Mirrored"]
-                                            / ms["dist_keras"],
-      "one device: dist_keras / fit, no strategy (speed)": (
-          ms["fit, no strategy"] / ms["dist_keras, one device"]),
-      "timing overhead": ms["dist_keras"] / ms["dist_keras, timing off"] - 1,
-  }
-  for name, value in result["ratios"].items():
-    print(f"  {name:40} {value:6.3f}")
+  strategies = {"fit/one": tf.distribute.get_strategy(),  # No strategy.
+                "fit/mirrored": mirrored,
+                "dist_keras/one": tf.distribute.OneDeviceStrategy("/cpu:0"),
+                "dist_keras/mirrored": mirrored}
+  results = _measure(_variants(args, strategies), args.rounds)
+  out = report(results, args, mirrored.num_replicas_in_sync,
+               c.train.global_batch_size)
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump(result, f, indent=2)
+    common.write_json(args.out, out)
   return 0
 
 
