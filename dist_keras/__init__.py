@@ -80,16 +80,7 @@ def prepare_runtime(strategy: str = "auto", tpu: str = "local",
     {variable: value} of what was set.
   """
   from dist_keras.distribute import tpu_env  # pylint: disable=g-import-not-at-top
-  late = "tensorflow" in _sys.modules
-  set_now = tpu_env.prepare(strategy, tpu)
-  if set_now and late:
-    print("dist_keras: warning: TensorFlow was imported before the TPU "
-          "runtime was set up, so it will not see the TPU; call "
-          "dist_keras.prepare_runtime() before importing tensorflow (restart "
-          "the runtime first).", file=_sys.stderr, flush=True)
-  elif verbose:
-    print(tpu_env.describe(set_now), file=_sys.stderr, flush=True)
-  return set_now
+  return tpu_env.prepare_and_report(strategy, tpu, verbose)
 
 
 def _runtime_choice(config, strategy):

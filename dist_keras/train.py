@@ -70,9 +70,8 @@ def _train(config, workdir: str) -> int:
   # start-up or as a gRPC hang later).
   validate.config(config)
   tfconfig.from_env()
-  set_now = tpu_env.prepare(config.runtime.strategy, config.runtime.tpu)
-  if _VERBOSE.value:
-    print(tpu_env.describe(set_now), file=sys.stderr, flush=True)
+  set_now = tpu_env.prepare_and_report(config.runtime.strategy,
+                                       config.runtime.tpu, _VERBOSE.value)
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):
     try:
       import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import

@@ -18,6 +18,7 @@ and a notebook through `dist_keras.prepare_runtime()` in its first cell.
 import importlib
 import importlib.util
 import os
+import sys
 from typing import Callable, Mapping, MutableMapping
 
 # TPU chips' device nodes on a TPU VM: /dev/accelN for v2-v4, VFIO IOMMU
@@ -102,6 +103,21 @@ def prepare(strategy: str = "auto", tpu: str = "local",
             "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": library}
   set_now = {k: v for k, v in values.items() if k not in environ}
   environ.update(set_now)
+  return set_now
+
+
+def prepare_and_report(strategy: str, tpu: str, verbose: bool) -> dict:
+  """`prepare`, saying on stderr when it came too late (TensorFlow already
+  imported) or, with `verbose`, what it set. Returns what it set."""
+  late = "tensorflow" in sys.modules
+  set_now = prepare(strategy, tpu)
+  if set_now and late:
+    print("dist_keras: warning: TensorFlow was imported before the TPU "
+          "runtime was set up, so it will not see the TPU; call "
+          "dist_keras.prepare_runtime() before importing tensorflow (restart "
+          "the runtime first).", file=sys.stderr, flush=True)
+  elif verbose:
+    print(describe(set_now), file=sys.stderr, flush=True)
   return set_now
 
 
