@@ -49,7 +49,7 @@ setuptools.setup(
         # notebooks/colab_tpu.ipynb (it is skipped without them).
         # matplotlib: tests/test_scaling_tool.py draws the scaling sweep's
         # plot (tools/scaling_report.py).
-        "test": ["pytest", "pytest-timeout", "nbclient", "nbformat",
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "nbclient", "nbformat",
                  "ipykernel", "matplotlib"],
         # TensorBoard's Profile tab, for traces from log.profile_steps.
         "profile": ["tensorboard-plugin-profile"],
