@@ -34,3 +34,29 @@ def test_real_rounds(tmp_path):
 def test_bad_settings_are_refused():
   import bench  # pylint: disable=g-import-not-at-top
   assert bench.main(["--settings=fast"]) == 2
+
+
+def test_best_is_each_sides_fastest_variant_defaults_included():
+  """An option that does not pay (here dist_keras's XLA) is not forced on a
+  side, and a variant that failed (fit's per-call steps under Mirrored)
+  does not count."""
+  import bench  # pylint: disable=g-import-not-at-top
+  args = bench.parse_args(["--rounds=1", "--settings=defaults,best"])
+  rows = {"fit, defaults, one": 60.0, "dist_keras, defaults, one": 61.0,
+          "fit, per_call, one": 58.0, "dist_keras, per_call, one": 55.0,
+          "fit, per_call+xla, one": 57.0,
+          "dist_keras, per_call+xla, one": 59.0,
+          "fit, defaults, mirrored": 80.0,
+          "dist_keras, defaults, mirrored": 70.0,
+          "fit, per_call, mirrored": "InvalidArgumentError: placeholder",
+          "dist_keras, per_call, mirrored": 50.0,
+          "fit, per_call+xla, mirrored": "InvalidArgumentError: placeholder",
+          "dist_keras, per_call+xla, mirrored": 52.0}
+  results = {name: ms if isinstance(ms, str) else [(ms, None)]
+             for name, ms in rows.items()}
+  out = bench.report(results, args, replicas=2, global_batch=256)
+  assert out["ratios"]["defaults, one"] == pytest.approx(60 / 61)
+  assert out["ratios"]["best, one"] == pytest.approx(57 / 55)
+  assert out["ratios"]["best, mirrored"] == pytest.approx(80 / 50)
+  assert out["variants"]["fit, per_call, mirrored"] == {
+      "error": "InvalidArgumentError: placeholder"}
