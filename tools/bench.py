@@ -20,8 +20,10 @@ Variants, each on one device (fit with no strategy; dist_keras on
 OneDeviceStrategy) and under MirroredStrategy over runtime.num_cpu_devices
 devices: "defaults"; "per_call" (fit: steps_per_execution=K; dist_keras:
 train.steps_per_loop=K; K=--per_call); "per_call+xla" (the same with fit's
-jit_compile=True and dist_keras's train.jit_compile=True). --settings=best
-runs the last two. The "best" ratio compares each side's fastest variant
+jit_compile=True and dist_keras's train.jit_compile=True);
+"per_call+bfloat16" (per-call steps under Keras' mixed_bfloat16 policy:
+train.precision=bfloat16 for dist_keras, the policy set while the model is
+built for fit). --settings=best runs the last three. The "best" ratio compares each side's fastest variant
 that ran, defaults included: an option that does not pay on this hardware
 (XLA for the LSTM on this CPU, measured 2026-12-01) is not forced on either
 side. A variant that fails is reported as such (Keras 3.15's fit with
@@ -38,21 +40,26 @@ import common
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PROG = "bench"
 WHERE = ("one", "mirrored")  # One device, MirroredStrategy.
-# --settings group -> the variants it runs: (label, per call, XLA).
-GROUPS = {"defaults": [("defaults", False, False)],
-          "best": [("per_call", True, False), ("per_call+xla", True, True)]}
+# --settings group -> the variants it runs: (label, per call, XLA, precision).
+GROUPS = {"defaults": [("defaults", False, False, "float32")],
+          "best": [("per_call", True, False, "float32"),
+                   ("per_call+xla", True, True, "float32"),
+                   ("per_call+bfloat16", True, False, "bfloat16")]}
 
 
-def fit_runner(c, strategy, args, per_call: bool, xla: bool):
+def fit_runner(c, strategy, args, per_call: bool, xla: bool,
+               precision: str):
   """A `() -> (ms per step, per-call overhead s)` of one fit call."""
   # pylint: disable=g-import-not-at-top
   import keras
   import tensorflow as tf
   from dist_keras import data as data_lib, models
+  from dist_keras.contract import checks
   spec = data_lib.input_spec(c.data, models.inputs(c.model))
+  keras.utils.set_random_seed(c.runtime.seed)
+  # The model and compile dist_keras trains, built under the same policy.
+  model = checks.call_model_fn(models.model_fn(c, spec), strategy, precision)
   with strategy.scope():
-    keras.utils.set_random_seed(c.runtime.seed)
-    model = models.model_fn(c, spec)()  # The model and compile dist_keras trains.
     if per_call or xla:
       model.compile(optimizer=models.make_optimizer(c.train),
                     loss=model.loss, metrics=["accuracy"],
@@ -92,7 +99,8 @@ def fit_runner(c, strategy, args, per_call: bool, xla: bool):
   return run
 
 
-def dist_keras_runner(c, strategy, args, per_call: bool, xla: bool):
+def dist_keras_runner(c, strategy, args, per_call: bool, xla: bool,
+                      precision: str):
   """A `() -> (ms per step, None)` of one dist_keras run."""
   from dist_keras import api  # pylint: disable=g-import-not-at-top
   c.train.steps = (1 + args.epochs) * args.steps
@@ -103,7 +111,7 @@ def dist_keras_runner(c, strategy, args, per_call: bool, xla: bool):
   c.log.calibration_steps = 0
   c.log.peak_tflops = c.log.peak_tflops or 1.0  # No timed matmul.
   c.train.steps_per_loop = args.per_call if per_call else 1
-  c.train.jit_compile = xla
+  c.train.jit_compile, c.train.precision = xla, precision
 
   def run():
     with tempfile.TemporaryDirectory() as workdir:
@@ -128,8 +136,9 @@ def parse_args(argv=None):
                  "steps_per_execution, train.steps_per_loop (default "
                  "%(default)s)")
   p.add_argument("--settings", default="defaults,best",
-                 help="which rows: defaults, best (the per_call and "
-                 "per_call+xla variants) or both (default "
+                 help="which rows: defaults, best (the per_call, "
+                 "per_call+xla and per_call+bfloat16 variants) or both "
+                 "(default "
                  "%(default)s)")
   p.add_argument("--out", default="")
   args = p.parse_args(argv)
@@ -149,12 +158,12 @@ def _variants(args, strategies):
   runners = {}
   for where in WHERE:
     for group in args.settings:
-      for label, per_call, xla in GROUPS[group]:
+      for label, *options in GROUPS[group]:
         for side, make in (("fit", fit_runner),
                            ("dist_keras", dist_keras_runner)):
           c = common.load_config(args.config, args.override)
           runners[f"{side}, {label}, {where}"] = make(
-              c, strategies[f"{side}/{where}"], args, per_call, xla)
+              c, strategies[f"{side}/{where}"], args, *options)
   return runners
 
 
