@@ -49,8 +49,9 @@ def no_network(monkeypatch):
 
 # The files whose set-ups or end-to-end runs take minutes (measured
 # 2026-12-01), collected first: the README's command runs the suite as
-# `-n auto --dist loadfile` (one file per worker at a time), and a long file
-# handed out last left the other worker idle for ~5 minutes.
+# `-n auto --dist loadfile --no-loadscope-reorder` (one file per worker at a
+# time, in this order), and a long file handed out last left the other
+# worker idle for minutes.
 LONGEST_FIRST = ("test_shipped_configs.py", "test_sync_scaling.py",
                  "test_equivalence.py", "test_xla.py", "test_multi_worker.py",
                  "test_resume.py", "test_notebook.py")
