@@ -178,7 +178,11 @@ def _measure(runners, rounds):
         results[name].append(run())
       except Exception as e:  # pylint: disable=broad-except
         results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-      common.say(PROG, f"round {r + 1}/{rounds}: {name} done")
+      # Each figure as it comes: a long bench stopped early (a timeout, a
+      # Ctrl-C) still leaves its finished rounds on the terminal.
+      got = results[name]
+      common.say(PROG, f"round {r + 1}/{rounds}: {name}: " + (
+          got if isinstance(got, str) else f"{got[-1][0]:.2f} ms/step"))
   return results
 
 
