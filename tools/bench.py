@@ -23,10 +23,10 @@ train.steps_per_loop=K; K=--per_call); "per_call+xla" (the same with fit's
 jit_compile=True and dist_keras's train.jit_compile=True);
 "per_call+bfloat16" (per-call steps under Keras' mixed_bfloat16 policy:
 train.precision=bfloat16 for dist_keras, the policy set while the model is
-built for fit). --settings=best runs the last three. The "best" ratio compares each side's fastest variant
-that ran, defaults included: an option that does not pay on this hardware
-(XLA for the LSTM on this CPU, measured 2026-12-01) is not forced on either
-side. A variant that fails is reported as such (Keras 3.15's fit with
+built for fit). --settings=best runs the last three. The "best" ratio
+compares each side's fastest variant that ran, defaults included: an option
+that does not pay on this hardware (XLA for the LSTM on one CPU device,
+measured 2026-12-01; under Mirrored it paid) is not forced on either side. A variant that fails is reported as such (Keras 3.15's fit with
 steps_per_execution > 1 fails under MirroredStrategy here).
 """
 import os
@@ -200,8 +200,9 @@ def report(results, args, replicas: int, global_batch: int) -> dict:
       print(f"  {name:34} failed: {rows}")
       continue
     ms = [m for m, _ in rows]
-    entry = {"ms_per_step": statistics.median(ms), "rounds_ms": ms,
-             "examples_per_sec": 1e3 * global_batch / statistics.median(ms)}
+    median = statistics.median(ms)
+    entry = {"ms_per_step": median, "rounds_ms": ms,
+             "examples_per_sec": 1e3 * global_batch / median}
     overhead = [o for _, o in rows if o is not None]
     if overhead:
       entry["per_call_overhead_s"] = statistics.median(overhead)
