@@ -69,7 +69,8 @@ def _train(config, workdir: str) -> int:
   # starts (a typo fails in a fraction of a second, not after TensorFlow's
   # start-up or as a gRPC hang later).
   validate.config(config)
-  tfconfig.from_env()
+  # The strategy against TF_CONFIG (its contradictions), too.
+  tfconfig.choose(config.runtime.strategy, tfconfig.from_env())
   set_now = tpu_env.prepare_and_report(config.runtime.strategy,
                                        config.runtime.tpu, _VERBOSE.value)
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):

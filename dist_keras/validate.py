@@ -5,14 +5,25 @@ a fraction of a second, not a TensorFlow start-up); `dist_keras.fit` runs it
 for Python callers. The rest of the package trusts the values. What can only
 be checked against something else is checked where that is known, once: a
 built-in model or dataset against the data's shape (registry.py),
-TF_CONFIG against the strategy (distribute/strategy.py), a user's model and
+TF_CONFIG against the strategy (distribute/tfconfig.choose), a user's model and
 data against the contract (contract/checks.py).
 
 No TensorFlow import here, and the choices' names live here: the modules
 that act on them map names to objects.
 """
+from dist_keras.contract import imports
 from dist_keras.errors import UserError
 
+# The built-in models, their recurrent cells and the built-in datasets
+# (models/ and data/ map each name to its builder; tests/test_configs.py
+# checks that the lists agree). Any other name is a user's PKG.MODULE:FN,
+# or, for data, tfds:NAME (any TFDS dataset).
+MODELS = ("char_lm", "cnn", "resnet50", "sequence_classifier")
+CELLS = ("lstm", "gru", "simple_rnn")
+DATASETS = ("longmem", "shapes", "synthetic", "tfds:cifar10",
+            "tfds:fashion_mnist", "tfds:imagenet2012", "tfds:imdb_reviews",
+            "tfds:mnist", "tfds:tiny_shakespeare")
+TFDS_PREFIX = "tfds:"
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker_mirrored", "tpu")
 COLLECTIVES = ("auto", "ring", "nccl")
 ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
@@ -34,9 +45,30 @@ def check_choice(key: str, value, choices) -> None:
                     "pick one of those.")
 
 
+def model_name(name: str) -> None:
+  """A built-in model's name, or a user's PKG.MODULE:FN (loaded later)."""
+  if name not in MODELS and not imports.is_import_path(name):
+    raise UserError(f"model.name={name!r} is not one of {', '.join(MODELS)}"
+                    ", or PKG.MODULE:FN naming your own model_fn; pick one of"
+                    " those.")
+
+
+def data_name(name: str) -> None:
+  """A built-in dataset's name, tfds:NAME, or a user's PKG.MODULE:FN."""
+  if (name not in DATASETS and not name.startswith(TFDS_PREFIX)
+      and not imports.is_import_path(name)):
+    raise UserError(f"data.name={name!r} is not one of {', '.join(DATASETS)}"
+                    ", tfds:NAME, or PKG.MODULE:FN naming your own "
+                    "dataset_fn; pick one of those.")
+
+
 def config(c) -> None:
   """Raises UserError, one line naming the value and the fix, for the first
   bad value of config `c`."""
+  model_name(c.model.name)
+  if c.model.name in MODELS:  # A user's model ignores model.cell.
+    check_choice("model.cell", c.model.cell, CELLS)
+  data_name(c.data.name)
   _runtime(c.runtime)
   _train(c.train)
   for key in ("every", "steps"):

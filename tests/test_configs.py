@@ -115,3 +115,37 @@ def test_a_config_file_outside_the_package_loads_with_its_argument(tmp_path):
   assert configs.from_command_line(f"{path}:9").train.steps == 9
   with pytest.raises(UserError, match="could not be loaded"):
     configs.from_command_line(str(tmp_path / "nope.py"))
+
+
+def test_the_names_checked_before_tensorflow_are_the_builtins():
+  """validate.py lists the built-in names (it runs before TensorFlow is
+  imported); models/ and data/ map the same names to their builders."""
+  from dist_keras import data, models, validate  # pylint: disable=g-import-not-at-top
+  from dist_keras.models import sequence  # pylint: disable=g-import-not-at-top
+  assert validate.MODELS == models.NAMES
+  assert validate.CELLS == tuple(sequence.CELLS)
+  assert set(validate.DATASETS) == {*data._BUILDERS, data.SYNTHETIC}  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.name=transformer", "model.name='transformer' is not one of"),
+    ("model.cell=transformer", "model.cell='transformer' is not one of"),
+    ("data.name=imagenet", "data.name='imagenet' is not one of"),
+])
+def test_bad_names_are_refused_without_tensorflow(override, message):
+  """The command line's check of a typo'd name takes a fraction of a second:
+  validate.config refuses it before anything imports TensorFlow."""
+  code = ("import sys\n"
+          "from dist_keras import configs, validate\n"
+          f"c = configs.from_command_line('lstm_longmem', [{override!r}])\n"
+          "try:\n  validate.config(c)\n"
+          "except Exception as e:\n  print(type(e).__name__, e)\n"
+          "assert 'tensorflow' not in sys.modules\n")
+  result = helpers.run_module(["-c", code], timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith("UserError ") and message in result.stdout
+  # A user's own model reads no model.cell: not refused there.
+  c = configs.from_command_line("lstm_longmem", ["model.name=pkg.mod:fn",
+                                                 "model.cell=transformer"])
+  from dist_keras import validate  # pylint: disable=g-import-not-at-top
+  validate.config(c)

@@ -55,18 +55,18 @@ def _cluster(num_workers):
 ])
 def test_choose_follows_the_name_and_tf_config(name, workers, chosen):
   cluster = None if workers is None else _cluster(workers)
-  assert strategy.choose(name, cluster) == chosen
+  assert tfconfig.choose(name, cluster) == chosen
 
 
 def test_multi_worker_without_tf_config_is_refused():
   with pytest.raises(UserError, match="needs TF_CONFIG naming the cluster"):
-    strategy.choose("multi_worker_mirrored", None)
+    tfconfig.choose("multi_worker_mirrored", None)
 
 
 @pytest.mark.parametrize("name", ["mirrored", "one_device"])
 def test_a_single_host_strategy_with_a_cluster_tf_config_is_refused(name):
   with pytest.raises(UserError) as e:
-    strategy.choose(name, _cluster(2))
+    tfconfig.choose(name, _cluster(2))
   assert "TF_CONFIG names 2 tasks" in str(e.value)
   assert f"runtime.strategy={name!r}" in str(e.value)
 

@@ -110,14 +110,14 @@ def test_detect(environ, paths, found):
 ])
 def test_choose_tries_the_tpu_first_only_where_one_can_exist(name, possible,
                                                              chosen):
-  assert strategy.choose(name, None, possible) == chosen
+  assert tfconfig.choose(name, None, possible) == chosen
 
 
 def test_a_cluster_tf_config_beats_a_possible_tpu():
   cluster = tfconfig.parse('{"cluster": {"worker": ["127.0.0.1:2000", '
                            '"127.0.0.1:2001"]}, "task": {"type": "worker", '
                            '"index": 0}}')
-  assert strategy.choose("auto", cluster, True) == "multi_worker_mirrored"
+  assert tfconfig.choose("auto", cluster, True) == "multi_worker_mirrored"
 
 
 # --- Start-up: resolver arguments and order --------------------------------

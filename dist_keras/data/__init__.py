@@ -15,6 +15,7 @@ import tensorflow as tf
 from dist_keras.data import constant_batch
 from dist_keras.data import generated
 from dist_keras.data import tfds_sources
+from dist_keras import validate
 from dist_keras.errors import UserError
 
 
@@ -135,11 +136,7 @@ def _check(data_cfg):
     return None  # declared_spec checks the sizes it reads.
   if tfds_sources.is_tfds(data_cfg.name):
     return tfds_sources.check(data_cfg)
-  if data_cfg.name not in _BUILDERS:
-    raise UserError(f"data.name={data_cfg.name!r} is not one of "
-                    f"{', '.join(sorted([*_BUILDERS, SYNTHETIC]))}, "
-                    "tfds:NAME, or PKG.MODULE:FN naming your own dataset_fn;"
-                    " pick one of those.")
+  validate.data_name(data_cfg.name)  # Checked before TensorFlow, too.
   generated.check(data_cfg, data_cfg.name)
 
 

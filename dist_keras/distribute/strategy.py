@@ -19,36 +19,6 @@ _COLLECTIVES = {
 }
 
 
-def choose(name: str, cluster, tpu_possible: bool = False) -> str:
-  """The strategy to build for `runtime.strategy=name` and TF_CONFIG.
-
-  Args:
-    name: `runtime.strategy`.
-    cluster: the checked TF_CONFIG (tfconfig.ClusterSpec) or None.
-    tpu_possible: whether a TPU may be here (tpu_env.detect): `auto` then tries
-      it first.
-
-  Raises:
-    UserError: a name that contradicts TF_CONFIG (a cluster run as a single
-      host would train N unsynchronised copies).
-  """
-  multi = tfconfig.is_multi_worker(cluster)
-  if name == "auto":
-    if multi:
-      return "multi_worker_mirrored"
-    return "tpu" if tpu_possible else "mirrored"
-  if name == "multi_worker_mirrored" and cluster is None:
-    raise UserError("runtime.strategy='multi_worker_mirrored' needs TF_CONFIG "
-                    "naming the cluster; set it (tools/launch_local.py does "
-                    "for local workers) or use runtime.strategy=mirrored.")
-  if multi and name != "multi_worker_mirrored":
-    raise UserError(f"TF_CONFIG names {cluster.num_workers} tasks but "
-                    f"runtime.strategy={name!r} trains on one host; use "
-                    "runtime.strategy=multi_worker_mirrored (or auto), or "
-                    "unset TF_CONFIG.")
-  return name
-
-
 def get_strategy(runtime_cfg, environ=None,
                  path_exists=os.path.exists) -> tf.distribute.Strategy:
   """Returns the strategy `runtime_cfg.strategy` names.
@@ -64,7 +34,7 @@ def get_strategy(runtime_cfg, environ=None,
   """
   environ = os.environ if environ is None else environ
   cluster = tfconfig.from_env(environ)
-  name = choose(runtime_cfg.strategy, cluster,
+  name = tfconfig.choose(runtime_cfg.strategy, cluster,
                 tpu_lib.detect(environ, path_exists) is not None)
   if name == "tpu":
     found = tpu_lib.get_strategy(runtime_cfg.tpu,

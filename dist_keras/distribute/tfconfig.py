@@ -247,3 +247,34 @@ def _clip(text: str, around: int = 0) -> str:
             ("..." if end < len(text) else ""))
   # A pretty-printed TF_CONFIG spans lines; the message must not.
   return " ".join(text.split())
+
+
+def choose(name: str, cluster, tpu_possible: bool = False) -> str:
+  """The strategy to build for `runtime.strategy=name` and TF_CONFIG
+  (no TensorFlow needed: the command line checks it before TF starts).
+
+  Args:
+    name: `runtime.strategy`.
+    cluster: the checked TF_CONFIG (a ClusterSpec) or None.
+    tpu_possible: whether a TPU may be here (tpu_env.detect): `auto` then tries
+      it first.
+
+  Raises:
+    UserError: a name that contradicts TF_CONFIG (a cluster run as a single
+      host would train N unsynchronised copies).
+  """
+  multi = is_multi_worker(cluster)
+  if name == "auto":
+    if multi:
+      return "multi_worker_mirrored"
+    return "tpu" if tpu_possible else "mirrored"
+  if name == "multi_worker_mirrored" and cluster is None:
+    raise UserError("runtime.strategy='multi_worker_mirrored' needs TF_CONFIG "
+                    "naming the cluster; set it (tools/launch_local.py does "
+                    "for local workers) or use runtime.strategy=mirrored.")
+  if multi and name != "multi_worker_mirrored":
+    raise UserError(f"TF_CONFIG names {cluster.num_workers} tasks but "
+                    f"runtime.strategy={name!r} trains on one host; use "
+                    "runtime.strategy=multi_worker_mirrored (or auto), or "
+                    "unset TF_CONFIG.")
+  return name

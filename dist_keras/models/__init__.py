@@ -10,7 +10,6 @@ reach it through the same contract as users' models.
 """
 import keras
 
-from dist_keras.errors import UserError
 from dist_keras import validate
 from dist_keras.models import cnn, language, resnet, sequence
 
@@ -28,10 +27,7 @@ OPTIMIZERS = {
 
 
 def _module(model_cfg):
-  if model_cfg.name not in _MODULES:
-    raise UserError(f"model.name={model_cfg.name!r} is not one of "
-                    f"{', '.join(NAMES)}, or PKG.MODULE:FN naming your own "
-                    "model_fn; pick one of those.")
+  validate.model_name(model_cfg.name)  # Checked before TensorFlow, too.
   return _MODULES[model_cfg.name]
 
 
