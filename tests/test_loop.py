@@ -83,6 +83,17 @@ def test_restart_resumes_from_latest_checkpoint(tmp_path, mirrored, capsys):
   assert steps[-1] == 12
 
 
+def test_the_loops_step_count_is_checked_against_the_optimizers(mirrored):
+  """The loop counts steps on the host (a counter read costs ~1 ms under
+  Mirrored); at each log line it must equal the optimizer's counter."""
+  with helpers.built(helpers.tiny_config(), mirrored) as trainer:
+    trainer._check_step(0)  # pylint: disable=protected-access
+    trainer.optimizer.iterations.assign_add(1)
+    with pytest.raises(RuntimeError, match="counted 1 steps where the loop "
+                       "ran 0"):
+      trainer._check_step(0)  # pylint: disable=protected-access
+
+
 def test_only_the_chief_writes(tmp_path, mirrored, monkeypatch):
   monkeypatch.setattr(strategy_lib, "is_chief", lambda strategy: False)
   helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
@@ -230,7 +241,8 @@ def test_a_failed_allreduce_fit_does_not_cost_the_run(tmp_path, mirrored,
   def refuse(*args, **kwargs):
     raise ValueError("all-reduce time does not grow with message size")
 
-  monkeypatch.setattr(costmodel, "fit", refuse)
+  # Refused at once (the sweep before the fit is test_costmodel's).
+  monkeypatch.setattr(costmodel, "calibrate", refuse)
   c = helpers.tiny_config()
   c.log.calibration_steps, c.log.progress = 2, True
   summary = helpers.train(c, str(tmp_path), mirrored)
