@@ -36,15 +36,6 @@ def test_run_prints_progress_and_where_tensorboard_logs_are(tmp_path):
   assert summary["device_kind"] == "CPU"
 
 
-def test_no_workdir_means_a_fresh_timestamped_run_folder(tmp_path):
-  result = helpers.run_module(["-m", "dist_keras.train", *TINY],
-                              cwd=str(tmp_path))
-  assert result.returncode == 0, result.stderr
-  (run,) = os.listdir(tmp_path / "runs")
-  assert os.path.exists(tmp_path / "runs" / run / "summary.json")
-  assert f"--logdir {os.path.join('runs', run)}" in result.stdout
-
-
 def test_other_configs_load_by_path(tmp_path):
   result = _train("--config=configs/cnn_shapes.py",
                   f"--workdir={tmp_path}", "--config.data.image_size=16",

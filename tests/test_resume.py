@@ -1,8 +1,8 @@
 """Nothing lost: a run SIGKILLed at a random step and restarted ends with the
-same weights as an uninterrupted one (one device, 2 replicas, 2 workers),
-for the built-in LSTM and for a user's model with dropout (its random state
-is checkpointed: the masks after the resume are the ones the whole run
-drew)."""
+same weights as an uninterrupted one: the built-in LSTM on one device, and a
+user's model with dropout (its random state is checkpointed: the masks after
+the resume are the ones the whole run drew) on one device, 2 replicas and 2
+workers."""
 import os
 import random
 import signal
@@ -71,11 +71,15 @@ def _kill_at(proc, step, victim_pid=None):
   raise AssertionError(f"step {step} was never logged")
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
-@pytest.mark.parametrize("strategy,workers,tolerance", [
-    ("one_device", 0, 0.0),  # Bitwise.
-    ("mirrored", 0, 1e-6),
-    ("multi_worker_mirrored", 2, 1e-6),
+# Both models on one device, bitwise; on 2 replicas and 2 workers the user's
+# dropout model (its random state must resume too: the harder case; every
+# run is 3-5 TensorFlow processes, and CI has 15 minutes). The built-in
+# LSTM's resume there is the same code (api.assemble, distribute/input.py).
+@pytest.mark.parametrize("strategy,workers,tolerance,model", [
+    ("one_device", 0, 0.0, "lstm"),  # Bitwise.
+    ("one_device", 0, 0.0, "user_dropout"),
+    ("mirrored", 0, 1e-6, "user_dropout"),
+    ("multi_worker_mirrored", 2, 1e-6, "user_dropout"),
 ])
 def test_killed_and_restarted_run_ends_with_the_same_weights(
     tmp_path, strategy, workers, tolerance, model):
