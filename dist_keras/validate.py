@@ -11,7 +11,6 @@ data against the contract (contract/checks.py).
 No TensorFlow import here, and the choices' names live here: the modules
 that act on them map names to objects.
 """
-from dist_keras.contract import imports
 from dist_keras.errors import UserError
 
 # The built-in models, their recurrent cells and the built-in datasets
@@ -23,7 +22,7 @@ CELLS = ("lstm", "gru", "simple_rnn")
 DATASETS = ("longmem", "shapes", "synthetic", "tfds:cifar10",
             "tfds:fashion_mnist", "tfds:imagenet2012", "tfds:imdb_reviews",
             "tfds:mnist", "tfds:tiny_shakespeare")
-TFDS_PREFIX = "tfds:"
+TFDS_PREFIX = "tfds:"  # tfds:NAME names a TFDS dataset, not a module.
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker_mirrored", "tpu")
 COLLECTIVES = ("auto", "ring", "nccl")
 ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
@@ -45,9 +44,15 @@ def check_choice(key: str, value, choices) -> None:
                     "pick one of those.")
 
 
+def is_import_path(name: str) -> bool:
+  """Whether `name` is meant as a user's PKG.MODULE:FN (it has a ':'; the
+  contract's imports.py loads it)."""
+  return ":" in name and not name.startswith(TFDS_PREFIX)
+
+
 def model_name(name: str) -> None:
   """A built-in model's name, or a user's PKG.MODULE:FN (loaded later)."""
-  if name not in MODELS and not imports.is_import_path(name):
+  if name not in MODELS and not is_import_path(name):
     raise UserError(f"model.name={name!r} is not one of {', '.join(MODELS)}"
                     ", or PKG.MODULE:FN naming your own model_fn; pick one of"
                     " those.")
@@ -56,7 +61,7 @@ def model_name(name: str) -> None:
 def data_name(name: str) -> None:
   """A built-in dataset's name, tfds:NAME, or a user's PKG.MODULE:FN."""
   if (name not in DATASETS and not name.startswith(TFDS_PREFIX)
-      and not imports.is_import_path(name)):
+      and not is_import_path(name)):
     raise UserError(f"data.name={name!r} is not one of {', '.join(DATASETS)}"
                     ", tfds:NAME, or PKG.MODULE:FN naming your own "
                     "dataset_fn; pick one of those.")

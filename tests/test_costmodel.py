@@ -115,10 +115,10 @@ def test_microbenchmark_on_two_cpu_replicas(mirrored):
   points = costmodel.microbenchmark(mirrored, repeats=5,
                                     max_bytes=256 * 1024, budget_s=0.5)
   assert [b for b, _ in points] == [1024, 4096, 16384, 65536, 262144]
-  seconds = [t for _, t in points]
-  assert all(0 < t < 0.5 for t in seconds), seconds
-  # 256 KB costs more than 1 KB (a 256x bigger message), noise or not.
-  assert seconds[-1] > seconds[0], seconds
+  # Times, not compared with each other or a bound: a busy host made the
+  # 256 KB all-reduce faster than the 1 KB one (CI, 2026-12-01), and no
+  # test asserts a speed (issue 17).
+  assert all(t > 0 for _, t in points), points
 
 
 def test_microbenchmark_rounds_to_float32_and_refuses_empty(mirrored):

@@ -13,15 +13,9 @@ import re
 import sys
 
 from dist_keras.errors import UserError
+from dist_keras.validate import is_import_path  # noqa: F401  (re-exported)
 
 _MODULE = r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*"
-# `tfds:NAME` names a TFDS dataset (data/tfds_sources.py), not a module.
-RESERVED_PREFIXES = ("tfds:",)
-
-
-def is_import_path(name: str) -> bool:
-  """Whether `name` is meant as PKG.MODULE:FN (it has a ':')."""
-  return ":" in name and not name.startswith(RESERVED_PREFIXES)
 
 
 def load(key: str, name: str):
