@@ -55,9 +55,10 @@ import numpy as np
 import tensorflow as tf
 
 from dist_keras.data import preprocess
+from dist_keras import validate
 from dist_keras.errors import UserError
 
-PREFIX = "tfds:"
+PREFIX = validate.TFDS_PREFIX  # One spelling, checked before TensorFlow too.
 # A tfds_id, e.g. "mnist-test.tfrecord-00003-of-00004__17": file 3, record 17.
 _ID_PATTERN = r"^.*-(\d+)-of-\d+__(\d+)$"
 _PREPARE_HINT = {"imagenet2012": " --manual_dir DIR_WITH_ILSVRC2012_TARS"}
