@@ -5,6 +5,7 @@ Workers start through tools/launch_local.py, as users start them.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -300,7 +301,10 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(
   steps = []
   for p, (_, stderr) in zip(procs, results):
     assert p.returncode == errors.EXIT_PREEMPTED, stderr[-2000:]
-    last = stderr.strip().splitlines()[-1]
-    steps.append(int(last.split("after step ")[1].split(";")[0]))
+    # Our message, wherever TF's shutdown logging puts it among the lines.
+    stopped = re.findall(r"dist_keras: error: stopped by SIGTERM after step "
+                         r"(\d+);", stderr)
+    assert len(stopped) == 1, stderr[-2000:]
+    steps.append(int(stopped[0]))
   assert steps[0] == steps[1] and steps[0] % 5 == 0, steps
   assert (workdir / "checkpoints" / f"ckpt-{steps[0]}.index").exists()
