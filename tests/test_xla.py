@@ -98,6 +98,34 @@ def test_an_uncompilable_op_fails_loudly(one_cpu, monkeypatch):
     _train(one_cpu, c, jit_compile=True)  # The compute alone, too.
 
 
+def test_on_one_device_jit_compiles_the_update_too(one_cpu, mirrored,
+                                                  monkeypatch):
+  """train.jit_compile=True on one device compiles the whole untimed step,
+  the optimizer's update included (as Keras' fit(jit_compile=True) does):
+  an op with no XLA kernel in the update fails it there. Under Mirrored the
+  update stays outside XLA (merge_call), and so do timed steps."""
+  c = _config("lstm_longmem")
+  with helpers.built(c, one_cpu) as run:
+    real = run.optimizer.apply_gradients
+
+    def with_timestamp(grads_and_vars):
+      grads_and_vars = [(g + 0.0 * tf.cast(tf.timestamp(), g.dtype), v)
+                        for g, v in grads_and_vars]
+      return real(grads_and_vars)
+
+    monkeypatch.setattr(run.optimizer, "apply_gradients", with_timestamp)
+    iterator = iter(run.parts.train_ds)
+    timed = step_lib.make_train_step(one_cpu, run.model, run.optimizer,
+                                     timed=True, jit_compile=True)
+    assert np.isfinite(float(timed(iterator)["loss"]))
+    whole = step_lib.make_train_step(one_cpu, run.model, run.optimizer,
+                                     jit_compile=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Timestamp"):
+      whole(iterator)
+  assert step_lib.update_compiles(one_cpu)
+  assert not step_lib.update_compiles(mirrored)
+
+
 def test_timed_steps_cannot_be_compiled_whole(one_cpu):
   c = _config("lstm_longmem")
   with helpers.built(c, one_cpu) as run, pytest.raises(

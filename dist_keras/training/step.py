@@ -60,6 +60,12 @@ def loss_scale_of(optimizer):
   return None
 
 
+def update_compiles(strategy) -> bool:
+  """Whether XLA can compile the optimizer's update inside a replica's step:
+  on one device, where no merge_call reaches across devices."""
+  return isinstance(strategy, tf.distribute.OneDeviceStrategy)
+
+
 def make_train_step(strategy, model, optimizer, timed: bool = False,
                     jit_compile: bool = False,
                     allreduce_dtype: str = "float32", bytes_per_pack: int = 0):
@@ -78,7 +84,9 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
   in the graph, because MirroredStrategy reaches its cross-device ops and
   its variables' updates through merge_call, which XLA cannot compile
   unless every device is a GPU ("tf.Variable on a different device",
-  measured on logical CPUs). `jit_compile="step"` compiles the WHOLE replica
+  measured on logical CPUs). On one device (update_compiles) the untimed
+  steps compile the whole replica step instead, update included, as Keras'
+  fit(jit_compile=True) does. `jit_compile="step"` compiles the WHOLE replica
   step (forward, backward, all-reduce, update), as a TPU compiles it: for
   strategies without merge_call (one device, TPU, all-GPU Mirrored) and for
   tests that check a step is TPU-compilable; it cannot be timed
@@ -116,8 +124,10 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
   if timed and jit_compile == "step":
     raise ValueError("timed steps cannot be XLA-compiled whole: tf.timestamp "
                      "has no XLA kernel; use jit_compile=True.")
+  whole = jit_compile == "step" or (
+      jit_compile is True and not timed and update_compiles(strategy))
   compute_fn = (tf.function(compute, jit_compile=True)
-                if jit_compile is True else compute)
+                if jit_compile is True and not whole else compute)
 
   def replica_step(batch, inputs_ready=None):
     if timed:
@@ -140,7 +150,7 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
     return (loss, grad_norm, tf.stack([start, grads_ready, reduced, end]),
             waits)
 
-  if jit_compile == "step":
+  if whole:
     replica_step = tf.function(replica_step, jit_compile=True)
 
   return _distributed_step(strategy, replica_step, optimizer, scale, timed)
@@ -207,21 +217,32 @@ def make_multi_step(strategy, model, optimizer, **step_options):
   `step_options` are make_train_step's (not `timed`).
   """
   step = make_train_step(strategy, model, optimizer, **step_options)
-  body = step.python_function
+  one_step = step.python_function
 
-  @tf.function
+  # An explicit while loop, not AutoGraph: a conversion that fails (the
+  # source unreadable, or changed on disk under a running process) falls
+  # back to Python silently.
+  @tf.function(autograph=False)
   def train_steps(iterator, n):
-    loss, norm = tf.constant(0.0), tf.constant(0.0)
-    done, skipped = tf.constant(0), tf.constant(0)
-    for _ in tf.range(n):
-      out = body(iterator)
-      loss += out["loss"]
-      skipped += out["skipped"]
-      norm, done = out["grad_norm"], done + 1
-      diverged = tf.logical_not(tf.math.is_finite(out["loss"])) or (
-          tf.logical_not(tf.math.is_finite(norm)) and out["skipped"] == 0)
-      if diverged:
-        break
+    def keep_going(done, loss, norm, skipped, diverged):
+      del loss, norm, skipped
+      return tf.logical_and(done < n, tf.logical_not(diverged))
+
+    def run_one(done, loss, norm, skipped, diverged):
+      del norm, diverged
+      out = one_step(iterator)
+      norm = out["grad_norm"]
+      diverged = tf.logical_or(
+          tf.logical_not(tf.math.is_finite(out["loss"])),
+          tf.logical_and(tf.logical_not(tf.math.is_finite(norm)),
+                         tf.equal(out["skipped"], 0)))
+      return (done + 1, loss + out["loss"], norm, skipped + out["skipped"],
+              diverged)
+
+    done, loss, norm, skipped, _ = tf.while_loop(
+        keep_going, run_one, (tf.constant(0), tf.constant(0.0),
+                              tf.constant(0.0), tf.constant(0),
+                              tf.constant(False)))
     return {"loss": loss, "grad_norm": norm, "steps": done,
             "skipped": skipped}
 
@@ -250,13 +271,15 @@ def make_eval_pass(strategy, model):
     return tf.stack([tf.cast(loss, tf.float32) * replicas * examples,
                      examples])
 
-  @tf.function
+  def add_batch(totals, batch):
+    return totals + strategy.reduce(
+        _SUM, strategy.run(replica_step, args=(batch,)), axis=None)
+
+  # The distributed dataset's own reduce (what AutoGraph makes of a `for`
+  # over it), without AutoGraph: see make_multi_step.
+  @tf.function(autograph=False)
   def eval_pass(dataset):
-    totals = tf.zeros([2])
-    for batch in dataset:
-      totals += strategy.reduce(_SUM, strategy.run(replica_step,
-                                                   args=(batch,)), axis=None)
-    return totals
+    return dataset.reduce(tf.zeros([2]), add_batch)
 
   return eval_pass
 
