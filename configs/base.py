@@ -100,8 +100,9 @@ def get_config() -> ml_collections.ConfigDict:
   # has float32's range; float16 (older GPUs' tensor cores) needs dynamic
   # loss scaling, which it gets (keras LossScaleOptimizer).
   c.train.precision = "float32"
-  # Compile each replica's step with XLA (as a TPU does); timed steps compile
-  # compute and update separately, around the timing stamps.
+  # XLA-compile each replica's forward and backward pass; on one device the
+  # whole untimed step, update included (as Keras' fit(jit_compile=True));
+  # under Mirrored/multi-worker the all-reduce and update stay in the graph.
   c.train.jit_compile = False
   c.train.max_checkpoints = 3
 
