@@ -62,7 +62,9 @@ def pytest_xdist_auto_num_workers(config):  # pylint: disable=unused-argument
   tests wait on their subprocesses (multi-worker peers, heartbeats, kill
   and restart), and a spare worker fills those waits: on 2 cores the CPU
   was busy 85% of a 2-worker run and 91% of a 3-worker one (2026-12-01)."""
-  return len(os.sched_getaffinity(0)) + 1
+  cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+           else os.cpu_count() or 1)  # macOS has no affinity call.
+  return cores + 1
 
 
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
