@@ -47,14 +47,18 @@ def no_network(monkeypatch):
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", refuse)
 
 
-# The files whose set-ups or end-to-end runs take minutes (measured
-# 2026-12-01), collected first: the README's command runs the suite as
-# `-n auto --dist loadfile --no-loadscope-reorder` (one file per worker at a
-# time, in this order), and a long file handed out last left the other
-# worker idle for minutes.
-LONGEST_FIRST = ("test_shipped_configs.py", "test_sync_scaling.py",
-                 "test_equivalence.py", "test_xla.py", "test_multi_worker.py",
-                 "test_resume.py", "test_notebook.py")
+# Every file that took more than ~40 s of a worker's time in CI's command
+# (measured 2026-12-01, -m "not slow", 3 workers), longest first: the
+# README's command runs the suite as `-n auto --dist loadfile
+# --no-loadscope-reorder` (one file per worker at a time, in this order), and
+# a long file handed out late runs alone at the end (test_loop.py, the
+# longest at ~300 s, was handed out mid-way, with ~400 s of other files left
+# for the other two workers: an estimated ~100 s alone).
+LONGEST_FIRST = ("test_loop.py", "test_multi_worker.py", "test_xla.py",
+                 "test_resume.py", "test_sync_scaling.py", "test_cli.py",
+                 "test_user_models.py", "test_equivalence.py", "test_tfds.py",
+                 "test_wheel.py", "test_synthetic_data.py", "test_notebook.py",
+                 "test_speed_options.py", "test_shipped_configs.py")
 
 
 def pytest_xdist_auto_num_workers(config):  # pylint: disable=unused-argument
