@@ -3,6 +3,7 @@ namespaces) train the same weights as one process, and only the chief writes.
 
 Workers start through tools/launch_local.py, as users start them.
 """
+import functools
 import json
 import os
 import re
@@ -47,14 +48,8 @@ def weights(tmp_path_factory):
   one-replica workers read (each worker is one input pipeline). The n
   workers and the reference run at the same time.
   """
-  out, made = tmp_path_factory.mktemp("mw"), {}
-
-  def get(n):
-    if n not in made:
-      made[n] = _train_both(out, n)
-    return made[n]
-
-  return get
+  out = tmp_path_factory.mktemp("mw")
+  return functools.cache(lambda n: _train_both(out, n))
 
 
 def _train_both(out, n):

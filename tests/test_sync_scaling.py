@@ -4,6 +4,7 @@ Each replica count runs as its own process (the CLI, as a user runs it) on
 an LSTM with >= 4 MB of gradients; the sync/* tags are read back from the
 event files.
 """
+import functools
 import json
 import os
 
@@ -40,21 +41,15 @@ def _median(tags, tag):
 _RUN_ARGS = {1: "--config.runtime.strategy=one_device",
              2: "--config.runtime.num_cpu_devices=2",
              4: "--config.runtime.num_cpu_devices=4"}
-# The 4-replica run is the scaling point (slow: CI runs 1 and 2 replicas).
-_SLOW = pytest.mark.slow
+# The 4-replica run is the scaling point: slow (CI runs 1 and 2 replicas).
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """{replicas: (tags, summary)}, each run made when a test first asks."""
-  root, made = tmp_path_factory.mktemp("sync"), {}
-
-  def get(replicas):
-    if replicas not in made:
-      made[replicas] = _run(root / str(replicas), _RUN_ARGS[replicas])
-    return made[replicas]
-
-  return get
+  """`(replicas) -> (tags, summary)`, each run made when a test first asks."""
+  root = tmp_path_factory.mktemp("sync")
+  return functools.cache(
+      lambda replicas: _run(root / str(replicas), _RUN_ARGS[replicas]))
 
 
 def test_the_model_has_at_least_4_mb_of_gradients(runs):
@@ -71,7 +66,7 @@ def test_two_replicas_measure_an_all_reduce_of_the_4_mb(runs):
   assert _median(runs(2)[0], "sync/allreduce_ms") > 0
 
 
-@_SLOW
+@pytest.mark.slow
 def test_more_replicas_measure_an_all_reduce(runs):
   """Measured, not asserted against each other: how much longer 4 replicas'
   all-reduce takes is a figure (tools/scaling.py, docs/sync_breakdown.md),
@@ -82,7 +77,7 @@ def test_more_replicas_measure_an_all_reduce(runs):
   assert two > 0 and four > 0
 
 
-@pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=_SLOW)])
+@pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_parts_add_up_to_the_step(runs, replicas):
   """Per replica the four parts add up to that replica's own step exactly
   (measure/breakdown.py); the logged parts are means over replicas and the
