@@ -60,3 +60,35 @@ def test_best_is_each_sides_fastest_variant_defaults_included():
   assert out["ratios"]["best, mirrored"] == pytest.approx(80 / 50)
   assert out["variants"]["fit, per_call, mirrored"] == {
       "error": "InvalidArgumentError: placeholder"}
+
+
+def test_the_fit_side_trains_a_users_own_compiled_model(monkeypatch):
+  """model.name / data.name = PKG.MODULE:FN: fit trains the user's model as
+  they compiled it (loss, metrics, optimizer), on their pipeline as it is,
+  with fit's speed options set on it (tests/user_task.py: MSE, MAE, SGD;
+  batches of (x, y, sample_weight))."""
+  import bench  # pylint: disable=g-import-not-at-top
+  import common  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from dist_keras.contract import checks  # pylint: disable=g-import-not-at-top
+  built = []
+  call_model_fn = checks.call_model_fn
+  monkeypatch.setattr(checks, "call_model_fn", lambda *a: built.append(
+      call_model_fn(*a)) or built[-1])
+  args = bench.parse_args([
+      "--epochs=1", "--steps=4", "--per_call=2",
+      "--override=model.name=user_task:model_fn",
+      "--override=data.name=user_task:dataset_fn",
+      "--override=train.global_batch_size=48"])
+  c = common.load_config(args.config, args.override)
+  run = bench.fit_runner(c, tf.distribute.get_strategy(), args,
+                         per_call=True, xla=False, precision="float32")
+  ms, overhead = run()
+  assert ms > 0 and overhead >= 0
+  [model] = built
+  assert model.steps_per_execution == 2 and not model.jit_compile
+  assert type(model.optimizer).__name__ == "SGD"
+  assert model.loss == "mse"
+  assert int(model.optimizer.iterations.numpy()) == 2 * 4  # 1 + 1 epochs.
+  assert "mae" in model.get_metrics_result()

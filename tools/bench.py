@@ -16,6 +16,11 @@ step speed). A benchmark, not a test.
   python tools/bench.py --config=lstm_longmem --rounds=3 --epochs=4 \\
       --steps=50 --out=bench.json
 
+Your own model and data: --override=model.name=PKG.MODULE:FN (and
+data.name, train.global_batch_size) bench the model_fn / dataset_fn that
+`python -m dist_keras.train` would train; fit trains that model as its
+model_fn compiled it, on that pipeline.
+
 Variants, each on one device (fit with no strategy; dist_keras on
 OneDeviceStrategy) and under MirroredStrategy over runtime.num_cpu_devices
 devices: "defaults"; "per_call" (fit: steps_per_execution=K; dist_keras:
@@ -53,22 +58,24 @@ def fit_runner(c, strategy, args, per_call: bool, xla: bool,
   # pylint: disable=g-import-not-at-top
   import keras
   import tensorflow as tf
-  from dist_keras import data as data_lib, models
+
+  from dist_keras import registry
   from dist_keras.contract import checks
-  spec = data_lib.input_spec(c.data, models.inputs(c.model))
+  # The model_fn and dataset_fn dist_keras trains: a built-in's or, with
+  # model.name / data.name = PKG.MODULE:FN, the user's own.
+  model_fn, dataset_fn = registry.resolve(c)
   keras.utils.set_random_seed(c.runtime.seed)
-  # The model and compile dist_keras trains, built under the same policy.
-  model = checks.call_model_fn(models.model_fn(c, spec), strategy, precision)
-  with strategy.scope():
-    if per_call or xla:
-      model.compile(optimizer=models.make_optimizer(c.train),
-                    loss=model.loss, metrics=["accuracy"],
-                    steps_per_execution=args.per_call if per_call else 1,
-                    jit_compile=xla)
-  # The same examples, shuffled and batched globally, as fit expects.
-  ds = data_lib.dataset_fn(c, spec)("train", tf.distribute.InputContext())
-  ds = ds.unbatch().batch(c.train.global_batch_size, drop_remainder=True)
-  ds = ds.prefetch(tf.data.AUTOTUNE)
+  # Built and compiled as dist_keras builds it (in the scope, same policy).
+  model = checks.call_model_fn(model_fn, strategy, precision)
+  if per_call or xla:
+    # Read by fit's first call. Set on the compiled model, not by compiling
+    # again: the model keeps its own loss, metrics and optimizer.
+    model.steps_per_execution = args.per_call if per_call else 1
+    model.jit_compile = xla
+  # One input pipeline for the whole batch (InputContext(): one replica),
+  # so its batches are global ones, as fit expects; the pipeline as the
+  # dataset_fn returns it (dist_keras adds no stage to it either).
+  ds = dataset_fn("train", tf.distribute.InputContext())
 
   class Timer(keras.callbacks.Callback):
     def __init__(self):
@@ -114,9 +121,9 @@ def dist_keras_runner(c, strategy, args, per_call: bool, xla: bool,
   c.train.jit_compile, c.train.precision = xla, precision
 
   def run():
-    with tempfile.TemporaryDirectory() as workdir:
-      with api.build(c, workdir, strategy=strategy) as trainer:
-        summary = trainer.run()
+    with (tempfile.TemporaryDirectory() as workdir,
+          api.build(c, workdir, strategy=strategy) as trainer):
+      summary = trainer.run()
     return summary["step_ms_median"], None  # Window 1 left out.
 
   return run
