@@ -31,9 +31,21 @@ def test_real_rounds(tmp_path):
   assert set(report["ratios"]) == {"defaults, one", "defaults, mirrored"}
 
 
-def test_bad_settings_are_refused():
+def test_bad_settings_are_refused(capsys):
   import bench  # pylint: disable=g-import-not-at-top
-  assert bench.main(["--settings=fast"]) == 2
+  assert bench.main(["--settings=defaults,fast"]) == 2
+  assert capsys.readouterr().err == (
+      "bench: error: --settings=defaults,fast: 'fast' is not a variant; use "
+      "defaults, per_call, per_call+xla, per_call+bfloat16, best, "
+      "comma-separated.\n")
+
+
+def test_settings_name_variants_or_groups_run_in_one_order():
+  import bench  # pylint: disable=g-import-not-at-top
+  assert bench.parse_args(["--settings=per_call+xla,defaults"]).variants == [
+      "defaults", "per_call+xla"]
+  assert bench.parse_args(["--settings=best,per_call"]).variants == [
+      "per_call", "per_call+xla", "per_call+bfloat16"]
 
 
 def test_best_is_each_sides_fastest_variant_defaults_included():
@@ -56,6 +68,10 @@ def test_best_is_each_sides_fastest_variant_defaults_included():
              for name, ms in rows.items()}
   out = bench.report(results, args, replicas=2, global_batch=256)
   assert out["ratios"]["defaults, one"] == pytest.approx(60 / 61)
+  assert out["ratios"]["per_call, one"] == pytest.approx(58 / 55)
+  # Not both ran (fit failed, nobody ran bfloat16): no ratio.
+  assert "per_call, mirrored" not in out["ratios"]
+  assert "per_call+bfloat16, one" not in out["ratios"]
   assert out["ratios"]["best, one"] == pytest.approx(57 / 55)
   assert out["ratios"]["best, mirrored"] == pytest.approx(80 / 50)
   assert out["variants"]["fit, per_call, mirrored"] == {

@@ -28,11 +28,13 @@ train.steps_per_loop=K; K=--per_call); "per_call+xla" (the same with fit's
 jit_compile=True and dist_keras's train.jit_compile=True);
 "per_call+bfloat16" (per-call steps under Keras' mixed_bfloat16 policy:
 train.precision=bfloat16 for dist_keras, the policy set while the model is
-built for fit). --settings=best runs the last three. The "best" ratio
-compares each side's fastest variant that ran, defaults included: an option
-that does not pay on this hardware (XLA for the LSTM on one CPU device,
-measured 2026-12-01; under Mirrored it paid) is not forced on either side. A variant that fails is reported as such (Keras 3.15's fit with
-steps_per_execution > 1 fails under MirroredStrategy here).
+built for fit). --settings picks variants (best: the last three). Ratios:
+per variant where both sides ran it, and "best", each side's fastest
+variant that ran, defaults included: an option that does not pay on this
+hardware (XLA for the LSTM on one CPU device, measured 2026-12-01; under
+Mirrored it paid) is forced on neither side. A variant that fails is
+reported as such (Keras 3.15's fit with steps_per_execution > 1 fails
+under MirroredStrategy here).
 """
 import os
 import statistics
@@ -45,11 +47,13 @@ import common
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PROG = "bench"
 WHERE = ("one", "mirrored")  # One device, MirroredStrategy.
-# --settings group -> the variants it runs: (label, per call, XLA, precision).
-GROUPS = {"defaults": [("defaults", False, False, "float32")],
-          "best": [("per_call", True, False, "float32"),
-                   ("per_call+xla", True, True, "float32"),
-                   ("per_call+bfloat16", True, False, "bfloat16")]}
+# Each variant: (per call, XLA, precision), in the order a round runs them.
+VARIANTS = {"defaults": (False, False, "float32"),
+            "per_call": (True, False, "float32"),
+            "per_call+xla": (True, True, "float32"),
+            "per_call+bfloat16": (True, False, "bfloat16")}
+# --settings names a variant or one of these groups of them.
+GROUPS = {"best": ["per_call", "per_call+xla", "per_call+bfloat16"]}
 
 
 def fit_runner(c, strategy, args, per_call: bool, xla: bool,
@@ -143,16 +147,20 @@ def parse_args(argv=None):
                  "steps_per_execution, train.steps_per_loop (default "
                  "%(default)s)")
   p.add_argument("--settings", default="defaults,best",
-                 help="which rows: defaults, best (the per_call, "
-                 "per_call+xla and per_call+bfloat16 variants) or both "
-                 "(default "
-                 "%(default)s)")
+                 help="the variants to run, comma-separated: "
+                 f"{', '.join(VARIANTS)}, or best (the last three; e.g. "
+                 "defaults,per_call,per_call+xla leaves out bfloat16 on "
+                 "hardware without it) (default %(default)s)")
   p.add_argument("--out", default="")
   args = p.parse_args(argv)
-  args.settings = args.settings.split(",")
-  if not set(args.settings) <= {"defaults", "best"} or not args.settings:
-    raise common.BadInput(f"--settings={','.join(args.settings)}: use "
-                          "defaults, best or defaults,best.")
+  names = args.settings.split(",")
+  unknown = [n for n in names if n not in VARIANTS and n not in GROUPS]
+  if unknown:
+    raise common.BadInput(
+        f"--settings={args.settings}: {unknown[0]!r} is not a variant; use "
+        f"{', '.join([*VARIANTS, *GROUPS])}, comma-separated.")
+  chosen = {v for n in names for v in GROUPS.get(n, [n])}
+  args.variants = [v for v in VARIANTS if v in chosen]
   for name in ("rounds", "epochs", "steps", "per_call"):
     if getattr(args, name) < 1:
       raise common.BadInput(f"--{name}={getattr(args, name)} must be >= 1.")
@@ -164,13 +172,12 @@ def _variants(args, strategies):
   """{name: runner} in the order each round runs them."""
   runners = {}
   for where in WHERE:
-    for group in args.settings:
-      for label, *options in GROUPS[group]:
-        for side, make in (("fit", fit_runner),
-                           ("dist_keras", dist_keras_runner)):
-          c = common.load_config(args.config, args.override)
-          runners[f"{side}, {label}, {where}"] = make(
-              c, strategies[f"{side}/{where}"], args, *options)
+    for label in args.variants:
+      for side, make in (("fit", fit_runner),
+                         ("dist_keras", dist_keras_runner)):
+        c = common.load_config(args.config, args.override)
+        runners[f"{side}, {label}, {where}"] = make(
+            c, strategies[f"{side}/{where}"], args, *VARIANTS[label])
   return runners
 
 
@@ -219,13 +226,16 @@ def report(results, args, replicas: int, global_batch: int) -> dict:
           f"{min(ms):.2f}-{max(ms):.2f})"
           + (f"  fit per-call overhead {entry['per_call_overhead_s']:.2f} s"
              if overhead else ""))
+  # Each variant's ratio where both sides ran it, then best against best:
+  # each side's fastest variant that ran.
+  best = ["best"] if len(args.variants) > 1 else []
   for where in WHERE:
-    for label in args.settings:
-      if label == "best":  # Each side's fastest variant that ran.
+    for label in args.variants + best:
+      if label == "best":
         fit, ours = (_fastest(out["variants"], side, where)
                      for side in ("fit", "dist_keras"))
       else:
-        fit, ours = (out["variants"][f"{side}, {label}, {where}"].get(
+        fit, ours = (out["variants"].get(f"{side}, {label}, {where}", {}).get(
             "ms_per_step") for side in ("fit", "dist_keras"))
       if fit and ours:
         out["ratios"][f"{label}, {where}"] = fit / ours
