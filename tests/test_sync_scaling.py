@@ -42,6 +42,7 @@ _RUN_ARGS = {1: "--config.runtime.strategy=one_device",
              2: "--config.runtime.num_cpu_devices=2",
              4: "--config.runtime.num_cpu_devices=4"}
 # The 4-replica run is the scaling point: slow (CI runs 1 and 2 replicas).
+REPLICA_COUNTS = [1, 2, pytest.param(4, marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_more_replicas_measure_an_all_reduce(runs):
   assert two > 0 and four > 0
 
 
-@pytest.mark.parametrize("replicas", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("replicas", REPLICA_COUNTS)
 def test_parts_add_up_to_the_step(runs, replicas):
   """Per replica the four parts add up to that replica's own step exactly
   (measure/breakdown.py); the logged parts are means over replicas and the
