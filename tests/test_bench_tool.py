@@ -11,11 +11,12 @@ TINY = ["data.train_size=512", "data.eval_size=128", "data.seq_len=12",
 
 
 @pytest.mark.slow
-def test_real_rounds(tmp_path):
+@pytest.mark.parametrize("processes", [[], ["--fresh"]])
+def test_real_rounds(tmp_path, processes):
   out = tmp_path / "bench.json"
   result = helpers.run_module(
       ["tools/bench.py", "--rounds=1", "--epochs=1", "--steps=3",
-       "--settings=defaults", f"--out={out}",
+       "--settings=defaults", f"--out={out}", *processes,
        *[f"--override={o}" for o in TINY]])
   assert result.returncode == 0, result.stderr[-3000:]
   assert ("lstm_longmem: 2 replicas under Mirrored, global batch 32; 1 rounds "
@@ -108,3 +109,36 @@ def test_the_fit_side_trains_a_users_own_compiled_model(monkeypatch):
   assert model.loss == "mse"
   assert int(model.optimizer.iterations.numpy()) == 2 * 4  # 1 + 1 epochs.
   assert "mae" in model.get_metrics_result()
+
+
+def test_a_fresh_run_is_one_process_of_this_script(monkeypatch):
+  """--fresh: each run is `bench.py ... --only=NAME` in a new process; its
+  result line carries ms/step, fit's overhead and the Mirrored replicas;
+  a process that fails names its exit code and last line."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+
+  import bench  # pylint: disable=g-import-not-at-top
+  args = bench.parse_args(["--fresh", "--steps=7", "--override=model.units=8"])
+  calls = []
+
+  def fake(command, **kwargs):
+    calls.append(command)
+    ok = command[-1].endswith("mirrored")
+    return subprocess.CompletedProcess(
+        command, 0 if ok else 1,
+        stdout=bench._RESULT + "[12.5, 0.25, 2]\n" if ok else "",  # pylint: disable=protected-access
+        stderr="" if ok else "warming up\nValueError: no such layer\n")
+
+  monkeypatch.setattr(subprocess, "run", fake)
+  seen = {}
+  ms = bench.fresh_runner(args, "fit, defaults, mirrored", seen)()
+  assert ms == (12.5, 0.25) and seen == {"replicas": 2}
+  assert calls[0][1].endswith("tools/bench.py")
+  assert calls[0][2:] == ["--config=lstm_longmem", "--override=model.units=8",
+                          "--epochs=4", "--steps=7", "--per_call=25",
+                          "--only=fit, defaults, mirrored"]
+  with pytest.raises(RuntimeError, match=(
+      "its process exited 1: ValueError: no such layer")):
+    bench.fresh_runner(args, "dist_keras, defaults, one", seen)()
+  with pytest.raises(Exception, match="--only=fit, defaults, moon: not one"):
+    bench.parse_args(["--only=fit, defaults, moon"])

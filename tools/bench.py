@@ -36,8 +36,11 @@ Mirrored it paid) is forced on neither side. A variant that fails is
 reported as such (Keras 3.15's fit with steps_per_execution > 1 fails
 under MirroredStrategy here).
 """
+import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +50,7 @@ import common
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PROG = "bench"
 WHERE = ("one", "mirrored")  # One device, MirroredStrategy.
+_RESULT = "bench-run: "  # A --only run's result line: [ms, overhead].
 # Each variant: (per call, XLA, precision), in the order a round runs them.
 VARIANTS = {"defaults": (False, False, "float32"),
             "per_call": (True, False, "float32"),
@@ -152,6 +156,11 @@ def parse_args(argv=None):
                  f"{', '.join(VARIANTS)}, or best (the last three; e.g. "
                  "defaults,per_call,per_call+xla leaves out bfloat16 on "
                  "hardware without it) (default %(default)s)")
+  p.add_argument("--fresh", action="store_true",
+                 help="each run in a new Python process, as users start "
+                 "fit's scripts and dist_keras (TensorFlow's start-up not "
+                 "timed); default: every run in this process")
+  p.add_argument("--only", default="", help=argparse.SUPPRESS)
   p.add_argument("--out", default="")
   args = p.parse_args(argv)
   names = args.settings.split(",")
@@ -166,20 +175,49 @@ def parse_args(argv=None):
     if getattr(args, name) < 1:
       raise common.BadInput(f"--{name}={getattr(args, name)} must be >= 1.")
   common.load_config(args.config, args.override)  # Fails before any run.
+  if args.only and args.only not in _names(args):
+    raise common.BadInput(f"--only={args.only}: not one of the runs of "
+                          f"--settings={args.settings}.")
   return args
 
 
-def _variants(args, strategies):
-  """{name: runner} in the order each round runs them."""
-  runners = {}
-  for where in WHERE:
-    for label in args.variants:
-      for side, make in (("fit", fit_runner),
-                         ("dist_keras", dist_keras_runner)):
-        c = common.load_config(args.config, args.override)
-        runners[f"{side}, {label}, {where}"] = make(
-            c, strategies[f"{side}/{where}"], args, *VARIANTS[label])
-  return runners
+def _names(args) -> list[str]:
+  """"SIDE, VARIANT, WHERE" of every run, in the order a round runs them."""
+  return [f"{side}, {label}, {where}" for where in WHERE
+          for label in args.variants for side in ("fit", "dist_keras")]
+
+
+def _runner(name: str, args, strategies):
+  """The in-process runner of run `name` (see _names)."""
+  side, label, where = name.split(", ")
+  make = fit_runner if side == "fit" else dist_keras_runner
+  c = common.load_config(args.config, args.override)
+  return make(c, strategies[f"{side}/{where}"], args, *VARIANTS[label])
+
+
+def fresh_runner(args, name: str, seen: dict):
+  """A `() -> (ms per step, overhead)` that runs `name` once in a new
+  Python process (this script with --only=NAME), as each tool's users start
+  it: no run inherits another's memory, threads or traced functions. The
+  process's replica count under Mirrored goes into seen["replicas"]."""
+  command = [sys.executable, os.path.abspath(__file__),
+             f"--config={args.config}",
+             *[f"--override={o}" for o in args.override],
+             f"--epochs={args.epochs}", f"--steps={args.steps}",
+             f"--per_call={args.per_call}", f"--only={name}"]
+
+  def run():
+    done = subprocess.run(command, capture_output=True, text=True,
+                          check=False)
+    results = [line[len(_RESULT):] for line in done.stdout.splitlines()
+               if line.startswith(_RESULT)]
+    if done.returncode or not results:
+      last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+      raise RuntimeError(f"its process exited {done.returncode}: {last}")
+    ms, overhead, seen["replicas"] = json.loads(results[-1])
+    return ms, overhead
+
+  return run
 
 
 def _measure(runners, rounds):
@@ -257,19 +295,36 @@ def main(argv=None) -> int:
     args = parse_args(argv)
   except common.BadInput as e:
     return common.fail(PROG, e)
+  if args.fresh:
+    # TensorFlow starts in each run's own process only.
+    seen = {}
+    results = _measure({name: fresh_runner(args, name, seen)
+                        for name in _names(args)}, args.rounds)
+    return _report(results, args, seen.get("replicas", 0))
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
   c = common.load_config(args.config, args.override)
+  # Split into runtime.num_cpu_devices logical devices in every process, as
+  # a dist_keras run splits them whatever its strategy.
   mirrored = strategy_lib.get_strategy(c.runtime)
   strategies = {"fit/one": tf.distribute.get_strategy(),  # No strategy.
                 "fit/mirrored": mirrored,
                 "dist_keras/one": tf.distribute.OneDeviceStrategy("/cpu:0"),
                 "dist_keras/mirrored": mirrored}
-  results = _measure(_variants(args, strategies), args.rounds)
-  out = report(results, args, mirrored.num_replicas_in_sync,
-               c.train.global_batch_size)
+  if args.only:  # One run, for a --fresh parent.
+    ms, overhead = _runner(args.only, args, strategies)()
+    print(_RESULT + json.dumps([ms, overhead, mirrored.num_replicas_in_sync]))
+    return 0
+  results = _measure({name: _runner(name, args, strategies)
+                      for name in _names(args)}, args.rounds)
+  return _report(results, args, mirrored.num_replicas_in_sync)
+
+
+def _report(results, args, replicas: int) -> int:
+  c = common.load_config(args.config, args.override)
+  out = report(results, args, replicas, c.train.global_batch_size)
   if args.out:
     common.write_json(args.out, out)
   return 0
