@@ -16,10 +16,25 @@ CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
                  "eval/accuracy", "eval/loss"}
 
 
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, mirrored):
+  """One run of the tiny LSTM config (helpers.fit's result), shared by the
+  tests that only read what it wrote: each run costs ~10 CPU-s, mostly
+  tracing, and CI has 15 minutes."""
+  workdir = tmp_path_factory.mktemp("tiny_run")
+  return helpers.fit(helpers.tiny_config(), workdir, mirrored)
+
+
 @pytest.mark.parametrize("config_name", ["lstm_longmem", "cnn_shapes"])
-def test_train_writes_the_workdir_contract(tmp_path, mirrored, config_name):
-  workdir = str(tmp_path)
-  summary = helpers.train(helpers.tiny_config(config_name), workdir, mirrored)
+def test_train_writes_the_workdir_contract(tmp_path, mirrored, config_name,
+                                           request):
+  if config_name == "lstm_longmem":
+    result = request.getfixturevalue("tiny_run")
+    workdir, summary = str(result.workdir), result.summary
+  else:
+    workdir = str(tmp_path)
+    summary = helpers.train(helpers.tiny_config(config_name), workdir,
+                            mirrored)
   for name in ("config.json", "summary.json", "model.keras", "checkpoints"):
     assert os.path.exists(os.path.join(workdir, name)), name
   on_disk = json.load(open(os.path.join(workdir, "summary.json")))
@@ -34,9 +49,8 @@ def test_train_writes_the_workdir_contract(tmp_path, mirrored, config_name):
   assert not [f for f in os.listdir(workdir) if "tmp" in f]
 
 
-def test_summaries_carry_the_contract_tags(tmp_path, mirrored):
-  helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
-  tags = helpers.scalar_tags(str(tmp_path))
+def test_summaries_carry_the_contract_tags(tiny_run):
+  tags = helpers.scalar_tags(str(tiny_run.workdir))
   assert CONTRACT_TAGS <= set(tags), CONTRACT_TAGS - set(tags)
   assert [s for s, _ in tags["loss"]] == [4, 8]
   # The first interval includes tracing: perf/* leaves it out.
@@ -47,20 +61,18 @@ def test_summaries_carry_the_contract_tags(tmp_path, mirrored):
   assert dict(tags["learning_rate"])[8] == pytest.approx(3e-3)
 
 
-def test_config_text_summary(tmp_path, mirrored):
-  helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
+def test_config_text_summary(tiny_run):
   texts = []
-  for path in helpers.event_files(str(tmp_path)):
+  for path in helpers.event_files(str(tiny_run.workdir)):
     for event in tf.compat.v1.train.summary_iterator(path):
       texts += [v.tensor.string_val[0].decode() for v in event.summary.value
                 if v.tag == "config"]
   assert texts and '"global_batch_size": 32' in texts[0]
 
 
-def test_replica_variables_stay_identical(tmp_path, mirrored):
-  trainer = helpers.trainer(helpers.tiny_config(), str(tmp_path), mirrored)
-  trainer.run()
-  for variable in trainer.model.weights + trainer.optimizer.variables:
+def test_replica_variables_stay_identical(tiny_run, mirrored):
+  model = tiny_run.model
+  for variable in model.weights + model.optimizer.variables:
     copies = mirrored.experimental_local_results(variable.value)
     assert len(copies) == 2, variable.path
     np.testing.assert_array_equal(copies[0].numpy(), copies[1].numpy(),

@@ -121,15 +121,39 @@ def _train_args(workdir, *extra):
           "--config.log.peak_tflops=1.0", *extra]
 
 
-def test_only_the_chief_writes_the_workdir(tmp_path):
-  workdir = tmp_path / "run"
-  before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
-  result = _launch(2, _train_args(workdir))
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+  """One 2-worker run of _train_args, read by the tests below: across two
+  network namespaces (two hosts of their own) where they can be made, else
+  on loopback through launch_local.py (each cluster is ~35 CPU-s, and CI
+  has 15 minutes). {'no_namespaces': why not, or None; 'stdout': the
+  workers' output; 'workdir'; 'scratch_left': worker scratch folders left
+  in TMPDIR}."""
+  workdir = tmp_path_factory.mktemp("two_workers") / "run"
+  tmp = os.environ.get("TMPDIR", "/tmp")
+  before = set(os.listdir(tmp))
+  reason = _make_two_hosts()
+  if reason:
+    result = _launch(2, _train_args(workdir))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    stdout = result.stdout
+  else:
+    try:
+      stdout = _train_on_two_hosts(workdir)
+    finally:
+      _remove_two_hosts()
+  scratch = [n for n in set(os.listdir(tmp)) - before
+             if n.startswith("dist_keras_worker_")]
+  return {"no_namespaces": reason, "stdout": stdout, "workdir": workdir,
+          "scratch_left": scratch}
+
+
+def test_only_the_chief_writes_the_workdir(two_workers):
+  workdir, stdout = two_workers["workdir"], two_workers["stdout"]
   # Progress and results are printed once, by the chief (worker 0).
-  assert "[w0] done: 6 steps" in result.stdout
-  assert "[w1] done" not in result.stdout
-  assert "[w1] step" not in result.stdout
+  assert "[w0] done: 6 steps" in stdout
+  assert "[w1] done" not in stdout
+  assert "[w1] step" not in stdout
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["strategy"] == "MultiWorkerMirroredStrategy"
   assert summary["replicas"] == 2 and summary["steps"] == 6
@@ -142,8 +166,7 @@ def test_only_the_chief_writes_the_workdir(tmp_path):
   assert "checkpoint" in checkpoints and any(
       n.startswith("ckpt-6") for n in checkpoints), checkpoints
   # The other worker's scratch checkpoints are gone.
-  after = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
-  assert not [n for n in after - before if n.startswith("dist_keras_worker_")]
+  assert not two_workers["scratch_left"]
 
 
 def test_a_bad_tf_config_fails_before_tensorflow_starts(tmp_path):
@@ -198,27 +221,29 @@ def _remove_two_hosts():
     _sh("ip", "netns", "del", ns)  # Deletes its end of the veth pair too.
 
 
-def test_two_workers_train_across_two_network_namespaces(tmp_path):
-  reason = _make_two_hosts()
-  if reason:
-    pytest.skip(reason)
-  try:
-    hosts = ",".join(f"{addr}:23456" for addr in _ADDRESSES)
-    workdir = tmp_path / "run"  # One filesystem: the "shared disk".
-    procs = [subprocess.Popen(
-        ["ip", "netns", "exec", ns, sys.executable, LAUNCHER,
-         f"--worker_hosts={hosts}", f"--task_index={i}", "--",
-         sys.executable, *_train_args(workdir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(ENV, PYTHONPATH=helpers.REPO)) for i, ns in enumerate(_NETNS)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    for i, (proc, log) in enumerate(zip(procs, logs)):
-      assert proc.returncode == 0, f"worker {i}:\n{log[-3000:]}"
-    assert "[w0] done: 6 steps" in logs[0]
-    summary = json.loads((workdir / "summary.json").read_text())
-    assert summary["replicas"] == 2
-  finally:
-    _remove_two_hosts()
+def _train_on_two_hosts(workdir):
+  """Each worker in its namespace, started by launch_local.py as on two
+  hosts (--worker_hosts, --task_index); returns their stdout."""
+  hosts = ",".join(f"{addr}:23456" for addr in _ADDRESSES)
+  procs = [subprocess.Popen(
+      ["ip", "netns", "exec", ns, sys.executable, LAUNCHER,
+       f"--worker_hosts={hosts}", f"--task_index={i}", "--",
+       sys.executable, *_train_args(workdir)],  # One filesystem: shared disk.
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=dict(ENV, PYTHONPATH=helpers.REPO)) for i, ns in enumerate(_NETNS)]
+  outputs = [p.communicate(timeout=600) for p in procs]
+  for i, (proc, (out, err)) in enumerate(zip(procs, outputs)):
+    assert proc.returncode == 0, f"worker {i}:\n{out[-2000:]}{err[-3000:]}"
+  return "".join(out for out, _ in outputs)
+
+
+def test_two_workers_train_across_two_network_namespaces(two_workers):
+  if two_workers["no_namespaces"]:
+    pytest.skip(f"{two_workers['no_namespaces']} (the run went over "
+                "loopback)")
+  assert "[w0] done: 6 steps" in two_workers["stdout"]
+  summary = json.loads((two_workers["workdir"] / "summary.json").read_text())
+  assert summary["replicas"] == 2
 
 
 @pytest.mark.parametrize("how", ["killed", "hung"])
