@@ -11,7 +11,9 @@ Printed: per variant the median ms/step over its rounds, examples/s and the
 range of the rounds; the ratios dist_keras/fit (speed: >1 means faster);
 and fit's per-call overhead (wall time of the call outside
 on_train_begin..on_train_end: real for users who call fit in a loop, but not
-step speed). A benchmark, not a test.
+step speed). A benchmark, not a test. --fresh runs each run in its own
+Python process, as users start each tool (TensorFlow's start not timed);
+by default every run shares this process.
 
   python tools/bench.py --config=lstm_longmem --rounds=3 --epochs=4 \\
       --steps=50 --out=bench.json
