@@ -156,3 +156,21 @@ def test_a_per_replica_distribution_leaves_the_strategy_per_worker(mirrored):
   seen.clear()
   helpers.distribute(mirrored, counting, "eval", c)
   assert seen == [1]
+
+
+def test_one_replica_on_the_host_reads_the_dataset_itself(mirrored):
+  """One CPU replica iterates the dataset_fn's own dataset, as Keras' fit
+  does with no strategy (no multi-device iterator copying each batch to the
+  device it is on); more replicas, or a device elsewhere, get a
+  distributed dataset."""
+  c = helpers.tiny_config()
+  fn = data.dataset_fn(c)
+  one = tf.distribute.OneDeviceStrategy("/cpu:0")
+  ds, spec = helpers.distribute(one, fn, "train", c)
+  assert isinstance(ds, tf.data.Dataset)
+  assert spec == fn("train", tf.distribute.InputContext()).element_spec
+  assert input_lib.reads_on_host(tf.distribute.MirroredStrategy(["/cpu:0"]))
+  assert not input_lib.reads_on_host(mirrored)
+  assert not input_lib.reads_on_host(tf.distribute.OneDeviceStrategy("/gpu:0"))
+  ds, _ = helpers.distribute(mirrored, fn, "train", c)
+  assert not isinstance(ds, tf.data.Dataset)

@@ -27,11 +27,12 @@ GLOBAL_BATCH = 48  # Divisible by 2 and 3 workers.
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def _launch(num_workers, command, timeout=600):
+def _launch(num_workers, command, timeout=600, **env):
   return subprocess.run(
       [sys.executable, LAUNCHER, f"--num_workers={num_workers}", "--",
        sys.executable, *command], capture_output=True, text=True,
-      timeout=timeout, env=dict(ENV, PYTHONPATH=helpers.REPO), check=False)
+      timeout=timeout, env=dict(ENV, PYTHONPATH=helpers.REPO, **env),
+      check=False)
 
 
 def _weights_command(strategy, devices, out, *extra):
@@ -127,25 +128,25 @@ def two_workers(tmp_path_factory):
   network namespaces (two hosts of their own) where they can be made, else
   on loopback through launch_local.py (each cluster is ~35 CPU-s, and CI
   has 15 minutes). {'no_namespaces': why not, or None; 'stdout': the
-  workers' output; 'workdir'; 'scratch_left': worker scratch folders left
-  in TMPDIR}."""
-  workdir = tmp_path_factory.mktemp("two_workers") / "run"
-  tmp = os.environ.get("TMPDIR", "/tmp")
-  before = set(os.listdir(tmp))
+  workers' output; 'workdir'; 'scratch_left': what the workers left in
+  their TMPDIR, a folder of this run's own (other tests' killed workers
+  leave theirs in the shared one)}."""
+  folder = tmp_path_factory.mktemp("two_workers")
+  workdir, tmp = folder / "run", folder / "tmp"
+  tmp.mkdir()
   reason = _make_two_hosts()
   if reason:
-    result = _launch(2, _train_args(workdir))
+    result = _launch(2, _train_args(workdir), TMPDIR=str(tmp))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     stdout = result.stdout
   else:
     try:
-      stdout = _train_on_two_hosts(workdir)
+      stdout = _train_on_two_hosts(workdir, tmp)
     finally:
       _remove_two_hosts()
-  scratch = [n for n in set(os.listdir(tmp)) - before
-             if n.startswith("dist_keras_worker_")]
   return {"no_namespaces": reason, "stdout": stdout, "workdir": workdir,
-          "scratch_left": scratch}
+          "scratch_left": [n for n in os.listdir(tmp)
+                           if n.startswith("dist_keras_worker_")]}
 
 
 def test_only_the_chief_writes_the_workdir(two_workers):
@@ -221,16 +222,18 @@ def _remove_two_hosts():
     _sh("ip", "netns", "del", ns)  # Deletes its end of the veth pair too.
 
 
-def _train_on_two_hosts(workdir):
+def _train_on_two_hosts(workdir, tmp):
   """Each worker in its namespace, started by launch_local.py as on two
-  hosts (--worker_hosts, --task_index); returns their stdout."""
+  hosts (--worker_hosts, --task_index), with TMPDIR=tmp; returns their
+  stdout."""
   hosts = ",".join(f"{addr}:23456" for addr in _ADDRESSES)
   procs = [subprocess.Popen(
       ["ip", "netns", "exec", ns, sys.executable, LAUNCHER,
        f"--worker_hosts={hosts}", f"--task_index={i}", "--",
        sys.executable, *_train_args(workdir)],  # One filesystem: shared disk.
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=dict(ENV, PYTHONPATH=helpers.REPO)) for i, ns in enumerate(_NETNS)]
+      env=dict(ENV, PYTHONPATH=helpers.REPO, TMPDIR=str(tmp)))
+           for i, ns in enumerate(_NETNS)]
   outputs = [p.communicate(timeout=600) for p in procs]
   for i, (proc, (out, err)) in enumerate(zip(procs, outputs)):
     assert proc.returncode == 0, f"worker {i}:\n{out[-2000:]}{err[-3000:]}"

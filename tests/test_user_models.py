@@ -63,14 +63,19 @@ def test_a_users_model_trains_through_the_python_api(tmp_path, mirrored,
   assert config["model"]["name"] == f"user_task:{TASKS[task][0]}"
 
 
-def test_eval_is_what_keras_computes_on_the_whole_split(tmp_path, mirrored):
+@pytest.mark.parametrize("devices", [2, 1])
+def test_eval_is_what_keras_computes_on_the_whole_split(tmp_path, mirrored,
+                                                       devices):
   """The loss (with sample weights and the L2 terms) and the metric over
-  the 123 eval examples, aggregated over the replicas' partial batches,
-  equal Keras' own loss and metric on the whole split at once. (Keras
-  weights `metrics` by nothing; only `weighted_metrics` take the weights.)"""
+  the 123 eval examples, aggregated over the replicas' partial batches (or,
+  on one device, over the dataset's own batches), equal Keras' own loss and
+  metric on the whole split at once. (Keras weights `metrics` by nothing;
+  only `weighted_metrics` take the weights.)"""
+  strategy = (mirrored if devices == 2
+              else tf.distribute.OneDeviceStrategy("/cpu:0"))
   result = dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
                           workdir=str(tmp_path), config=CONFIG,
-                          strategy=mirrored)
+                          strategy=strategy)
   x, y, weights = user_task._examples("eval")  # pylint: disable=protected-access
   prediction = result.model(x)
   loss = result.model.compute_loss(y=y, y_pred=prediction,

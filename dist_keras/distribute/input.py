@@ -54,6 +54,11 @@ def distribute(strategy, dataset_fn, split: str, *, global_batch_size: int,
       ds = ds.take(eval_steps * per_pipeline)
     return ds
 
+  if reads_on_host(strategy):
+    # The dataset itself, as Keras' fit reads it with no strategy: a
+    # distributed dataset would move each batch to the device it is already
+    # on through a multi-device iterator and its own prefetch thread.
+    return make(tf.distribute.InputContext()), specs[0]
   options = None
   if per_replica_pipelines:
     # Batches stay on the host, where each replica's pipeline runs (TF 2.21
@@ -68,6 +73,18 @@ def distribute(strategy, dataset_fn, split: str, *, global_batch_size: int,
   with _input_devices_kept(strategy):
     dataset = strategy.distribute_datasets_from_function(make, options)
   return dataset, specs[0]
+
+
+def reads_on_host(strategy) -> bool:
+  """Whether the strategy's one replica runs on this host's CPU, where the
+  input pipeline runs too (OneDeviceStrategy, or MirroredStrategy over one
+  CPU device): its steps can read the dataset itself."""
+  if not isinstance(strategy, (tf.distribute.OneDeviceStrategy,
+                               tf.distribute.MirroredStrategy)):
+    return False
+  devices = strategy.extended.worker_devices
+  return (len(devices) == 1 and
+          tf.DeviceSpec.from_string(devices[0]).device_type == "CPU")
 
 
 @contextlib.contextmanager

@@ -275,13 +275,29 @@ def make_eval_pass(strategy, model):
     return totals + strategy.reduce(
         _SUM, strategy.run(replica_step, args=(batch,)), axis=None)
 
-  # The distributed dataset's own reduce (what AutoGraph makes of a `for`
-  # over it), without AutoGraph: see make_multi_step.
   @tf.function(autograph=False)
   def eval_pass(dataset):
-    return dataset.reduce(tf.zeros([2]), add_batch)
+    return _reduce(dataset, tf.zeros([2]), add_batch)
 
   return eval_pass
+
+
+def _reduce(dataset, initial_state, reduce_fn):
+  """`reduce_fn` over every element, in a while loop over the dataset's
+  iterator: a distributed dataset's own reduce (what AutoGraph makes of a
+  `for` over it, without AutoGraph: see make_multi_step), written out so a
+  plain tf.data.Dataset (input.reads_on_host) runs the step the same way:
+  tf.data.Dataset.reduce would run the model inside tf.data's runtime."""
+  iterator = iter(dataset)
+
+  def body(optional, state):
+    state = reduce_fn(state, optional.get_value())
+    return iterator.get_next_as_optional(), state
+
+  _, state = tf.while_loop(lambda optional, _: optional.has_value(), body,
+                           [iterator.get_next_as_optional(), initial_state],
+                           parallel_iterations=1)
+  return state
 
 
 def make_metrics_reader(model):
