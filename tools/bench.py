@@ -52,7 +52,8 @@ import common
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PROG = "bench"
 WHERE = ("one", "mirrored")  # One device, MirroredStrategy.
-_RESULT = "bench-run: "  # A --only run's result line: [ms, overhead].
+# A --only run's result line: [ms, overhead, replicas under Mirrored].
+_RESULT = "bench-run: "
 # Each variant: (per call, XLA, precision), in the order a round runs them.
 VARIANTS = {"defaults": (False, False, "float32"),
             "per_call": (True, False, "float32"),
@@ -297,17 +298,18 @@ def main(argv=None) -> int:
     args = parse_args(argv)
   except common.BadInput as e:
     return common.fail(PROG, e)
+  c = common.load_config(args.config, args.override)
   if args.fresh:
     # TensorFlow starts in each run's own process only.
     seen = {}
     results = _measure({name: fresh_runner(args, name, seen)
                         for name in _names(args)}, args.rounds)
-    return _report(results, args, seen.get("replicas", 0))
+    return _report(results, args, seen.get("replicas", 0),
+                   c.train.global_batch_size)
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  c = common.load_config(args.config, args.override)
   # Split into runtime.num_cpu_devices logical devices in every process, as
   # a dist_keras run splits them whatever its strategy.
   mirrored = strategy_lib.get_strategy(c.runtime)
@@ -321,12 +323,12 @@ def main(argv=None) -> int:
     return 0
   results = _measure({name: _runner(name, args, strategies)
                       for name in _names(args)}, args.rounds)
-  return _report(results, args, mirrored.num_replicas_in_sync)
+  return _report(results, args, mirrored.num_replicas_in_sync,
+                 c.train.global_batch_size)
 
 
-def _report(results, args, replicas: int) -> int:
-  c = common.load_config(args.config, args.override)
-  out = report(results, args, replicas, c.train.global_batch_size)
+def _report(results, args, replicas: int, global_batch: int) -> int:
+  out = report(results, args, replicas, global_batch)
   if args.out:
     common.write_json(args.out, out)
   return 0
