@@ -209,10 +209,14 @@ def test_logged_steps_carry_the_sync_breakdown(tmp_path, mirrored):
   for step in (4, 8, 12):
     value = {t: dict(tags[t])[step] for t in SYNC_TAGS}
     parts = sum(value[t] for t in SYNC_TAGS[:4])
-    # Means over 2 replicas whose updates end apart; the step ends with the
-    # last (exact at one replica: tests/test_sync_scaling.py).
-    assert (0.85 * value["sync/step_ms"] <= parts
-            <= value["sync/step_ms"] * (1 + 1e-5))
+    worst = sum(dict(tags[t.replace("_ms", "_max_ms")])[step]
+                for t in SYNC_TAGS[:4])
+    # Each replica's four parts add up to its own step; the logged step ends
+    # with the last replica's. So the means add up to no more than the step
+    # and the per-part maxima to no less, however far apart the replicas end
+    # on a busy host (exact at one replica: tests/test_sync_scaling.py).
+    assert parts <= value["sync/step_ms"] * (1 + 1e-5)
+    assert worst >= value["sync/step_ms"] * (1 - 1e-5)
     assert value["sync/fraction"] == pytest.approx(
         (value["sync/allreduce_ms"] + value["sync/straggler_ms"])
         / value["sync/step_ms"], rel=1e-5)

@@ -83,14 +83,15 @@ def test_parts_add_up_to_the_step(runs, replicas):
   """Per replica the four parts add up to that replica's own step exactly
   (measure/breakdown.py); the logged parts are means over replicas and the
   step ends with the LAST replica. So with one replica the sum is the step
-  (float rounding only); with more it is at most the step, short of it by
-  the replicas' spread in finishing their updates (their stamps are
-  independent): a tolerance only there."""
+  (float rounding only); with more the means add up to at most the step and
+  the per-part maxima to at least it, however far apart the replicas finish
+  their updates on a busy host (a fixed tolerance failed CI once)."""
   tags, _ = runs(replicas)
+  parts = ("input_wait", "compute", "straggler", "allreduce")
   for step, total in tags["sync/step_ms"]:
-    parts = sum(dict(tags[f"sync/{p}_ms"])[step] for p in
-                ("input_wait", "compute", "straggler", "allreduce"))
+    means = sum(dict(tags[f"sync/{p}_ms"])[step] for p in parts)
+    maxima = sum(dict(tags[f"sync/{p}_max_ms"])[step] for p in parts)
     if replicas == 1:
-      assert parts == pytest.approx(total, rel=1e-5), step
+      assert means == pytest.approx(total, rel=1e-5), step
     else:
-      assert total * 0.85 <= parts <= total * (1 + 1e-5), step
+      assert means <= total * (1 + 1e-5) <= maxima * (1 + 2e-5), step
