@@ -70,7 +70,10 @@ def _train(config, workdir: str) -> int:
   # start-up or as a gRPC hang later).
   validate.config(config)
   # The strategy against TF_CONFIG (its contradictions), too.
-  tfconfig.choose(config.runtime.strategy, tfconfig.from_env())
+  cluster = tfconfig.from_env()
+  tfconfig.choose(config.runtime.strategy, cluster)
+  if cluster is None or cluster.is_chief:  # Only the chief writes there.
+    validate.workdir(workdir)
   set_now = tpu_env.prepare_and_report(config.runtime.strategy,
                                        config.runtime.tpu, _VERBOSE.value)
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):

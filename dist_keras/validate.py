@@ -11,6 +11,8 @@ data against the contract (contract/checks.py).
 No TensorFlow import here, and the choices' names live here: the modules
 that act on them map names to objects.
 """
+import os
+
 from dist_keras.errors import UserError
 
 # The built-in models, their recurrent cells and the built-in datasets
@@ -83,6 +85,25 @@ def config(c) -> None:
   profile_steps(c.log.profile_steps)
   _at_least("log.peak_tflops", c.log.peak_tflops, 0,
             "0: the table of known accelerators, or a measured matmul on CPU")
+
+
+def workdir(path: str) -> None:
+  """Raises UserError if the local folder `path` cannot be made or written:
+  it, or the nearest part of it that exists, is a file or is not writable.
+  Creates nothing (a bad value found later must leave nothing behind); the
+  chief makes the folder, and checks a gs:// one, when it first writes
+  (training/workdir.py)."""
+  if "://" in path:
+    return
+  existing = os.path.abspath(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  why = ("is a file" if not os.path.isdir(existing) else
+         "is not writable" if not os.access(existing, os.W_OK | os.X_OK)
+         else "")
+  if why:
+    raise UserError(f"--workdir={path} is not writable ({existing} {why}); "
+                    "pass a folder you can write to.")
 
 
 def _runtime(runtime) -> None:

@@ -6,7 +6,7 @@ import os
 import pytest
 
 import helpers
-from dist_keras import configs, train
+from dist_keras import configs, train, validate
 from dist_keras.errors import UserError
 
 CONFIG_FILES = sorted(
@@ -149,3 +149,23 @@ def test_bad_names_are_refused_without_tensorflow(override, message):
                                                  "model.cell=transformer"])
   from dist_keras import validate  # pylint: disable=g-import-not-at-top
   validate.config(c)
+
+
+def test_a_workdir_under_a_file_is_refused_creating_nothing(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises(UserError, match=(
+      rf"--workdir={blocker}/run/a is not writable \({blocker} is a file\); "
+      "pass a folder you can write to.")):
+    validate.workdir(str(blocker / "run" / "a"))
+  validate.workdir(str(tmp_path / "new" / "run"))  # Made later, by the chief.
+  validate.workdir("gs://bucket/run")  # Checked when first written.
+  assert os.listdir(tmp_path) == ["file"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_a_workdir_in_a_read_only_folder_is_refused(tmp_path):
+  locked = tmp_path / "locked"
+  locked.mkdir(mode=0o555)
+  with pytest.raises(UserError, match=f"\\({locked} is not writable\\)"):
+    validate.workdir(str(locked / "run"))
