@@ -11,7 +11,7 @@ TINY = ["data.train_size=512", "data.eval_size=128", "data.seq_len=12",
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("processes", [[], ["--fresh"]])
+@pytest.mark.parametrize("processes", [["--no-fresh"], []])
 def test_real_rounds(tmp_path, processes):
   out = tmp_path / "bench.json"
   result = helpers.run_module(
@@ -112,13 +112,14 @@ def test_the_fit_side_trains_a_users_own_compiled_model(monkeypatch):
 
 
 def test_a_fresh_run_is_one_process_of_this_script(monkeypatch):
-  """--fresh: each run is `bench.py ... --only=NAME` in a new process; its
+  """By default each run is `bench.py ... --only=NAME` in a new process; its
   result line carries ms/step, fit's overhead and the Mirrored replicas;
   a process that fails names its exit code and last line."""
   import subprocess  # pylint: disable=g-import-not-at-top
 
   import bench  # pylint: disable=g-import-not-at-top
-  args = bench.parse_args(["--fresh", "--steps=7", "--override=model.units=8"])
+  args = bench.parse_args(["--steps=7", "--override=model.units=8"])
+  assert args.fresh and not bench.parse_args(["--no-fresh"]).fresh
   calls = []
 
   def fake(command, **kwargs):

@@ -11,9 +11,10 @@ Printed: per variant the median ms/step over its rounds, examples/s and the
 range of the rounds; the ratios dist_keras/fit (speed: >1 means faster);
 and fit's per-call overhead (wall time of the call outside
 on_train_begin..on_train_end: real for users who call fit in a loop, but not
-step speed). A benchmark, not a test. --fresh runs each run in its own
-Python process, as users start each tool (TensorFlow's start not timed);
-by default every run shares this process.
+step speed). A benchmark, not a test. Each run has its own Python process,
+as users start each tool (TensorFlow's start not timed); --no-fresh runs
+them all in this process (quicker, but a run can slow the runs after it:
+docs/performance.md).
 
   python tools/bench.py --config=lstm_longmem --rounds=3 --epochs=4 \\
       --steps=50 --out=bench.json
@@ -159,10 +160,12 @@ def parse_args(argv=None):
                  f"{', '.join(VARIANTS)}, or best (the last three; e.g. "
                  "defaults,per_call,per_call+xla leaves out bfloat16 on "
                  "hardware without it) (default %(default)s)")
-  p.add_argument("--fresh", action="store_true",
+  p.add_argument("--fresh", action=argparse.BooleanOptionalAction,
+                 default=True,
                  help="each run in a new Python process, as users start "
                  "fit's scripts and dist_keras (TensorFlow's start-up not "
-                 "timed); default: every run in this process")
+                 "timed); --no-fresh: every run in this process, where a "
+                 "run can slow the later ones (default %(default)s)")
   p.add_argument("--only", default="", help=argparse.SUPPRESS)
   p.add_argument("--out", default="")
   args = p.parse_args(argv)
@@ -299,7 +302,7 @@ def main(argv=None) -> int:
   except common.BadInput as e:
     return common.fail(PROG, e)
   c = common.load_config(args.config, args.override)
-  if args.fresh:
+  if args.fresh and not args.only:  # --only: the one run of this process.
     # TensorFlow starts in each run's own process only.
     seen = {}
     results = _measure({name: fresh_runner(args, name, seen)
