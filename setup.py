@@ -47,10 +47,12 @@ setuptools.setup(
         "tpu": ["tensorflow-tpu>=2.19,<2.21", "libtpu<0.0.32"],
         # nbclient, nbformat, ipykernel: tests/test_notebook.py runs
         # notebooks/colab_tpu.ipynb (it is skipped without them).
-        # matplotlib: tests/test_scaling_tool.py draws the scaling sweep's
-        # plot (tools/scaling_report.py).
+        # Not matplotlib: where it is installed, `import keras` imports
+        # matplotlib.pyplot (~1.2 CPU-s of every TensorFlow process the
+        # tests start); the scaling plot's test is in the slow set, which
+        # installs the tools extra (docs/testing.md).
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "nbclient", "nbformat",
-                 "ipykernel", "matplotlib"],
+                 "ipykernel"],
         # TensorBoard's Profile tab, for traces from log.profile_steps.
         "profile": ["tensorboard-plugin-profile"],
         # tools/scaling.py's figure (scaling.png).

@@ -1,6 +1,10 @@
 """The distributed loop on 2 logical CPU replicas, in process."""
+import contextlib
+import io
 import json
 import os
+import shutil
+import types
 
 import numpy as np
 import pytest
@@ -18,11 +22,28 @@ CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, mirrored):
-  """One run of the tiny LSTM config (helpers.fit's result), shared by the
-  tests that only read what it wrote: each run costs ~10 CPU-s, mostly
-  tracing, and CI has 15 minutes."""
-  workdir = tmp_path_factory.mktemp("tiny_run")
-  return helpers.fit(helpers.tiny_config(), workdir, mirrored)
+  """One run of the tiny LSTM config with progress lines, shared by the
+  tests that only read what it wrote or start from a copy of its workdir:
+  each run costs ~10 CPU-s, mostly tracing, and CI has 15 minutes.
+  helpers.fit's result plus `stdout` (what it printed) and `validations`
+  (how often the config, data and model settings were checked)."""
+  c = helpers.tiny_config()
+  c.log.progress = True
+  printed = io.StringIO()
+  with pytest.MonkeyPatch.context() as patch:
+    calls = _count_calls(patch, (validate, "config"), (data, "_check"),
+                         (models, "check"))
+    with contextlib.redirect_stdout(printed):
+      result = helpers.fit(c, tmp_path_factory.mktemp("tiny_run"), mirrored)
+  return types.SimpleNamespace(**vars(result), stdout=printed.getvalue(),
+                               validations=dict(calls))
+
+
+def _copy_of(run, tmp_path):
+  """A copy of `run`'s workdir: a test that trains on goes on from there."""
+  workdir = tmp_path / "run"
+  shutil.copytree(run.workdir, workdir)
+  return workdir
 
 
 @pytest.mark.parametrize("config_name", ["lstm_longmem", "cnn_shapes"])
@@ -79,18 +100,18 @@ def test_replica_variables_stay_identical(tiny_run, mirrored):
                                   err_msg=variable.path)
 
 
-def test_restart_resumes_from_latest_checkpoint(tmp_path, mirrored, capsys):
+def test_restart_resumes_from_latest_checkpoint(tiny_run, tmp_path, mirrored,
+                                                capsys):
+  workdir = _copy_of(tiny_run, tmp_path)
   c = helpers.tiny_config()
   c.log.progress = True
-  helpers.train(c, str(tmp_path), mirrored)
-  first = json.load(open(os.path.join(tmp_path, "summary.json")))
   c.train.steps = 12
-  summary = helpers.train(c, str(tmp_path), mirrored)
+  summary = helpers.train(c, str(workdir), mirrored)
   out = capsys.readouterr().out
   assert "at step 8" in out and "resumed" in out
-  assert summary["steps"] == 12 and first["steps"] == 8
+  assert summary["steps"] == 12 and tiny_run.summary["steps"] == 8
   steps = sorted(int(p.split("-")[-1].split(".")[0]) for p in
-                 tf.io.gfile.glob(os.path.join(tmp_path, "checkpoints",
+                 tf.io.gfile.glob(os.path.join(workdir, "checkpoints",
                                                "ckpt-*.index")))
   assert steps[-1] == 12
 
@@ -114,16 +135,10 @@ def test_only_the_chief_writes(tmp_path, mirrored, monkeypatch):
     assert not os.path.exists(os.path.join(tmp_path, name)), name
 
 
-def test_progress_lines_show_step_loss_throughput_and_eta(
-    tmp_path, mirrored, capsys, monkeypatch):
-  c = helpers.tiny_config()
-  c.log.progress = True
-  calls = _count_calls(monkeypatch, (validate, "config"), (data, "_check"),
-                       (models, "check"))
-  helpers.train(c, str(tmp_path), mirrored)
+def test_progress_lines_show_step_loss_throughput_and_eta(tiny_run):
   # Validated once: the config, the built-in data's and model's settings.
-  assert calls == {"config": 1, "_check": 1, "check": 1}
-  lines = capsys.readouterr().out.splitlines()
+  assert tiny_run.validations == {"config": 1, "_check": 1, "check": 1}
+  lines = tiny_run.stdout.splitlines()
   step_lines = [l for l in lines if l.startswith("step")]
   assert len(step_lines) == 2
   assert "warm-up" in step_lines[0]
@@ -178,35 +193,33 @@ def test_workdir_that_cannot_be_written_is_refused(tmp_path):
     workdir_lib.prepare(str(blocker / "run"))
 
 
-def test_checkpoint_of_another_model_is_refused_not_overwritten(tmp_path,
-                                                                mirrored):
-  helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
-  before = sorted(os.listdir(tmp_path / "checkpoints"))
-  config_json = (tmp_path / "config.json").read_text()
-  events = helpers.event_files(str(tmp_path))
+def test_checkpoint_of_another_model_is_refused_not_overwritten(
+    tiny_run, tmp_path, mirrored):
+  workdir = _copy_of(tiny_run, tmp_path)
+  before = sorted(os.listdir(workdir / "checkpoints"))
+  config_json = (workdir / "config.json").read_text()
+  events = helpers.event_files(str(workdir))
   other = helpers.tiny_config()
   other.model.cell = "simple_rnn"
   with pytest.raises(ValueError, match="holds a checkpoint .* made by a "
                      "different model"):
-    helpers.train(other, str(tmp_path), mirrored)
-  assert sorted(os.listdir(tmp_path / "checkpoints")) == before
-  assert (tmp_path / "config.json").read_text() == config_json
-  assert helpers.event_files(str(tmp_path)) == events
+    helpers.train(other, str(workdir), mirrored)
+  assert sorted(os.listdir(workdir / "checkpoints")) == before
+  assert (workdir / "config.json").read_text() == config_json
+  assert helpers.event_files(str(workdir)) == events
 
 
 SYNC_TAGS = ["sync/input_wait_ms", "sync/compute_ms", "sync/allreduce_ms",
              "sync/straggler_ms", "sync/fraction", "sync/step_ms"]
 
 
-def test_logged_steps_carry_the_sync_breakdown(tmp_path, mirrored):
-  c = helpers.tiny_config()
-  c.train.steps, c.train.log_every = 12, 4
-  summary = helpers.train(c, str(tmp_path), mirrored)
-  tags = helpers.scalar_tags(str(tmp_path))
+def test_logged_steps_carry_the_sync_breakdown(tiny_run):
+  summary = tiny_run.summary
+  tags = helpers.scalar_tags(str(tiny_run.workdir))
   for tag in SYNC_TAGS:
     # Step 4 is the first logged step after warm-up (step 1 is discarded).
-    assert [s for s, _ in tags[tag]] == [4, 8, 12], tag
-  for step in (4, 8, 12):
+    assert [s for s, _ in tags[tag]] == [4, 8], tag
+  for step in (4, 8):
     value = {t: dict(tags[t])[step] for t in SYNC_TAGS}
     parts = sum(value[t] for t in SYNC_TAGS[:4])
     worst = sum(dict(tags[t.replace("_ms", "_max_ms")])[step]

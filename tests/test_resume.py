@@ -72,14 +72,16 @@ def _kill_at(proc, step, victim_pid=None):
 
 
 # The user's dropout model (its random state must resume too: the harder
-# case) on one device, bitwise, on 2 replicas and on 2 workers; the built-in
-# LSTM on one device, bitwise, in the slow set: its resume is the same code
-# (api.assemble, distribute/input.py), every run is 3-6 TensorFlow
-# processes, and CI has 15 minutes.
+# case) on one device, bitwise, and on 2 workers in CI: one device reads the
+# dataset_fn's own dataset, workers a distributed one (distribute/input.py).
+# In the slow set: 2 replicas in one process (the distributed path the
+# workers take; test_loop.py and test_cli.py resume Mirrored runs in CI)
+# and the built-in LSTM on one device (the same code as the user's model).
+# Every run is 3-6 TensorFlow processes, and CI has 15 minutes.
 @pytest.mark.parametrize("strategy,workers,tolerance,model", [
     pytest.param("one_device", 0, 0.0, "lstm", marks=pytest.mark.slow),
     ("one_device", 0, 0.0, "user_dropout"),  # Bitwise.
-    ("mirrored", 0, 1e-6, "user_dropout"),
+    pytest.param("mirrored", 0, 1e-6, "user_dropout", marks=pytest.mark.slow),
     ("multi_worker_mirrored", 2, 1e-6, "user_dropout"),
 ])
 def test_killed_and_restarted_run_ends_with_the_same_weights(
