@@ -321,7 +321,9 @@ def test_two_workers_evaluate_every_example_exactly_once(tmp_path):
 def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(
     tmp_path):
   """The signal reaches worker 1 only; the workers agree at the next
-  log_every step, both save and exit 143, and a rerun resumes there."""
+  log_every step, both save that step's checkpoint and exit 143 (a rerun
+  resumes from a checkpoint: test_resume.py restarts a 2-worker run,
+  test_cli.py reruns a SIGTERM-stopped one)."""
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
   hosts = [f"127.0.0.1:{p}" for p in _free_ports(2)]
   workdir = tmp_path / "run"
