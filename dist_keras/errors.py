@@ -11,6 +11,7 @@ Exit codes (documented in the README):
       restart policy and tools/launch_local.py --max_restarts read it);
       rerunning the same command resumes from the last checkpoint.
 """
+import re
 
 EXIT_CONFIG_ERROR = 2
 EXIT_DIVERGED = 3
@@ -45,3 +46,23 @@ class Preempted(RuntimeError):
   """SIGTERM arrived; the current step was checkpointed: retry to resume."""
 
   exit_code = EXIT_PREEMPTED
+
+
+# Lines of a TensorFlow runtime error that say where, not what.
+_BOILERPLATE = ("Graph execution error", "Detected at node", "[[",
+                "The error could be", "Additional GRPC", ":UNKNOWN")
+# "  (0) INVALID_ARGUMENT:  what happened", under "N root error(s) found."
+_ROOT_ERROR = re.compile(r"^\s+\(0\) [A-Z_]+:\s*(\S.*)$")
+
+
+def cause(text: str) -> str:
+  """The line of a TF runtime error's text that says what happened."""
+  for line in text.splitlines():
+    first_root = _ROOT_ERROR.match(line)
+    if first_root:
+      return first_root.group(1).strip()[:160]
+    if (line.strip() and not line[0].isspace()
+        and not line.startswith(_BOILERPLATE)
+        and not line.endswith("root error(s) found.")):
+      return line.strip()[:160]
+  return " ".join(text.split())[:160]

@@ -113,23 +113,10 @@ def peer_lost(error: Exception):
   who = (f"task {others[0].group(1)}:{others[0].group(2)}" if others
          else "a peer task")
   return errors.PeerLost(
-      f"lost contact with {who} ({type(error).__name__}: {_cause(text)}); "
+      f"lost contact with {who} ({type(error).__name__}: {errors.cause(text)}); "
       "the job "
       "must restart: rerun it on every worker (tools/launch_local.py "
       "--max_restarts does) to resume from the last checkpoint.")
-
-
-_BOILERPLATE = ("Graph execution error", "Detected at node", "[[",
-                "The error could be", "Additional GRPC", ":UNKNOWN")
-
-
-def _cause(text: str) -> str:
-  """The line of a TF runtime error that says what happened (not where)."""
-  for line in text.splitlines():
-    if line.strip() and not line[0].isspace() and not line.startswith(
-        _BOILERPLATE):
-      return line.strip()[:160]
-  return " ".join(text.split())[:160]
 
 
 def _fail(error: Exception, code: int) -> None:

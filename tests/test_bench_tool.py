@@ -114,7 +114,8 @@ def test_the_fit_side_trains_a_users_own_compiled_model(monkeypatch):
 def test_a_fresh_run_is_one_process_of_this_script(monkeypatch):
   """By default each run is `bench.py ... --only=NAME` in a new process; its
   result line carries ms/step, fit's overhead and the Mirrored replicas;
-  a process that fails names its exit code and last line."""
+  a process that fails names its exit code and its run's error line, or
+  stderr's last line if the run printed none."""
   import subprocess  # pylint: disable=g-import-not-at-top
 
   import bench  # pylint: disable=g-import-not-at-top
@@ -125,10 +126,14 @@ def test_a_fresh_run_is_one_process_of_this_script(monkeypatch):
   def fake(command, **kwargs):
     calls.append(command)
     ok = command[-1].endswith("mirrored")
+    said = command[-1].startswith("--only=fit")
     return subprocess.CompletedProcess(
         command, 0 if ok else 1,
-        stdout=bench._RESULT + "[12.5, 0.25, 2]\n" if ok else "",  # pylint: disable=protected-access
-        stderr="" if ok else "warming up\nValueError: no such layer\n")
+        stdout=(bench._RESULT + "[12.5, 0.25, 2]\n" if ok else  # pylint: disable=protected-access
+                bench._ERROR + "ValueError: bad fit\n" if said else ""),  # pylint: disable=protected-access
+        stderr="" if ok else "warming up\nValueError: no such layer\n"
+        "0 derived errors ignored.\n" if said else
+        "warming up\nValueError: no such layer\n")
 
   monkeypatch.setattr(subprocess, "run", fake)
   seen = {}
@@ -141,5 +146,8 @@ def test_a_fresh_run_is_one_process_of_this_script(monkeypatch):
   with pytest.raises(RuntimeError, match=(
       "its process exited 1: ValueError: no such layer")):
     bench.fresh_runner(args, "dist_keras, defaults, one", seen)()
+  with pytest.raises(bench.RunFailed, match=(
+      "^its process exited 1: ValueError: bad fit$")):
+    bench.fresh_runner(args, "fit, defaults, one", seen)()
   with pytest.raises(Exception, match="--only=fit, defaults, moon: not one"):
     bench.parse_args(["--only=fit, defaults, moon"])

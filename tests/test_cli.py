@@ -145,6 +145,18 @@ def test_peer_errors_become_a_retryable_peer_lost_naming_the_task(monkeypatch):
   assert train.peer_lost(tf.errors.UnavailableError(None, None, message)) is None
 
 
+def test_a_tf_errors_cause_is_its_line_that_says_what_happened():
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  # Several root errors (Keras' fit per-call under Mirrored, 2026-12-02):
+  # the first one's message.
+  assert errors.cause(
+      "2 root error(s) found.\n  (0) INVALID_ARGUMENT:  You must feed a value"
+      " for placeholder tensor 'p'\n\t [[{{node p}}]]\n  (1) CANCELLED: "
+      "other\n0 successful operations.") == (
+          "You must feed a value for placeholder tensor 'p'")
+  assert errors.cause("  just indented\n") == "just indented"
+
+
 def test_sigterm_checkpoints_the_current_step_exits_retryably_and_resumes(
     tmp_path):
   import signal  # pylint: disable=g-import-not-at-top

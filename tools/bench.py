@@ -53,8 +53,10 @@ import common
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PROG = "bench"
 WHERE = ("one", "mirrored")  # One device, MirroredStrategy.
-# A --only run's result line: [ms, overhead, replicas under Mirrored].
+# A --only run's result line: [ms, overhead, replicas under Mirrored]; or,
+# if the run failed, its error line.
 _RESULT = "bench-run: "
+_ERROR = "bench-error: "
 # Each variant: (per call, XLA, precision), in the order a round runs them.
 VARIANTS = {"defaults": (False, False, "float32"),
             "per_call": (True, False, "float32"),
@@ -215,15 +217,32 @@ def fresh_runner(args, name: str, seen: dict):
   def run():
     done = subprocess.run(command, capture_output=True, text=True,
                           check=False)
-    results = [line[len(_RESULT):] for line in done.stdout.splitlines()
+    lines = done.stdout.splitlines()
+    results = [line[len(_RESULT):] for line in lines
                if line.startswith(_RESULT)]
     if done.returncode or not results:
-      last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-      raise RuntimeError(f"its process exited {done.returncode}: {last}")
+      # The run's own error line, else stderr's last (TensorFlow's shutdown
+      # lines can follow a traceback there).
+      errors = [line[len(_ERROR):] for line in lines
+                if line.startswith(_ERROR)]
+      last = (errors or done.stderr.strip().splitlines() or ["no output"])[-1]
+      raise RunFailed(f"its process exited {done.returncode}: {last}")
     ms, overhead, seen["replicas"] = json.loads(results[-1])
     return ms, overhead
 
   return run
+
+
+class RunFailed(RuntimeError):
+  """A --fresh run's process failed; its text says how."""
+
+
+def _one_line(error: Exception) -> str:
+  """What went wrong, in one line (a TF error's cause, not its "where")."""
+  if isinstance(error, RunFailed):
+    return str(error)
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  return f"{type(error).__name__}: {errors.cause(str(error))}"
 
 
 def _measure(runners, rounds):
@@ -236,7 +255,7 @@ def _measure(runners, rounds):
       try:
         results[name].append(run())
       except Exception as e:  # pylint: disable=broad-except
-        results[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        results[name] = _one_line(e)
       # Each figure as it comes: a long bench stopped early (a timeout, a
       # Ctrl-C) still leaves its finished rounds on the terminal.
       got = results[name]
@@ -321,7 +340,11 @@ def main(argv=None) -> int:
                 "dist_keras/one": tf.distribute.OneDeviceStrategy("/cpu:0"),
                 "dist_keras/mirrored": mirrored}
   if args.only:  # One run, for a --fresh parent.
-    ms, overhead = _runner(args.only, args, strategies)()
+    try:
+      ms, overhead = _runner(args.only, args, strategies)()
+    except Exception as e:  # pylint: disable=broad-except
+      print(_ERROR + _one_line(e), flush=True)
+      return 1
     print(_RESULT + json.dumps([ms, overhead, mirrored.num_replicas_in_sync]))
     return 0
   results = _measure({name: _runner(name, args, strategies)
