@@ -123,17 +123,22 @@ def test_a_fresh_run_is_one_process_of_this_script(monkeypatch):
   assert args.fresh and not bench.parse_args(["--no-fresh"]).fresh
   calls = []
 
+  # pylint: disable=protected-access
+  outcomes = {  # Each run's (exit code, stdout, stderr).
+      "fit, defaults, mirrored": (0, bench._RESULT + "[12.5, 0.25, 2]\n", ""),
+      "dist_keras, defaults, one": (
+          1, "", "warming up\nValueError: no such layer\n"),
+      "fit, defaults, one": (
+          1, bench._ERROR + "ValueError: bad fit\n",
+          "warming up\nValueError: no such layer\n0 derived errors ignored.\n"),
+  }
+  # pylint: enable=protected-access
+
   def fake(command, **kwargs):
     calls.append(command)
-    ok = command[-1].endswith("mirrored")
-    said = command[-1].startswith("--only=fit")
-    return subprocess.CompletedProcess(
-        command, 0 if ok else 1,
-        stdout=(bench._RESULT + "[12.5, 0.25, 2]\n" if ok else  # pylint: disable=protected-access
-                bench._ERROR + "ValueError: bad fit\n" if said else ""),  # pylint: disable=protected-access
-        stderr="" if ok else "warming up\nValueError: no such layer\n"
-        "0 derived errors ignored.\n" if said else
-        "warming up\nValueError: no such layer\n")
+    code, stdout, stderr = outcomes[command[-1][len("--only="):]]
+    return subprocess.CompletedProcess(command, code, stdout=stdout,
+                                       stderr=stderr)
 
   monkeypatch.setattr(subprocess, "run", fake)
   seen = {}

@@ -160,8 +160,8 @@ def test_out_must_be_new_or_a_previous_sweep(tmp_path):
 
 def test_commands_set_strategy_devices_batch_and_keep_user_overrides(
     tmp_path):
-  args = scaling.parse_args([f"--out={tmp_path / 'o'}", "--no_plot", "--steps=100", "--",
-                             "--config.model.units=16",
+  args = scaling.parse_args([f"--out={tmp_path / 'o'}", "--no_plot",
+                             "--steps=100", "--", "--config.model.units=16",
                              "--config.eval.every=50"])
   points = {p.name: p for p in args.points}
   one = scaling.train_command(points["replicas_1"], args, "/w")
