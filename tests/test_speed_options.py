@@ -12,15 +12,15 @@ from dist_keras.training import step as step_lib
 from dist_keras.training import allreduce
 
 
-def _one_sgd_step(mirrored, c, scale=None):
+def _one_sgd_step(strategy, c, scale=None):
   """(weights before, weights after, step output) of one SGD step of `c`."""
-  with helpers.built(c, mirrored) as run:
+  with helpers.built(c, strategy) as run:
     model, optimizer = run.model, run.optimizer
     if scale is not None:
       optimizer.dynamic_scale.assign(scale)
     before = [w.numpy() for w in model.trainable_variables]
     step = step_lib.make_train_step(
-        mirrored, model, optimizer,
+        strategy, model, optimizer,
         allreduce_dtype=c.runtime.allreduce_dtype,
         bytes_per_pack=c.runtime.bytes_per_pack)
     out = step(iter(run.parts.train_ds))
@@ -106,6 +106,26 @@ def test_compressed_allreduce_sums_in_16_bits(mirrored, dtype):
   for s, m in zip(steps, moved):
     np.testing.assert_allclose(m, s, rtol=rtol, atol=rtol * np.abs(s).max())
   assert any(not np.array_equal(s, m) for s, m in zip(steps, moved))
+
+
+def test_one_replica_makes_no_all_reduce(monkeypatch):
+  """One replica sums with no one: its step calls no all-reduce (TF's
+  all-reduce of one replica is not free: issue 17), so compressing it
+  changes nothing, bit for bit (under Mirrored it does: above)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
+  calls = []
+  real = allreduce.all_reduce_gradients
+  monkeypatch.setattr(allreduce, "all_reduce_gradients",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  c = _sgd_config()
+  before, exact, _, _ = _one_sgd_step(one_device, c)
+  c.runtime.allreduce_dtype = "bfloat16"
+  _, compressed, _, _ = _one_sgd_step(one_device, c)
+  assert calls == []
+  assert any(not np.array_equal(a, b) for a, b in zip(exact, before))
+  for a, b in zip(exact, compressed):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_packing_splits_the_collective_and_keeps_the_sums():
