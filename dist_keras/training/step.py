@@ -109,8 +109,9 @@ def make_train_step(strategy, model, optimizer, timed: bool = False,
   variables = model.trainable_variables
   clock = stamps.make_clock(strategy) if timed else None
   # One replica sums with no one: its all-reduce is the identity, yet TF's
-  # replica-context all_reduce still costs (a merge_call and an IdentityN of
-  # every gradient: 13% of the default LSTM's one-device step, issue 17).
+  # replica-context all_reduce still runs a merge_call and an IdentityN over
+  # every gradient (up to 13% of the default LSTM's one-device step in one
+  # A/B, nothing in another: docs/performance.md). Less work either way.
   reduces = strategy.num_replicas_in_sync > 1
   scale = loss_scale_of(optimizer)
 
