@@ -270,15 +270,23 @@ def make_eval_pass(strategy, model):
   """
   replicas = strategy.num_replicas_in_sync
 
-  def replica_step(batch):
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+  def batch_totals(x, y, sample_weight, examples):
     y_pred = model(x, training=False)
     loss = checks.compute_loss(model, x, y, y_pred, sample_weight,
                                  training=False)
     model.compute_metrics(x, y, y_pred, sample_weight)
-    examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
     return tf.stack([tf.cast(loss, tf.float32) * replicas * examples,
                      examples])
+
+  def replica_step(batch):
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+    examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+    # An empty batch is not run through the model: TF 2.21's oneDNN fused
+    # Conv2D+Relu fails on one ("input depth must be evenly divisible by
+    # filter depth") on AVX-512 hosts, and it counts nowhere anyway.
+    return tf.cond(examples > 0,
+                   lambda: batch_totals(x, y, sample_weight, examples),
+                   lambda: tf.zeros([2]))
 
   def add_batch(totals, batch):
     return totals + strategy.reduce(
