@@ -92,9 +92,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.steps = 800
   c.train.log_every = 25
   c.train.checkpoint_every = 100
-  # Plain train steps per tf.function call (host round trips dominate on
-  # TPUs); logged/timed/checkpoint/eval steps still run where they fall.
-  c.train.steps_per_loop = 1
+  # Plain train steps per tf.function call (an in-graph loop: no host round
+  # trip between them, which TPUs need above all); logged/timed/checkpoint/
+  # eval steps still run where they fall. 0: automatic, as many as fit in
+  # about a second (one step per call until the first log line has measured
+  # the step), up to the next step the host must see; under multi-worker,
+  # up to that step (every worker must group steps alike).
+  c.train.steps_per_loop = 0
   # float32 | bfloat16 | float16: Keras mixed precision (16-bit compute,
   # float32 variables). bfloat16 (TPUs', recent GPUs' and CPUs' native type)
   # has float32's range; float16 (older GPUs' tensor cores) needs dynamic

@@ -121,10 +121,10 @@ def _runtime(runtime) -> None:
 
 
 def _train(train) -> None:
-  for key in ("steps", "global_batch_size", "log_every", "checkpoint_every",
-              "steps_per_loop"):
+  for key in ("steps", "global_batch_size", "log_every", "checkpoint_every"):
     if getattr(train, key) < 1:
       raise UserError(f"train.{key}={getattr(train, key)} must be >= 1.")
+  _at_least("train.steps_per_loop", train.steps_per_loop, 0, "0: automatic")
   check_choice("train.precision", train.precision, PRECISIONS)
   lr_rule(train)
   _optimizer(train)

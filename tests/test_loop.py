@@ -347,22 +347,81 @@ def _trained(c, workdir, strategy):
 def test_steps_per_loop_trains_the_same_steps_and_logs_at_the_same_points(
     tmp_path, mirrored):
   runs = {}
-  for spl in (1, 7):
+  for spl in (1, 7, 0):  # 0: automatic.
     c = helpers.tiny_config()
     c.train.steps, c.train.log_every, c.train.checkpoint_every = 30, 10, 15
     c.eval.every, c.train.steps_per_loop = 15, spl
     runs[spl] = _trained(c, tmp_path / str(spl), mirrored)
-  (one, w1), (many, w7) = runs[1], runs[7]
-  assert one["steps"] == many["steps"] == 30
-  for a, b in zip(w1, w7):
-    np.testing.assert_array_equal(a, b)
-  tags = [helpers.scalar_tags(str(tmp_path / str(spl))) for spl in (1, 7)]
-  for tag in ("loss", "eval/accuracy", "sync/allreduce_ms"):
-    assert [s for s, _ in tags[0][tag]] == [s for s, _ in tags[1][tag]], tag
-  np.testing.assert_allclose([v for _, v in tags[0]["loss"]],
-                             [v for _, v in tags[1]["loss"]], rtol=1e-6)
-  assert sorted(os.listdir(tmp_path / "7" / "checkpoints")) == sorted(
-      os.listdir(tmp_path / "1" / "checkpoints"))
+  tags = {spl: helpers.scalar_tags(str(tmp_path / str(spl))) for spl in runs}
+  (one, w1) = runs[1]
+  for spl in (7, 0):
+    many, weights = runs[spl]
+    assert one["steps"] == many["steps"] == 30
+    for a, b in zip(w1, weights):
+      np.testing.assert_array_equal(a, b)
+    for tag in ("loss", "eval/accuracy", "sync/allreduce_ms"):
+      assert [s for s, _ in tags[1][tag]] == [s for s, _ in tags[spl][tag]]
+    np.testing.assert_allclose([v for _, v in tags[1]["loss"]],
+                               [v for _, v in tags[spl]["loss"]], rtol=1e-6)
+    assert sorted(os.listdir(tmp_path / str(spl) / "checkpoints")) == sorted(
+        os.listdir(tmp_path / "1" / "checkpoints"))
+
+
+def _call_sizes(monkeypatch, trainer):
+  """Records the steps of every call of the trainer's step functions."""
+  calls = []
+  functions = trainer._step_functions  # pylint: disable=protected-access
+
+  def recorded():
+    steps = functions()
+    for key, fn in list(steps.items()):
+      def call(iterator, n=None, fn=fn, key=key):
+        calls.append(1 if n is None else int(n))
+        return fn(iterator) if n is None else fn(iterator, n)
+      steps[key] = call
+    return steps
+
+  monkeypatch.setattr(trainer, "_step_functions", recorded)
+  return calls
+
+
+def test_automatic_steps_per_loop_sizes_calls_from_the_last_window(
+    tmp_path, mirrored, monkeypatch):
+  from dist_keras.training import loop  # pylint: disable=g-import-not-at-top
+  # Every window after the first measured a step long enough for 4 a call.
+  monkeypatch.setattr(loop, "auto_steps_per_call",
+                      lambda seconds, multi_worker: 4 if seconds else 1)
+  c = helpers.tiny_config()
+  c.train.steps, c.train.log_every, c.train.checkpoint_every = 20, 10, 20
+  c.eval.every, c.train.steps_per_loop = 0, 0
+  with helpers.trainer(c, str(tmp_path), mirrored) as trainer:
+    calls = _call_sizes(monkeypatch, trainer)
+    assert trainer.run()["steps"] == 20
+  # Step 1 and 10 are timed, alone; then 11 alone (timed: no), 4 + 4 + 1
+  # before the timed step 20.
+  assert calls == [1] * 10 + [4, 4, 1, 1]
+
+
+def test_a_train_stream_that_runs_dry_names_the_step_inside_a_call(
+    tmp_path):
+  import user_task  # pylint: disable=g-import-not-at-top
+
+  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  from dist_keras.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  def five_batches(split, ctx: tf.distribute.InputContext):
+    ds = user_task.dataset_fn(split, ctx)
+    # The filter hides the length from the check that refuses a finite
+    # stream before training: this one runs dry mid-call.
+    return ds.take(5).filter(lambda *example: True) if split == "train" else ds
+
+  c = {"train.steps": 20, "train.log_every": 20, "train.steps_per_loop": 4,
+       "train.global_batch_size": user_task.GLOBAL_BATCH,
+       "log.progress": False, "log.calibration_steps": 0}
+  # Steps 2-5 run in one call, 6-9 in the next, which fails at step 6.
+  with pytest.raises(UserError, match=r"ran out of batches at steps 6-9;"):
+    api.fit(user_task.model_fn, five_batches, workdir=str(tmp_path),
+            config=c, strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
 
 
 def test_steps_per_loop_stops_at_the_first_non_finite_step(tmp_path,

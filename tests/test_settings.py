@@ -1,6 +1,7 @@
 """training/settings.py: what the loop reads of a config, and its Schedule."""
 import helpers
-from dist_keras.training.settings import Schedule, Settings
+from dist_keras.training.settings import (AUTO_CALL_SECONDS, Schedule,
+                                          Settings, auto_steps_per_call)
 
 
 def _schedule(**kw):
@@ -45,6 +46,23 @@ def test_a_call_stops_before_a_timed_step():
   assert s.call_size(1) == 8  # Steps 2-9: step 10 is timed.
   assert s.call_size(9) == 1  # Nothing fits before step 10.
   assert s.call_size(10) == 8 and s.call_size(18) == 1
+
+
+def test_automatic_steps_per_call_take_the_loops_limit():
+  s = _schedule(steps_per_loop=0, sync_timing=False)
+  assert s.call_size(0) == 1  # No limit known yet: one step per call.
+  assert s.call_size(0, auto_limit=4) == 4
+  assert s.call_size(0, auto_limit=1000) == 10  # Up to the log at step 10.
+  assert _schedule(steps_per_loop=3).call_size(0, auto_limit=8) == 3
+
+
+def test_automatic_calls_last_about_a_second_on_one_host():
+  assert auto_steps_per_call(None, multi_worker=False) == 1
+  assert auto_steps_per_call(AUTO_CALL_SECONDS / 50, False) == 50
+  assert auto_steps_per_call(3 * AUTO_CALL_SECONDS, False) == 1
+  # Workers must group steps alike: no timing enters their calls.
+  assert auto_steps_per_call(None, True) == auto_steps_per_call(9.0, True)
+  assert auto_steps_per_call(None, True) > 10**6
 
 
 def test_profiled_steps_run_one_per_call():

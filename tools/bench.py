@@ -26,8 +26,9 @@ model_fn compiled it, on that pipeline.
 
 Variants, each on one device (fit with no strategy; dist_keras on
 OneDeviceStrategy) and under MirroredStrategy over runtime.num_cpu_devices
-devices: "defaults"; "per_call" (fit: steps_per_execution=K; dist_keras:
-train.steps_per_loop=K; K=--per_call); "per_call+xla" (the same with fit's
+devices: "defaults" (each side's own: fit one step per call; dist_keras the
+config's train.steps_per_loop, 0 = automatic); "per_call" (fit:
+steps_per_execution=K; dist_keras: train.steps_per_loop=K; K=--per_call); "per_call+xla" (the same with fit's
 jit_compile=True and dist_keras's train.jit_compile=True);
 "per_call+bfloat16" (per-call steps under Keras' mixed_bfloat16 policy:
 train.precision=bfloat16 for dist_keras, the policy set while the model is
@@ -132,7 +133,8 @@ def dist_keras_runner(c, strategy, args, per_call: bool, xla: bool,
   c.log.progress = c.log.tensorboard = False
   c.log.calibration_steps = 0
   c.log.peak_tflops = c.log.peak_tflops or 1.0  # No timed matmul.
-  c.train.steps_per_loop = args.per_call if per_call else 1
+  if per_call:  # Else the config's own (0: automatic, dist_keras' default).
+    c.train.steps_per_loop = args.per_call
   c.train.jit_compile, c.train.precision = xla, precision
 
   def run():

@@ -33,7 +33,7 @@ PROG = "features"
 # process), and the options that matter between workers (run the tool
 # under tools/launch_local.py for those).
 VARIANT_SETS = {
-    "speed": ["", "train.steps_per_loop=25", "train.jit_compile=True",
+    "speed": ["", "train.steps_per_loop=1", "train.jit_compile=True",
               "train.precision=bfloat16", "train.precision=float16",
               "runtime.allreduce_dtype=bfloat16", "data.prefetch=False",
               "data.threads=2", "log.sync_timing=False"],

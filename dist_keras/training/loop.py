@@ -21,7 +21,7 @@ from dist_keras.summaries import Summaries
 from dist_keras.training import allreduce, lr as lr_lib, preemption, report
 from dist_keras.training import step as step_lib, workdir as workdir_lib
 from dist_keras.training.checkpoints import Checkpoints
-from dist_keras.training.settings import Settings
+from dist_keras.training.settings import Settings, auto_steps_per_call
 
 
 @dataclasses.dataclass
@@ -56,6 +56,8 @@ class Trainer:
         self.model.trainable_variables, settings.step_options[
             "allreduce_dtype"])
     self.skipped_steps = 0  # float16 loss scaling: overflowed, not applied.
+    # Steps per call under train.steps_per_loop=0, from each log window.
+    self.call_limit = auto_steps_per_call(None, self.workers > 1)
     if self.chief:  # Every check has passed: the first write.
       workdir_lib.prepare(workdir)
     self.summaries = Summaries(workdir, self.chief and settings.tensorboard)
@@ -118,11 +120,16 @@ class Trainer:
     self.eval_pass = step_lib.make_eval_pass(self.strategy, self.model)
 
   def _step_functions(self) -> dict:
+    """The timed step and the plain steps: one per call, or (any
+    steps_per_loop but 1) "many", which runs a call of one step too, so a
+    run traces two functions either way."""
     options = self.settings.step_options
-    steps = {timed: step_lib.make_train_step(
-        self.strategy, self.model, self.optimizer, timed=timed, **options)
-             for timed in (False, True)}
-    if self.settings.schedule.steps_per_loop > 1:
+    steps = {True: step_lib.make_train_step(
+        self.strategy, self.model, self.optimizer, timed=True, **options)}
+    if self.settings.schedule.steps_per_loop == 1:
+      steps[False] = step_lib.make_train_step(
+          self.strategy, self.model, self.optimizer, **options)
+    else:
       steps["many"] = step_lib.make_multi_step(
           self.strategy, self.model, self.optimizer, **options)
     return steps
@@ -184,17 +191,21 @@ class Trainer:
     to fix."""
     schedule = self.settings.schedule
     timed = schedule.timed(step + 1)
-    n = 1 if timed else schedule.call_size(step)
+    n = 1 if timed else schedule.call_size(step, self.call_limit)
     try:
       with prof.step(step + 1):
-        if n > 1:
-          return steps["many"](iterator, tf.constant(n))
-        return steps[timed](iterator)
+        if timed or "many" not in steps:
+          return steps[timed](iterator)
+        return steps["many"](iterator, tf.constant(n))
     except (tf.errors.OutOfRangeError, StopIteration) as e:
+      # Which step of a call of n failed is not known here (the optimizer's
+      # step counter may have counted the failed step: it does not wait for
+      # the batch).
+      at = f"step {step + 1}" if n == 1 else f"steps {step + 1}-{step + n}"
       raise UserError(
-          f"dataset_fn('train', ...) ran out of batches at step "
-          f"{step + 1}; repeat it (ds.repeat()) so training runs "
-          f"train.steps={schedule.steps} steps.") from e
+          f"dataset_fn('train', ...) ran out of batches at {at}; repeat it "
+          f"(ds.repeat()) so training runs train.steps={schedule.steps} "
+          "steps.") from e
 
   def _check_finite(self, step: int, out: dict) -> None:
     """Stops training at the first non-finite loss or gradient norm.
@@ -224,6 +235,8 @@ class Trainer:
   def _log_train(self, step, window, throughput, sync_log) -> dict:
     """Logs the window since the last line; returns its loss and metrics."""
     seconds = window.elapsed()
+    self.call_limit = auto_steps_per_call(seconds / window.steps,
+                                          self.workers > 1)
     loss = window.loss_sum / window.steps
     metrics = {name: float(value) for name, value in
                self.read_metrics().items()}

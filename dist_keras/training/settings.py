@@ -17,7 +17,8 @@ class Schedule:
     steps: train.steps, the last step.
     log_every, checkpoint_every: train.log_every, train.checkpoint_every.
     eval_every: eval.every (0: only the final eval).
-    steps_per_loop: train.steps_per_loop, plain steps per call.
+    steps_per_loop: train.steps_per_loop, plain steps per call; 0:
+      automatic (the loop passes call_size its limit: auto_steps_per_call).
     sync_timing: whether logged steps are instrumented (log.sync_timing, off
       on TPUs).
     profile: (START, STOP) of log.profile_steps, (0, 0) for none.
@@ -56,11 +57,12 @@ class Schedule:
     start, stop = self.profile
     return bool(start) and start <= step <= stop + 2
 
-  def call_size(self, step: int) -> int:
-    """Plain steps for the call after `step`: up to steps_per_loop, never
-    past a step the host must see (log, timed, checkpoint, eval, end,
-    profile)."""
-    if self.steps_per_loop <= 1 or self.profiled(step + 1):
+  def call_size(self, step: int, auto_limit: int = 1) -> int:
+    """Plain steps for the call after `step`: up to steps_per_loop (with
+    steps_per_loop=0, up to `auto_limit`), never past a step the host must
+    see (log, timed, checkpoint, eval, end, profile)."""
+    limit = self.steps_per_loop or auto_limit
+    if limit <= 1 or self.profiled(step + 1):
       return 1
     stops = [self.steps, _next_multiple(step, self.log_every),
              _next_multiple(step, self.checkpoint_every)]
@@ -72,7 +74,7 @@ class Schedule:
     target = min(stops)
     if self.timed(target):  # A timed step runs alone: stop just before it.
       target -= 1
-    return max(1, min(self.steps_per_loop, target - step))
+    return max(1, min(limit, target - step))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +110,28 @@ class Settings:
         profile_steps=log.profile_steps, precision=train.precision,
         peak_tflops=log.peak_tflops, perplexity=log.perplexity,
         progress=log.progress, tensorboard=log.tensorboard)
+
+
+# train.steps_per_loop=0 on one host: a call lasts about this long at most,
+# so a SIGTERM or Ctrl-C (seen between calls) is answered within about a
+# second, while steps of tens of ms still run ~50 to a call.
+AUTO_CALL_SECONDS = 1.0
+
+
+def auto_steps_per_call(seconds_per_step, multi_worker: bool) -> int:
+  """The call size limit of train.steps_per_loop=0.
+
+  Under multi-worker: no limit (calls end at the next step the host must
+  see). Every worker must group steps into calls alike, or their collectives
+  would not match, and workers agree on a SIGTERM only at log steps anyway
+  (preemption.py). On one host: as many steps as fit in AUTO_CALL_SECONDS
+  at `seconds_per_step` (the last log window's), one before it is known.
+  """
+  if multi_worker:
+    return 2**31 - 1
+  if not seconds_per_step:
+    return 1
+  return max(1, int(AUTO_CALL_SECONDS / seconds_per_step))
 
 
 def _next_multiple(step: int, every: int) -> int:
