@@ -212,3 +212,25 @@ def test_scaling_tool_names_the_missing_summary_key(tmp_path):
   assert result.stderr.strip() == (
       f"scaling_model: error: {tmp_path}/summary.json has no 'compute_ms' "
       "key; rerun with a dist_keras that records it, or pass --compute_ms.")
+
+
+@pytest.mark.parametrize("per_call, batches", [(1, 1 + 8), (4, 4 + 3 * 4),
+                                               (20, 8 + 3 * 8)])
+def test_the_free_communication_step_is_timed_in_calls_of_the_runs_size(
+    mirrored, per_call, batches):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from dist_keras.measure import calibration  # pylint: disable=g-import-not-at-top
+
+  # Each replica's batch is one number: what is read next tells how many
+  # steps ran (warm-up call included; at least 3 calls, capped at `steps`).
+  data = mirrored.distribute_datasets_from_function(
+      lambda ctx: tf.data.Dataset.range(10**6).map(
+          lambda i: tf.reshape(tf.cast(i, tf.float32), [1])).shard(
+              ctx.num_input_pipelines, ctx.input_pipeline_id))
+  iterator = iter(data)
+  ms = calibration.no_communication_step_ms(
+      mirrored, lambda batch: tf.reduce_sum(batch), iterator, steps=8,
+      per_call=per_call)
+  assert ms > 0
+  nxt = mirrored.experimental_local_results(next(iterator))
+  assert float(nxt[0][0]) == 2 * batches  # Two replicas read a step.

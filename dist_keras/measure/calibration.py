@@ -16,22 +16,37 @@ _MIN_SWEEP_BYTES = 1 << 18
 
 
 def no_communication_step_ms(strategy, replica_compute, iterator,
-                             steps: int) -> float:
-  """Median wall time of a step running `replica_compute(batch)` (the train
-  step's forward and backward pass, step.make_compute_only) on every
-  replica, with no all-reduce and no update: the ideal-communication step."""
+                             steps: int, per_call: int = 1) -> float:
+  """Median wall time per step of `replica_compute(batch)` (the train step's
+  forward and backward pass, step.make_compute_only) on every replica, with
+  no all-reduce and no update: the ideal-communication step.
 
-  @tf.function
-  def step(it):
-    return strategy.experimental_local_results(
-        strategy.run(replica_compute, args=(next(it),)))
+  Timed in calls of `per_call` steps (an in-graph loop), the largest call
+  the run made, so it compares with the run's own step time: steps in one
+  call overlap, which one step a call cannot show (docs/performance.md).
+  At least 3 calls, `steps` steps in all when that is more.
+  """
+  per_call = max(1, min(per_call, steps))
 
-  step(iterator)  # Trace and warm up.
+  @tf.function(autograph=False)
+  def calls(it, n):
+    def body(done, total):
+      local = strategy.experimental_local_results(
+          strategy.run(replica_compute, args=(next(it),)))
+      # Each replica's scalar, added on this host: a copy, not a collective.
+      return done + 1, total + tf.add_n(
+          [tf.cast(t, tf.float32) for t in local])
+
+    return tf.while_loop(lambda done, _: done < n, body,
+                         (tf.constant(0), tf.constant(0.0)))[1]
+
+  n = tf.constant(per_call)
+  calls(iterator, n)  # Trace and warm up.
   samples = []
-  for _ in range(steps):
+  for _ in range(max(3, steps // per_call)):
     start = time.perf_counter()
-    [t.numpy() for t in step(iterator)]  # pylint: disable=expression-not-assigned
-    samples.append(time.perf_counter() - start)
+    calls(iterator, n).numpy()
+    samples.append((time.perf_counter() - start) / per_call)
   return 1e3 * statistics.median(samples)
 
 

@@ -58,6 +58,7 @@ class Trainer:
     self.skipped_steps = 0  # float16 loss scaling: overflowed, not applied.
     # Steps per call under train.steps_per_loop=0, from each log window.
     self.call_limit = auto_steps_per_call(None, self.workers > 1)
+    self.largest_call = 1  # Steps; the calibration times calls that size.
     if self.chief:  # Every check has passed: the first write.
       workdir_lib.prepare(workdir)
     self.summaries = Summaries(workdir, self.chief and settings.tensorboard)
@@ -192,6 +193,7 @@ class Trainer:
     schedule = self.settings.schedule
     timed = schedule.timed(step + 1)
     n = 1 if timed else schedule.call_size(step, self.call_limit)
+    self.largest_call = max(self.largest_call, n)
     try:
       with prof.step(step + 1):
         if timed or "many" not in steps:
@@ -292,7 +294,7 @@ class Trainer:
       return {}
     ideal_ms = calibration.no_communication_step_ms(
         self.strategy, step_lib.make_compute_only(self.model, self.optimizer),
-        iterator, steps)
+        iterator, steps, per_call=self.largest_call)
     measured = sync_log.means().get("allreduce_ms")
     out = calibration.check(self.strategy, 1e3 * throughput.step_seconds,
                             ideal_ms, self.gradient_bytes, measured,
