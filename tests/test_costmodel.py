@@ -219,6 +219,7 @@ def test_scaling_tool_names_the_missing_summary_key(tmp_path):
 def test_the_free_communication_step_is_timed_in_calls_of_the_runs_size(
     mirrored, per_call, batches):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from dist_keras.measure import calibration  # pylint: disable=g-import-not-at-top
 
   # Each replica's batch is one number: what is read next tells how many
