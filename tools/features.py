@@ -15,7 +15,7 @@ runtime.bytes_per_pack). A benchmark, not a test.
   python tools/features.py --config=lstm_longmem --steps=200 --repeats=3 \\
       --variant= --variant=train.steps_per_loop=10 \\
       --variant=train.precision=bfloat16,train.steps_per_loop=10
-  python tools/features.py --variant_set=speed   # The README's table.
+  python tools/features.py --variant_set=speed   # docs/performance.md's table.
   python tools/features.py --variant_set=sync_timing   # What timing costs.
 """
 import json
