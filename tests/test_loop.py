@@ -375,7 +375,7 @@ def _call_sizes(monkeypatch, trainer):
   def recorded():
     steps = functions()
     for key, fn in list(steps.items()):
-      def call(iterator, n=None, fn=fn, key=key):
+      def call(iterator, n=None, fn=fn):
         calls.append(1 if n is None else int(n))
         return fn(iterator) if n is None else fn(iterator, n)
       steps[key] = call
@@ -397,8 +397,8 @@ def test_automatic_steps_per_loop_sizes_calls_from_the_last_window(
   with helpers.trainer(c, str(tmp_path), mirrored) as trainer:
     calls = _call_sizes(monkeypatch, trainer)
     assert trainer.run()["steps"] == 20
-  # Step 1 and 10 are timed, alone; then 11 alone (timed: no), 4 + 4 + 1
-  # before the timed step 20.
+  # Steps 1-10 one a call (1 and 10 are timed; no window measured before
+  # 10); then 11-14, 15-18 and 19 (a call stops before the timed step 20).
   assert calls == [1] * 10 + [4, 4, 1, 1]
 
 

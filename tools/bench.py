@@ -28,8 +28,9 @@ Variants, each on one device (fit with no strategy; dist_keras on
 OneDeviceStrategy) and under MirroredStrategy over runtime.num_cpu_devices
 devices: "defaults" (each side's own: fit one step per call; dist_keras the
 config's train.steps_per_loop, 0 = automatic); "per_call" (fit:
-steps_per_execution=K; dist_keras: train.steps_per_loop=K; K=--per_call); "per_call+xla" (the same with fit's
-jit_compile=True and dist_keras's train.jit_compile=True);
+steps_per_execution=K; dist_keras: train.steps_per_loop=K; K=--per_call);
+"per_call+xla" (the same with fit's jit_compile=True and dist_keras's
+train.jit_compile=True);
 "per_call+bfloat16" (per-call steps under Keras' mixed_bfloat16 policy:
 train.precision=bfloat16 for dist_keras, the policy set while the model is
 built for fit). --settings picks variants (best: the last three). Ratios:
