@@ -46,12 +46,36 @@ def get_strategy(runtime_cfg, environ=None,
     return tf.distribute.MirroredStrategy(
         _devices_after_tpu_attempt(runtime_cfg.num_cpu_devices))
   if name == "multi_worker_mirrored":
-    return multi_worker(runtime_cfg)
-  devices = local_devices(runtime_cfg.num_cpu_devices)
+    return _once(("multi_worker", environ.get("TF_CONFIG"),
+                  *_options_key(runtime_cfg)),
+                 lambda: multi_worker(runtime_cfg))
   if name == "one_device":
-    return tf.distribute.OneDeviceStrategy(devices[0])
+    device = local_devices(1)[0]  # runtime.num_cpu_devices does not apply.
+    return _once(("one_device", device),
+                 lambda: tf.distribute.OneDeviceStrategy(device))
   # mirrored: every local GPU, else the logical CPU devices.
-  return tf.distribute.MirroredStrategy(devices)
+  devices = local_devices(runtime_cfg.num_cpu_devices)
+  return _once(("mirrored", *devices),
+               lambda: tf.distribute.MirroredStrategy(devices))
+
+
+# One strategy object per kind and devices in a process: a second
+# MirroredStrategy over the same devices numbers its collectives from the
+# same keys, and a later run's all-reduce then met an earlier run's
+# all-gather ("Collective instance 111 expected type 2 and data_type 3 but
+# got type 0", measured: dist_keras.fit twice in one process).
+_STRATEGIES = {}
+
+
+def _once(key, make):
+  if key not in _STRATEGIES:
+    _STRATEGIES[key] = make()
+  return _STRATEGIES[key]
+
+
+def _options_key(runtime_cfg) -> tuple:
+  return (runtime_cfg.collective, runtime_cfg.bytes_per_pack,
+          runtime_cfg.timeout_seconds)
 
 
 def is_chief(strategy) -> bool:
