@@ -109,6 +109,10 @@ def get_config() -> ml_collections.ConfigDict:
   # under Mirrored/multi-worker the all-reduce and update stay in the graph.
   c.train.jit_compile = False
   c.train.max_checkpoints = 3
+  # Your Keras callbacks: "PKG.MODULE:FN" naming a function that returns a
+  # list of keras.callbacks.Callback ("": none). An epoch is one eval
+  # interval (eval.every steps); docs/own_models.md#callbacks.
+  c.train.callbacks = ""
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every = 100  # 0: only at the end.

@@ -27,7 +27,8 @@ if _importlib_util.find_spec("tensorflow") is None:
   raise ImportError(_MESSAGE)
 
 
-def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None):
+def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
+        callbacks=None):
   """Trains `model_fn`'s model on `dataset_fn`'s data, data-parallel.
 
   Args:
@@ -47,9 +48,12 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None):
     strategy: None (the config's runtime.strategy: "auto" picks TPU, a
       TF_CONFIG cluster, or every local GPU / runtime.num_cpu_devices CPU
       devices), a runtime.strategy name, or a tf.distribute.Strategy.
+    callbacks: a list of keras.callbacks.Callback, run as `model.fit` runs
+      them; an epoch is one eval interval (eval.every steps). On the
+      command line: train.callbacks=PKG.MODULE:FN returning the list.
 
   Returns:
-    dist_keras.FitResult(model, summary, workdir).
+    dist_keras.FitResult(model, summary, workdir, history).
 
   Raises:
     dist_keras.UserError: a bad setting, model or dataset (one line naming
@@ -61,7 +65,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None):
     prepare_runtime(name, tpu)
   api = _importlib.import_module("dist_keras.api")
   return api.fit(model_fn, dataset_fn, workdir=workdir, config=config,
-                 strategy=strategy)
+                 strategy=strategy, callbacks=callbacks)
 
 
 def prepare_runtime(strategy: str = "auto", tpu: str = "local",

@@ -30,7 +30,8 @@ from dist_keras.distribute import input as input_lib
 from dist_keras.distribute import strategy as strategy_lib
 from dist_keras.errors import UserError
 from dist_keras.measure import mfu
-from dist_keras.training import allreduce, checkpoints, loop, lr, report
+from dist_keras.training import callbacks as callbacks_lib
+from dist_keras.training import checkpoints, loop, lr, model_step, report
 from dist_keras.training import settings
 from dist_keras.training import workdir as workdir_lib
 
@@ -45,14 +46,17 @@ class FitResult:
       final train and eval loss and every compiled metric (`train_NAME`,
       `eval_NAME`), throughput, the sync breakdown and MFU.
     workdir: where the run wrote its files.
+    history: {name: [value per epoch]}, as `model.fit(...).history` (an
+      epoch is one eval interval; this run's epochs only).
   """
   model: keras.Model
   summary: dict
   workdir: str
+  history: dict = dataclasses.field(default_factory=dict)
 
 
 def fit(model_fn, dataset_fn, *, workdir: str, config=None,
-        strategy=None) -> FitResult:
+        strategy=None, callbacks=None) -> FitResult:
   """`dist_keras.fit` (its docstring says what each argument takes), once
   the TPU runtime's environment is set (dist_keras/__init__.py)."""
   config = _resolve_config(config)
@@ -61,14 +65,15 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None,
   if isinstance(strategy, str):
     config.runtime.strategy = strategy
   validate.config(config)
-  return train(config, workdir, model_fn, dataset_fn, strategy)
+  return train(config, workdir, model_fn, dataset_fn, strategy, callbacks)
 
 
 def train(config, workdir: str, model_fn=None, dataset_fn=None,
-          strategy=None) -> FitResult:
+          strategy=None, callbacks=None) -> FitResult:
   """`fit` for a config validate.config has checked (the command line checks
   it before TensorFlow starts): builds the run, trains, reports."""
-  with build(config, workdir, model_fn, dataset_fn, strategy) as trainer:
+  with build(config, workdir, model_fn, dataset_fn, strategy,
+             callbacks) as trainer:
     talk = trainer.chief and config.log.progress
     if talk:
       print(f"dist_keras: {strategy_lib.display_name(trainer.strategy)} with "
@@ -80,28 +85,35 @@ def train(config, workdir: str, model_fn=None, dataset_fn=None,
     print(f"{report.done_line(summary)}; results in "
           f"{os.path.join(workdir, workdir_lib.SUMMARY_JSON)}\n"
           f"TensorBoard: tensorboard --logdir {workdir}", flush=True)
-  return FitResult(trainer.model, summary, workdir)
+  return FitResult(trainer.model, summary, workdir,
+                   dict(trainer.history.history))
 
 
 def build(config, workdir: str, model_fn=None, dataset_fn=None,
-          strategy=None) -> loop.Trainer:
+          strategy=None, callbacks=None) -> loop.Trainer:
   """The run of a validated `config`, built but not trained: the functions
   its names (or the given ones) stand for, under its strategy (or the
-  given one). For tools and tests that drive steps themselves too; use the
-  Trainer in a `with` (it closes its writers and scratch files)."""
+  given one), with the callbacks given or train.callbacks names. For tools
+  and tests that drive steps themselves too; use the Trainer in a `with`
+  (it closes its writers and scratch files)."""
   model_fn, dataset_fn = registry.resolve(config, model_fn, dataset_fn)
+  callbacks = _callbacks(config.train, callbacks)
   if not isinstance(strategy, tf.distribute.Strategy):
     strategy = strategy_lib.get_strategy(config.runtime)
-  return assemble(config, workdir, strategy, model_fn, dataset_fn)
+  return assemble(config, workdir, strategy, (model_fn, dataset_fn),
+                  callbacks)
 
 
-def assemble(config, workdir: str, strategy, model_fn,
-             dataset_fn) -> loop.Trainer:
-  """The whole run, in order. Everything is checked before anything is
-  written: the Trainer's constructor makes the workdir, last."""
+def assemble(config, workdir: str, strategy, functions,
+             callbacks=()) -> loop.Trainer:
+  """The whole run, in order: `functions` (model_fn, dataset_fn) under
+  `strategy`. Everything is checked before anything is written: the
+  Trainer's constructor makes the workdir, last."""
+  model_fn, dataset_fn = functions
   start_step = checkpoints.latest_step(workdir)  # Where the data resumes.
   keras.utils.set_random_seed(config.runtime.seed)
   model = checks.call_model_fn(model_fn, strategy, config.train.precision)
+  notes = _take_compiled_settings(model, strategy, config)
   data = {"global_batch_size": config.train.global_batch_size,
           "per_replica_pipelines": config.data.pipeline_per_replica}
   train_ds, batch_spec = input_lib.distribute(
@@ -109,10 +121,11 @@ def assemble(config, workdir: str, strategy, model_fn,
   eval_ds, _ = input_lib.distribute(strategy, dataset_fn, "eval",
                                     eval_steps=config.eval.steps, **data)
   checks.build_state(model, strategy, batch_spec)  # Loss and metrics state.
-  rate = _prepare_optimizer(model, strategy, config.train)
+  rate = _prepare_optimizers(model, strategy, config.train)
   chief = strategy_lib.is_chief(strategy)
-  saved = checkpoints.Checkpoints(workdir, model, model.optimizer, chief,
-                                  config.train.max_checkpoints)
+  saved = checkpoints.Checkpoints(
+      workdir, model, list(model_step.optimizers_of(model).values()), chief,
+      config.train.max_checkpoints)
   try:
     resumed = saved.restore(start_step)
     checkpoints.check_workers_agree(strategy, start_step,
@@ -121,21 +134,87 @@ def assemble(config, workdir: str, strategy, model_fn,
     saved.close()
     raise
   on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
-  parts = loop.Parts(strategy, model, train_ds, eval_ds, saved, rate)
+  parts = loop.Parts(strategy, model, train_ds, eval_ds, saved, rate,
+                     callbacks)
   return loop.Trainer(parts, settings.Settings.from_config(config, on_tpu),
                       workdir, config.to_dict(),
-                      notes=_notes(config, on_tpu, resumed))
+                      notes=notes + _notes(config, on_tpu, resumed))
 
 
-def _prepare_optimizer(model, strategy, train_cfg) -> lr.Rate:
-  """The compiled optimizer with the batch-size rule applied, its slots
-  built in scope (a replica function may not create them), and its own
-  per-replica all-reduce off (the step reduces once, explicitly)."""
+def _callbacks(train_cfg, given) -> list:
+  """The callbacks passed to fit, or those train.callbacks names."""
+  if train_cfg.callbacks and given is not None:
+    raise UserError(
+        f"callbacks were passed to fit and train.callbacks="
+        f"{train_cfg.callbacks!r} names more; pass them one way.")
+  if train_cfg.callbacks:
+    factory = imports.load("train.callbacks", train_cfg.callbacks)
+    given = factory()
+  return callbacks_lib.check(given)
+
+
+def _prepare_optimizers(model, strategy, train_cfg) -> lr.Rate:
+  """The compiled optimizer with the batch-size rule applied; every
+  optimizer built in scope (a replica function may not create slots), with
+  the gradient all-reduce where the step needs it (model_step.py)."""
   rate = lr.apply(model.optimizer, train_cfg)
-  with strategy.scope():
-    model.optimizer.build(model.trainable_variables)
-  allreduce.disable_optimizer_allreduce(model.optimizer)
+  model_step.prepare_optimizers(
+      model, strategy, model_step.overrides(model, "train_step"))
   return rate
+
+
+def _take_compiled_settings(model, strategy, config) -> list[str]:
+  """What the model was compiled with that the loop honours or refuses:
+  run_eagerly, steps_per_execution, jit_compile; returns notes for the
+  run's start.
+
+  Raises:
+    UserError: run_eagerly=True, or XLA over a MirroredStrategy step the
+      model writes itself.
+  """
+  notes, train = [], config.train
+  if model.run_eagerly:
+    raise UserError(
+        f"model {model.name!r} was compiled with run_eagerly=True; "
+        "dist_keras runs its steps as tf.functions on every replica, so "
+        "compile it without run_eagerly (debug eagerly with model.fit on "
+        "one device).")
+  per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+  if per_execution > 1 and train.steps_per_loop not in (0, per_execution):
+    raise UserError(
+        f"model {model.name!r} was compiled with steps_per_execution="
+        f"{per_execution} but train.steps_per_loop={train.steps_per_loop}; "
+        "set one of them (or both alike).")
+  if per_execution > 1:
+    train.steps_per_loop = per_execution
+    notes.append(f"steps per call: {per_execution} (the model's "
+                 "steps_per_execution)")
+  if model.jit_compile is True and not train.jit_compile:
+    train.jit_compile = True
+    notes.append("XLA: the model was compiled with jit_compile=True "
+                 "(train.jit_compile=true)")
+  if model_step.overrides(model, "train_step"):
+    notes.append(_custom_step_note(model, strategy, train))
+  if not model_step.evaluates(model):
+    notes.append(f"no eval: {type(model).__name__} has no compiled loss and "
+                 "no test_step of its own")
+  return notes
+
+
+def _custom_step_note(model, strategy, train) -> str:
+  """The line a model's own train_step gets; refuses XLA where its update
+  cannot compile."""
+  if train.jit_compile and not isinstance(
+      strategy, (tf.distribute.OneDeviceStrategy, tf.distribute.TPUStrategy)):
+    raise UserError(
+        f"train.jit_compile=true with {type(model).__name__}'s own "
+        "train_step under a multi-device strategy: XLA cannot compile its "
+        "optimizer's cross-device update (merge_call); use one device or a "
+        "TPU, or set train.jit_compile=false.")
+  return (f"{type(model).__name__}.train_step is the model's own: it runs "
+          "as written on every replica (gradients all-reduced in its "
+          "optimizer's apply); the sync breakdown splits its steps into "
+          "input wait and model step only, and there is no calibration")
 
 
 def _notes(config, on_tpu: bool, resumed) -> list[str]:

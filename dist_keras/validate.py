@@ -76,6 +76,10 @@ def config(c) -> None:
   if c.model.name in MODELS:  # A user's model ignores model.cell.
     check_choice("model.cell", c.model.cell, CELLS)
   data_name(c.data.name)
+  if c.train.callbacks and not is_import_path(c.train.callbacks):
+    raise UserError(f"train.callbacks={c.train.callbacks!r} is not "
+                    "PKG.MODULE:FN naming a function that returns your list "
+                    "of keras callbacks; name one, or leave it empty.")
   _runtime(c.runtime)
   _train(c.train)
   for key in ("every", "steps"):

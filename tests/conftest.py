@@ -54,11 +54,12 @@ def no_network(monkeypatch):
 # a long file handed out late runs alone at the end (test_loop.py, the
 # longest at ~300 s, was handed out mid-way, with ~400 s of other files left
 # for the other two workers: an estimated ~100 s alone).
-LONGEST_FIRST = ("test_loop.py", "test_multi_worker.py", "test_xla.py",
+LONGEST_FIRST = ("test_fit_parity.py", "test_loop.py", "test_multi_worker.py", "test_xla.py",
                  "test_resume.py", "test_sync_scaling.py", "test_cli.py",
                  "test_user_models.py", "test_equivalence.py", "test_tfds.py",
                  "test_wheel.py", "test_synthetic_data.py", "test_notebook.py",
-                 "test_speed_options.py", "test_shipped_configs.py")
+                 "test_speed_options.py", "test_shipped_configs.py",
+                 "test_callbacks.py")
 
 
 def pytest_xdist_auto_num_workers(config):  # pylint: disable=unused-argument

@@ -41,6 +41,13 @@ def fit(config, workdir, strategy):
                  config=config, strategy=strategy)
 
 
+def fit_fns(model_fn, dataset_fn, workdir, config: dict):
+  """`dist_keras.fit` of a user's functions on one CPU device."""
+  import dist_keras  # pylint: disable=g-import-not-at-top
+  return dist_keras.fit(model_fn, dataset_fn, workdir=str(workdir),
+                        config=config, strategy="one_device")
+
+
 def trainer(config, workdir, strategy):
   """The loop.Trainer of `config`'s named model and data, built as a run
   builds it (close() it, or use it in a `with`)."""

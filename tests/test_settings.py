@@ -13,11 +13,21 @@ def _schedule(**kw):
 def test_logs_evals_and_checkpoints_fall_on_their_multiples():
   s = _schedule()
   assert [t for t in range(1, 101) if s.logs(t)] == list(range(10, 101, 10))
-  # The final eval and checkpoint run after the loop, not from the schedule.
-  assert [t for t in range(1, 101) if s.evaluates(t)] == [50]
+  # An epoch (eval.every steps, or the whole run) ends with an eval; the
+  # final checkpoint is saved where training ends, not from the schedule.
+  assert [t for t in range(1, 101) if s.ends_epoch(t)] == [50, 100]
   assert [t for t in range(1, 101) if s.checkpoints(t)] == [25, 50, 75]
-  assert not _schedule(eval_every=0).evaluates(50)
+  assert [t for t in range(1, 101)
+          if _schedule(eval_every=0).ends_epoch(t)] == [100]
   assert _schedule(steps=95).logs(95)  # The last step always logs.
+
+
+def test_epochs_are_eval_intervals():
+  s = _schedule(steps=120)
+  assert (s.epoch_steps, s.epochs) == (50, 3)
+  assert [s.epoch_after(t) for t in (0, 49, 50, 100)] == [0, 0, 1, 2]
+  assert [s.epoch_end(e) for e in range(3)] == [50, 100, 120]
+  assert _schedule(eval_every=0).epochs == 1
 
 
 def test_timed_steps_are_the_logged_ones_and_step_one():

@@ -9,7 +9,7 @@ import pytest
 import helpers
 from dist_keras import errors
 from dist_keras.training import step as step_lib
-from dist_keras.training import allreduce
+from dist_keras.training import actions, allreduce
 
 
 def _one_sgd_step(strategy, c, scale=None):
@@ -19,10 +19,9 @@ def _one_sgd_step(strategy, c, scale=None):
     if scale is not None:
       optimizer.dynamic_scale.assign(scale)
     before = [w.numpy() for w in model.trainable_variables]
-    step = step_lib.make_train_step(
-        strategy, model, optimizer,
+    step = step_lib.make_train_step(strategy, model, step_lib.StepOptions(
         allreduce_dtype=c.runtime.allreduce_dtype,
-        bytes_per_pack=c.runtime.bytes_per_pack)
+        bytes_per_pack=c.runtime.bytes_per_pack))
     out = step(iter(run.parts.train_ds))
     return (before, [w.numpy() for w in model.trainable_variables], out,
             optimizer)
@@ -34,16 +33,17 @@ def _sgd_config():
   return c
 
 
-def test_float16_skips_an_overflowing_step_but_counts_it(mirrored):
+def test_float16_skips_an_overflowing_step_as_keras_does(mirrored):
   c = _sgd_config()
   c.train.precision = "float16"
   before, after, out, optimizer = _one_sgd_step(mirrored, c, scale=6e37)
   assert int(out["skipped"]) == 1
   assert not np.isfinite(float(out["grad_norm"]))
-  for b, a in zip(before, after):  # Nothing applied...
-    np.testing.assert_array_equal(b, a)
-  assert int(optimizer.iterations.numpy()) == 1  # ...but the batch counted.
+  for b, a in zip(before, after):  # Nothing applied, and, as under Keras'
+    np.testing.assert_array_equal(b, a)  # fit, the optimizer's counter
+  assert int(optimizer.iterations.numpy()) == 0  # (its schedule's) waits;
   assert float(optimizer.dynamic_scale.numpy()) == pytest.approx(3e37)
+  # the loop counts the batch (checkpoints hold the loop's step).
 
 
 def test_float16_applies_a_finite_step_like_float32(mirrored):
@@ -79,11 +79,13 @@ def test_a_skipped_float16_step_is_not_divergence(tmp_path, mirrored):
   with helpers.trainer(c, str(tmp_path), mirrored) as trainer:
     overflow = {"loss": np.float32(1.0), "grad_norm": np.float32(np.inf),
                 "skipped": 1}
-    trainer._check_finite(1, {k: _np(v) for k, v in overflow.items()})
-    assert trainer.skipped_steps == 1
+    run = actions.RunState(trainer.settings.schedule, step=1)
+    trainer._check_finite(run, {k: _np(v) for k, v in overflow.items()})
+    assert run.skipped_steps == 1
     trainer.optimizer.dynamic_scale.assign(0.5)  # Overflows even unscaled.
+    run.step = 2
     with pytest.raises(errors.Diverged, match="at step 2"):
-      trainer._check_finite(2, {k: _np(v) for k, v in overflow.items()})
+      trainer._check_finite(run, {k: _np(v) for k, v in overflow.items()})
 
 
 def _np(value):

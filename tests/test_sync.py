@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from dist_keras import models
-from dist_keras.training import allreduce
+from dist_keras.training import allreduce, keras_internals
 from dist_keras.measure import breakdown as breakdown_lib
 
 
@@ -26,7 +26,7 @@ def test_each_optimizer_applies_the_reduced_gradient_once(name, mirrored):
   var_ref, ref = make(tf.name_scope("one_device"))
   ref.apply_gradients([(tf.fill([3], 2.0), var_ref)])
   var, optimizer = make(mirrored.scope())
-  allreduce.disable_optimizer_allreduce(optimizer)
+  keras_internals.disable_optimizer_allreduce(optimizer)
 
   @tf.function
   def step():
@@ -47,7 +47,7 @@ def test_a_keras_without_the_hook_is_refused():
   class NoHook:
     pass
   with pytest.raises(RuntimeError, match="dist_keras needs updating"):
-    allreduce.disable_optimizer_allreduce(NoHook())
+    keras_internals.disable_optimizer_allreduce(NoHook())
 
 
 def test_all_reduce_sums_dense_sparse_and_keeps_none(mirrored):

@@ -70,8 +70,8 @@ def _data_source(c, tmp_path):
 def _train(strategy, c, jit_compile="step"):
   """Losses of STEPS compiled train steps of config `c`."""
   with helpers.built(c, strategy) as run:
-    train_step = step_lib.make_train_step(strategy, run.model, run.optimizer,
-                                          jit_compile=jit_compile)
+    train_step = step_lib.make_train_step(
+        strategy, run.model, step_lib.StepOptions(jit=jit_compile))
     iterator = iter(run.parts.train_ds)
     return [float(train_step(iterator)["loss"]) for _ in range(STEPS)]
 
@@ -125,11 +125,11 @@ def test_on_one_device_jit_compiles_the_update_too(one_cpu, mirrored,
 
     monkeypatch.setattr(run.optimizer, "apply_gradients", with_timestamp)
     iterator = iter(run.parts.train_ds)
-    timed = step_lib.make_train_step(one_cpu, run.model, run.optimizer,
-                                     timed=True, jit_compile=True)
+    timed = step_lib.make_train_step(
+        one_cpu, run.model, step_lib.StepOptions(jit=True), timed=True)
     assert np.isfinite(float(timed(iterator)["loss"]))
-    whole = step_lib.make_train_step(one_cpu, run.model, run.optimizer,
-                                     jit_compile=True)
+    whole = step_lib.make_train_step(one_cpu, run.model,
+                                     step_lib.StepOptions(jit=True))
     with pytest.raises(tf.errors.InvalidArgumentError, match="Timestamp"):
       whole(iterator)
   assert step_lib.update_compiles(one_cpu)
@@ -140,8 +140,8 @@ def test_timed_steps_cannot_be_compiled_whole(one_cpu):
   c = _config("lstm_longmem")
   with helpers.built(c, one_cpu) as run, pytest.raises(
       ValueError, match="timed steps cannot be XLA-compiled"):
-    step_lib.make_train_step(one_cpu, run.model, run.optimizer, timed=True,
-                             jit_compile="step")
+    step_lib.make_train_step(one_cpu, run.model,
+                             step_lib.StepOptions(jit="step"), timed=True)
 
 
 def test_compiled_compute_matches_the_plain_step(mirrored):
@@ -155,8 +155,8 @@ def test_compiled_compute_matches_the_plain_step(mirrored):
     with helpers.built(c, mirrored) as run:
       iterator = iter(run.parts.train_ds)
       for timed in (False, True):
-        step = step_lib.make_train_step(mirrored, run.model, run.optimizer,
-                                        timed=timed, jit_compile=jit)
+        step = step_lib.make_train_step(
+            mirrored, run.model, step_lib.StepOptions(jit=jit), timed=timed)
         out = step(iterator)
         assert np.isfinite(float(out["loss"]))
       weights[jit] = [w.numpy() for w in run.model.trainable_variables]
@@ -164,7 +164,10 @@ def test_compiled_compute_matches_the_plain_step(mirrored):
     np.testing.assert_allclose(plain, compiled, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["lstm_longmem", "cnn_shapes"])
+# The LSTM's bfloat16 XLA compile (~25 CPU-s) in the slow set; CI compiles
+# the CNN's, and every config's float32 step above.
+@pytest.mark.parametrize("name", [
+    pytest.param("lstm_longmem", marks=pytest.mark.slow), "cnn_shapes"])
 def test_bfloat16_step_compiles_and_learns(one_cpu, name):
   """train.precision=bfloat16 (the TPU's type) through XLA on one CPU."""
   c = _config(name)

@@ -64,10 +64,16 @@ def build_state(model, strategy, batch_spec) -> None:
         "dataset_fn('train', ...) yields batches without labels, but the "
         f"compiled loss {_loss_name(model)} needs them; yield (x, y) or "
         "(x, y, sample_weight) batches.")
+  if model.built and not _compiled_from_data(model):
+    # Nothing to build from a batch (a GAN: built, no compiled loss or
+    # metrics; its batches need not be its call's inputs), as Keras' fit.
+    _check_in_scope(model, strategy)
+    return
   with strategy.scope():
     try:
       y_pred = _zero_prediction(model, x)
-      compute_loss(model, x, y, y_pred, weights, training=False)
+      if model.loss is not None:
+        compute_loss(model, x, y, y_pred, weights, training=False)
       model.compute_metrics(x, y, y_pred, weights)
     except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
       raise UserError(
@@ -76,6 +82,13 @@ def build_state(model, strategy, batch_spec) -> None:
           f"{_first_line(e)}") from e
   model.reset_metrics()
   _check_in_scope(model, strategy)
+
+
+def _compiled_from_data(model) -> bool:
+  """Whether compile() was given a loss or metrics (built from a batch)."""
+  compiled = model.get_compile_config() or {}
+  return any(compiled.get(key) is not None
+             for key in ("loss", "metrics", "weighted_metrics"))
 
 
 def _zero_prediction(model, x):

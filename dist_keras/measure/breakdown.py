@@ -55,6 +55,30 @@ def breakdown(step_start: float, inputs_ready: float, stamps,
   return out
 
 
+def whole_step(step_start: float, inputs_ready: float, stamps) -> dict:
+  """Input wait and the rest of a step that cannot be split further (a
+  model's own train_step: its all-reduce happens inside the optimizer).
+
+  Args:
+    step_start, inputs_ready: as for `breakdown`.
+    stamps: [local replicas, 2] array of (start, end) per replica, seconds.
+
+  Returns:
+    Milliseconds, mean and max over the local replicas: `input_wait_ms`
+    and `model_step_ms` (compute, straggler wait and all-reduce together);
+    `step_ms` and `batch_ready_ms` as `breakdown` has them.
+  """
+  start, end = np.asarray(stamps, dtype=np.float64).T
+  per_replica = {"input_wait_ms": np.maximum(start - step_start, 0.0),
+                 "model_step_ms": end - start}
+  out = {"batch_ready_ms": 1e3 * (inputs_ready - step_start),
+         "step_ms": 1e3 * (end.max() - step_start)}
+  for name, values in per_replica.items():
+    out[name] = 1e3 * float(values.mean())
+    out[name.replace("_ms", "_max_ms")] = 1e3 * float(values.max())
+  return out
+
+
 class SyncLog:
   """Breakdowns of the logged steps: TensorBoard values and run averages."""
 
@@ -68,13 +92,15 @@ class SyncLog:
     self.breakdowns.append(breakdown_)
     values = {f"sync/{k}": v for k, v in breakdown_.items()
               if k != "per_replica_compute_ms"}
-    for i, ms in enumerate(breakdown_["per_replica_compute_ms"]):
+    for i, ms in enumerate(breakdown_.get("per_replica_compute_ms", ())):
       values[f"sync_replica/{i}/compute_ms"] = ms
     return values
 
   def means(self) -> dict:
-    """Mean of every component over the recorded steps ({} if none)."""
+    """Mean of every component over the recorded steps ({} if none; a
+    model's own step has input_wait_ms, model_step_ms and step_ms only)."""
     if not self.breakdowns:
       return {}
-    keys = [*self.COMPONENTS, "step_ms", "fraction"]
-    return {k: float(np.mean([b[k] for b in self.breakdowns])) for k in keys}
+    keys = [*self.COMPONENTS, "model_step_ms", "step_ms", "fraction"]
+    return {k: float(np.mean([b[k] for b in self.breakdowns]))
+            for k in keys if k in self.breakdowns[0]}

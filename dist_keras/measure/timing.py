@@ -70,10 +70,10 @@ def eta(seconds: float | None) -> str:
 
 
 class Window:
-  """Sums over the steps since the last log line, and their wall time."""
+  """The steps since the last log line, and their wall time."""
 
   def __init__(self):
-    self.loss_sum, self.steps = 0.0, 0
+    self.steps = 0
     self.breakdown = None  # sync.breakdown of the window's timed step.
     self._seconds = 0.0
     self._start = time.perf_counter()
@@ -83,11 +83,6 @@ class Window:
 
   def resume(self):
     self._start = time.perf_counter()
-
-  def add(self, loss, steps: int = 1):
-    """Adds the loss SUMMED over `steps` steps."""
-    self.loss_sum += float(loss)
-    self.steps += steps
 
   def elapsed(self) -> float:
     return self._seconds + time.perf_counter() - self._start

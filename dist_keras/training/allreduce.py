@@ -2,38 +2,16 @@
 
 (The in-graph timing of it lives in dist_keras/measure: stamps.py, breakdown.py.)
 
-Keras 3 optimizers SUM-all-reduce gradients inside `apply_gradients` (the
-private `_all_reduce_sum_gradients`), and clip them BEFORE that reduction,
-i.e. per replica. dist_keras reduces gradients itself instead, so that
-clipping sees the global gradient and the all-reduce can be timed, and turns
-the optimizer's own reduction off. That private hook lives here and only
-here; tests/test_sync.py fails loudly if a Keras release moves it.
+Keras 3 optimizers SUM-all-reduce gradients inside `apply_gradients`, and
+clip them BEFORE that reduction, i.e. per replica. dist_keras reduces
+gradients itself instead, so that clipping sees the global gradient and the
+all-reduce can be timed, and turns the optimizer's own reduction off
+(keras_internals.disable_optimizer_allreduce).
 """
 import math
 
 import numpy as np
 import tensorflow as tf
-
-_KERAS_HOOK = "_all_reduce_sum_gradients"
-
-
-def disable_optimizer_allreduce(optimizer) -> None:
-  """Makes `optimizer.apply_gradients` use the gradients as given.
-
-  Raises:
-    RuntimeError: this Keras has no such hook; gradients would be reduced
-      twice (scaled by the replica count), so refuse to train.
-  """
-  if not callable(getattr(optimizer, _KERAS_HOOK, None)):
-    raise RuntimeError(
-        f"{type(optimizer).__name__} has no {_KERAS_HOOK}: this Keras "
-        "release changed how optimizers all-reduce gradients; dist_keras "
-        "needs updating (see dist_keras/training/allreduce.py).")
-  setattr(optimizer, _KERAS_HOOK, lambda grads_and_vars: list(grads_and_vars))
-  # A LossScaleOptimizer's inner optimizer is the one that updates.
-  inner = getattr(optimizer, "inner_optimizer", None)
-  if inner is not None:
-    disable_optimizer_allreduce(inner)
 
 
 def dense_gradients(grads):
@@ -46,9 +24,6 @@ def dense_gradients(grads):
   time (measured 0.85 ms instead of 0.23 ms for a 0.18 ms collective).
   """
   return [tf.convert_to_tensor(g) if g is not None else None for g in grads]
-
-
-ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def all_reduce_gradients(grads, dtype: str = "float32",

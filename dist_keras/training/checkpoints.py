@@ -30,26 +30,34 @@ def _folder(workdir: str) -> str:
 
 
 class Checkpoints:
-  """Saves and restores a model's and its optimizer's state.
+  """Saves and restores a run's state: every model variable, every variable
+  of the optimizers it trains with, and the loop's own step count.
 
   All model variables are saved, not only the weights: non-trainable state
   (BatchNorm statistics) and each dropout or noise layer's seed-generator
   state too, so a resumed run draws the masks the whole run would have.
   `tf.train.Checkpoint(model=...)` under a strategy saved neither (measured).
+  The step is the loop's (the batches read), not an optimizer's: with
+  gradient accumulation or a skipped loss-scaled step the optimizer counts
+  differently. `stopped` marks a run a callback stopped (model.stop_training):
+  a rerun finishes it instead of training on.
   """
 
-  def __init__(self, workdir: str, model, optimizer, chief: bool,
+  def __init__(self, workdir: str, model, optimizers, chief: bool,
                max_to_keep: int):
     self.workdir, self.folder = workdir, _folder(workdir)
+    self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+    self.stopped = tf.Variable(False, trainable=False)
     self.checkpoint = tf.train.Checkpoint(
         model_variables=list(model.variables),
-        optimizer_variables=list(optimizer.variables))
-    self._iterations = optimizer.iterations
+        optimizer_variables=[v for o in optimizers for v in o.variables],
+        step=self.step, stopped=self.stopped)
     self._scratch = None if chief else tempfile.mkdtemp(
         prefix="dist_keras_worker_")
     self.manager = tf.train.CheckpointManager(
         self.checkpoint, self._scratch or self.folder,
         max_to_keep=1 if self._scratch else max_to_keep)
+    self.saved_at = None  # The step of the last save of this run.
 
   def restore(self, expected_step: int) -> str | None:
     """Restores the latest checkpoint, if any; returns a line saying so.
@@ -67,14 +75,26 @@ class Checkpoints:
           f"--workdir={self.workdir} holds a checkpoint ({latest}) made by a "
           "different model or optimizer; resume it with the config.json "
           "saved there, or pass a new --workdir.") from e
-    step = int(self._iterations.numpy())
+    step = int(self.step.numpy())
     if step != expected_step:
       raise UserError(f"checkpoint {latest} holds step {step}, not "
                       f"{expected_step}; it was renamed: pass a new --workdir.")
+    self.saved_at = step
+    if bool(self.stopped.numpy()):
+      return (f"resumed from {latest} at step {step}, where a callback "
+              "stopped the run (model.stop_training): nothing left to train")
     return f"resumed from {latest} at step {step}"
 
-  def save(self, step: int) -> str:
+  def save(self, step: int, stopped: bool = False) -> str:
+    self.step.assign(step)
+    self.stopped.assign(stopped)
+    self.saved_at = step
     return self.manager.save(checkpoint_number=step)
+
+  @property
+  def scratch(self) -> str | None:
+    """A non-chief worker's private folder (deleted by close), else None."""
+    return self._scratch
 
   def latest(self) -> str | None:
     """The newest checkpoint in the workdir (the chief's), if any."""

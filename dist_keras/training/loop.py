@@ -1,24 +1,30 @@
-"""The distributed training loop: `strategy.run` steps, eval, checkpoints.
+"""The distributed training loop: `strategy.run` steps in epochs, with one
+list of actions at the step boundaries.
 
 Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy
 (keras-team/keras#20585), so dist_keras owns its loop: the same code runs on
-one device, N local replicas, N workers and TPU cores. The loop gets its
-parts built (api.build assembles them: the compiled model in scope, the
-distributed datasets, the restored checkpoints) and the settings it reads.
+one device, N local replicas, N workers and TPU cores. It reads like fit's:
+epochs (one per eval interval) of calls of steps, the model's metrics reset
+when an epoch begins, an eval when it ends, and everything else (logging,
+profiling, calibration, the users' callbacks, stopping, checkpoints,
+preemption) as callbacks in one keras.callbacks.CallbackList (actions.py).
 """
+import contextlib
 import dataclasses
 import os
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from dist_keras import errors
 from dist_keras.distribute import strategy as strategy_lib
 from dist_keras.errors import UserError
-from dist_keras.measure import breakdown as breakdown_lib
-from dist_keras.measure import calibration, mfu, profiler, timing
+from dist_keras.measure import meters as meters_lib, mfu, profiler
 from dist_keras.summaries import Summaries
-from dist_keras.training import allreduce, lr as lr_lib, preemption, report
+from dist_keras.training import actions, allreduce, callbacks as callbacks_lib
+from dist_keras.training import evaluation, lr as lr_lib, metrics, model_step
+from dist_keras.training import preemption, report
 from dist_keras.training import step as step_lib, workdir as workdir_lib
 from dist_keras.training.checkpoints import Checkpoints
 from dist_keras.training.settings import Settings, auto_steps_per_call
@@ -26,17 +32,14 @@ from dist_keras.training.settings import Settings, auto_steps_per_call
 
 @dataclasses.dataclass
 class Parts:
-  """What the loop trains: built and checked by api.build."""
+  """What the loop trains: built and checked by api.assemble."""
   strategy: tf.distribute.Strategy
   model: object  # keras.Model, compiled, its variables in the scope.
   train_ds: object  # Distributed datasets (distribute/input.py).
   eval_ds: object
   checkpoints: Checkpoints
   rate: lr_lib.Rate
-
-  @property
-  def optimizer(self):
-    return self.model.optimizer
+  callbacks: list = dataclasses.field(default_factory=list)  # The users'.
 
 
 class Trainer:
@@ -46,33 +49,31 @@ class Trainer:
                config_dict: dict, notes=()):
     self.parts, self.settings, self.workdir = parts, settings, workdir
     self.strategy, self.model = parts.strategy, parts.model
-    self.optimizer = parts.optimizer
     self.replicas = self.strategy.num_replicas_in_sync
     self.workers = strategy_lib.num_workers(self.strategy)
     self.chief = strategy_lib.is_chief(self.strategy)
+    self.custom_step = model_step.overrides(self.model, "train_step")
     self.config_dict = config_dict
     self.notes = list(notes)  # Said when run() starts, after the header.
-    self.gradient_bytes = allreduce.gradient_bytes(
-        self.model.trainable_variables, settings.step_options[
-            "allreduce_dtype"])
-    self.skipped_steps = 0  # float16 loss scaling: overflowed, not applied.
-    # Steps per call under train.steps_per_loop=0, from each log window.
-    self.call_limit = auto_steps_per_call(None, self.workers > 1)
-    self.largest_call = 1  # Steps; the calibration times calls that size.
     if self.chief:  # Every check has passed: the first write.
       workdir_lib.prepare(workdir)
     self.summaries = Summaries(workdir, self.chief and settings.tensorboard)
+    self.metric_state = metrics.MetricState(self.model)
+    self.train_metrics = metrics.TrainMetrics(self.metric_state)
+    self.eval_pass = evaluation.make_eval_pass(self.strategy, self.model)
+    self.history = None  # keras.callbacks.History, once run.
+    self.run_state = None  # actions.RunState, once run.
 
   @property
-  def step(self) -> int:
-    return int(self.optimizer.iterations.numpy())
+  def optimizer(self):
+    return self.model.optimizer
 
-  def log(self, message: str) -> None:
+  def say(self, message: str) -> None:
     if self.chief and self.settings.progress:
       print(message, flush=True)
 
   def close(self) -> None:
-    """Closes the summaries and deletes a non-chief's scratch checkpoints."""
+    """Closes the summaries and deletes a non-chief's scratch files."""
     self.summaries.close()
     self.parts.checkpoints.close()
 
@@ -83,249 +84,252 @@ class Trainer:
     self.close()
 
   def run(self) -> dict:
-    """Trains to train.steps, evaluating and checkpointing on the way;
-    returns summary.json."""
-    self._start()
-    steps = self._step_functions()
-    throughput = timing.Throughput(self.settings.global_batch_size)
-    sync_log = breakdown_lib.SyncLog()
+    """Trains to train.steps (or until a callback stops training),
+    evaluating at every epoch's end and checkpointing on the way; returns
+    summary.json."""
+    run = self._start()
     iterator = iter(self.parts.train_ds)
-    with profiler.Profiler(self.settings.profile_steps, self.workdir,
-                           self.chief) as prof, \
-        preemption.StopRequest(self.strategy, self.workers > 1,
-                               self.settings.schedule.log_every) as stop:
-      last = self._train_loop(steps, iterator, throughput, sync_log, prof,
-                              stop)
-    final_eval = self.evaluate()
-    self.parts.checkpoints.save(self.step)
-    calibrated = self._calibrate(iterator, throughput, sync_log)
-    return self._finish(last, final_eval, throughput, sync_log, calibrated)
+    call = self._step_functions()
+    with self._actions(run, iterator) as hooks:
+      hooks.on_train_begin()
+      logs = {}
+      while not run.finishing:
+        logs = self._epoch(run, hooks, call, iterator)
+      if run.final_eval is None:  # Resumed where training had ended.
+        run.final_eval = self.evaluate()
+      self._finalize(run)
+      hooks.on_train_end(logs)
+    return self._finish(run)
 
-  def _start(self) -> None:
-    """The run's notes, config and TensorBoard layout, before step 1."""
+  def _finalize(self, run) -> None:
+    """As fit ends: an EMA optimizer swaps its averages into the model (its
+    last epoch's eval was of the weights before; the final eval, which
+    summary.json reports, is of the model that is saved)."""
+    optimizer = self.model.optimizer
+    optimizer.finalize_variable_values(self.model.trainable_weights)
+    if getattr(getattr(optimizer, "inner_optimizer", optimizer), "use_ema",
+               False):
+      self.say("EMA: the optimizer's averages are now the model's weights "
+               "(as fit ends); the model saved is evaluated again:")
+      run.final_eval = self.evaluate()
+
+  def _epoch(self, run, hooks, call, iterator) -> dict:
+    """One epoch: calls of steps to its end, then the eval; returns the
+    epoch's logs (train values, and the eval's as val_NAME)."""
+    schedule = run.schedule
+    epoch = schedule.epoch_after(run.step)
+    first, last = epoch * schedule.epoch_steps, schedule.epoch_end(epoch)
+    hooks.on_epoch_begin(epoch)
+    self.train_metrics.start_epoch()
+    while run.step < last and not run.stopping:
+      hooks.on_train_batch_begin(run.step - first)
+      self._call(run, call, iterator)
+      hooks.on_train_batch_end(run.step - first - 1, self._batch_logs(run))
+    self.meters.pause()
+    logs = self.train_values(self.train_metrics.epoch(run.step))
+    run.final_eval = self.evaluate(hooks)
+    logs.update({f"val_{k}": v for k, v in run.final_eval.items()
+                 if k != "examples"})
+    hooks.on_epoch_end(epoch, logs)
+    self.meters.resume()
+    return logs
+
+  def _start(self) -> actions.RunState:
+    """The run's notes, config, TensorBoard layout and meters."""
     for note in [*self.notes, self.parts.rate.line]:
       if note:
-        self.log(note)
+        self.say(note)
     if self.chief:
       workdir_lib.write_json(self.workdir, workdir_lib.CONFIG_JSON,
                              self.config_dict)
     self.summaries.config(self.config_dict)
     self.summaries.sync_layout()
-    self.utilisation = mfu.for_run(
+    utilisation = mfu.for_run(
         self.model, self.strategy, self.settings.precision,
         self.settings.peak_tflops, self.workers, self.chief)
-    if self.utilisation.flops.uncounted:
-      self.log("FLOPs counted as 0 (layers not known): "
-               + "; ".join(self.utilisation.flops.uncounted))
-    self.read_metrics = step_lib.make_metrics_reader(self.model)
-    self.eval_pass = step_lib.make_eval_pass(self.strategy, self.model)
+    if utilisation.flops.uncounted:
+      self.say("FLOPs counted as 0 (layers not known): "
+               + "; ".join(utilisation.flops.uncounted))
+    self.meters = meters_lib.RunMeters(
+        self.settings.global_batch_size, self.replicas, utilisation,
+        allreduce.gradient_bytes(self.model.trainable_variables,
+                                 self.settings.step_options[
+                                     "allreduce_dtype"]))
+    checkpoints = self.parts.checkpoints
+    self.run_state = actions.RunState(
+        self.settings.schedule, checkpoints.saved_at or 0,
+        multi_worker=self.workers > 1,
+        stopping=bool(checkpoints.stopped.numpy()),
+        call_limit=auto_steps_per_call(None, self.workers > 1))
+    return self.run_state
 
-  def _step_functions(self) -> dict:
-    """The timed step and the plain steps: one per call, or (any
-    steps_per_loop but 1) "many", which runs a call of one step too, so a
-    run traces two functions either way."""
+  @contextlib.contextmanager
+  def _actions(self, run, iterator):
+    """The CallbackList of one run (its order is the order of actions at a
+    boundary), with the profiler and the SIGTERM handler around it."""
+    users = callbacks_lib.for_worker(
+        self.parts.callbacks, self.chief,
+        os.path.join(self.parts.checkpoints.scratch or "", "callbacks"))
+    batch_logs = callbacks_lib.want_batch_logs(users)
+    with profiler.Profiler(self.settings.profile_steps, self.workdir,
+                           self.chief) as prof, preemption.StopRequest(
+                               self.strategy, self.workers > 1,
+                               self.settings.schedule.log_every) as stop:
+      before = [actions.LogWindow(run, self),
+                actions.Profile(run, prof),
+                actions.Calibrate(run, self, iterator)]
+      after = [actions.SaveCheckpoints(run, self.parts.checkpoints,
+                                       self.meters),
+               actions.AnswerSigterm(run, stop, self.parts.checkpoints)]
+      if users:
+        after.insert(0, actions.AgreeToStop(run, self.strategy, batch_logs))
+      self.history = keras.callbacks.History()
+      hooks = keras.callbacks.CallbackList(
+          [*before, *users, self.history, *after],
+          model=self.model, verbose=0, epochs=run.schedule.epochs,
+          steps=run.schedule.epoch_steps)
+      self._batch_logs_wanted = batch_logs
+      yield hooks
+
+  def _batch_logs(self, run) -> dict:
+    """The epoch's running values for batch hooks, when a callback reads
+    them (a read of every metric: a collective under multi-worker)."""
+    if not self._batch_logs_wanted:
+      return {}
+    return self.train_values(self.train_metrics.epoch(run.step))
+
+  def train_values(self, values: dict) -> dict:
+    """The train values as fit reports them: the model's metrics, or a
+    model's own train_step's logs when they name other things."""
+    logs = self.run_state.step_logs if self.run_state else {}
+    if logs and set(logs) != set(values):
+      return dict(logs)
+    return values
+
+  def _step_functions(self):
+    """`call(iterator, timed, n)`: a timed step, or n plain ones in one
+    call (any steps_per_loop but 1: a run traces two functions either
+    way)."""
     options = self.settings.step_options
-    steps = {True: step_lib.make_train_step(
-        self.strategy, self.model, self.optimizer, timed=True, **options)}
-    if self.settings.schedule.steps_per_loop == 1:
-      steps[False] = step_lib.make_train_step(
-          self.strategy, self.model, self.optimizer, **options)
+    if self.custom_step:
+      jit = bool(options["jit_compile"])
+      timed = model_step.make_train_step(self.strategy, self.model, True, jit)
+      plain = model_step.make_multi_step(self.strategy, self.model, jit)
     else:
-      steps["many"] = step_lib.make_multi_step(
-          self.strategy, self.model, self.optimizer, **options)
-    return steps
+      step_options = step_lib.StepOptions(
+          jit=step_lib.Jit.of(options["jit_compile"]),
+          allreduce_dtype=options["allreduce_dtype"],
+          bytes_per_pack=options["bytes_per_pack"])
+      timed = step_lib.make_train_step(self.strategy, self.model,
+                                       step_options, timed=True)
+      plain = step_lib.make_multi_step(self.strategy, self.model,
+                                       step_options)
 
-  def _train_loop(self, steps, iterator, throughput, sync_log, prof, stop):
-    schedule, last = self.settings.schedule, {"loss": None}
-    window = timing.Window()
-    # The step count is kept here, on the host: a read of the optimizer's
-    # counter (a mirrored variable) took ~0.85 ms under MirroredStrategy, and
-    # five reads a step were ~7% of the default LSTM's step (issue 17). It
-    # is checked against the counter at every log line.
-    step = self.step
-    while step < schedule.steps:
-      out = self._run_steps(steps, iterator, prof, step)
-      ran = int(out.get("steps", 1))
-      step += ran
-      window.add(out["loss"].numpy(), ran)
-      # Every step, before anything is saved: a non-finite update must never
-      # reach a checkpoint.
-      self._check_finite(step, out)
-      if "stamps" in out and step > 1:  # Step 1 warmed the function up.
-        window.breakdown = breakdown_lib.breakdown(
-            out["step_start"].numpy(), out["inputs_ready"].numpy(),
-            out["stamps"].numpy(), out["collective_waits"].numpy())
-      # The compiled metrics hold this window's state: log them before an
-      # eval pass resets them.
-      if schedule.logs(step) or (schedule.evaluates(step) and window.steps):
-        self._check_step(step)
-        last = self._log_train(step, window, throughput, sync_log)
-        window = timing.Window()
-      window.pause()  # Checkpoints and eval are not train-step time.
-      self._between_steps(step, stop)
-      window.resume()
-    return last
+    def call(iterator, is_timed: bool, n: int) -> dict:
+      return timed(iterator) if is_timed else plain(iterator, tf.constant(n))
 
-  def _between_steps(self, step: int, stop) -> None:
-    """A preemption's checkpoint and exit, a checkpoint, an eval."""
-    if stop.should_stop(step):
-      path = self.parts.checkpoints.save(step)
-      raise errors.Preempted(
-          f"stopped by SIGTERM after step {step}; checkpoint "
-          f"{os.path.basename(path)} saved in {self.parts.checkpoints.folder}"
-          "; rerun the same command to resume from it.")
-    if self.settings.schedule.checkpoints(step):
-      self.parts.checkpoints.save(step)
-    if self.settings.schedule.evaluates(step):
-      self.evaluate()
+    return call
 
-  def _check_step(self, step: int) -> None:
-    """The host's step count is the optimizer's (every step advances it by
-    one, a loss-scaled skipped step included: step._count_skipped_step)."""
-    if self.step != step:
-      raise RuntimeError(f"the optimizer counted {self.step} steps where "
-                         f"the loop ran {step}: a dist_keras bug.")
-
-  def _run_steps(self, steps, iterator, prof, step: int) -> dict:
-    """One call of a step function after `step`: a timed step, or up to
-    steps_per_loop plain ones; a train stream that runs dry is the user's
-    to fix."""
-    schedule = self.settings.schedule
-    timed = schedule.timed(step + 1)
-    n = 1 if timed else schedule.call_size(step, self.call_limit)
-    self.largest_call = max(self.largest_call, n)
+  def _call(self, run, call, iterator) -> None:
+    """One call of steps after run.step; checked before anything reads or
+    saves its results."""
+    schedule = run.schedule
+    timed = schedule.timed(run.step + 1)
+    n = 1 if timed else schedule.call_size(run.step, run.call_limit)
     try:
-      with prof.step(step + 1):
-        if timed or "many" not in steps:
-          return steps[timed](iterator)
-        return steps["many"](iterator, tf.constant(n))
+      out = call(iterator, timed, n)
     except (tf.errors.OutOfRangeError, StopIteration) as e:
-      # Which step of a call of n failed is not known here (the optimizer's
-      # step counter may have counted the failed step: it does not wait for
-      # the batch).
-      at = f"step {step + 1}" if n == 1 else f"steps {step + 1}-{step + n}"
+      # Which step of a call of n failed is not known here.
+      at = (f"step {run.step + 1}" if n == 1
+            else f"steps {run.step + 1}-{run.step + n}")
       raise UserError(
           f"dataset_fn('train', ...) ran out of batches at {at}; repeat it "
           f"(ds.repeat()) so training runs train.steps={schedule.steps} "
           "steps.") from e
+    ran = int(out.get("steps", 1))
+    run.step += ran
+    run.out = out
+    run.step_logs = {k: float(v) for k, v in out.get("logs", {}).items()}
+    # Every step, before anything is saved: a non-finite update must never
+    # reach a checkpoint.
+    self._check_finite(run, out)
+    self.meters.ran(ran, out, run.step)
 
-  def _check_finite(self, step: int, out: dict) -> None:
-    """Stops training at the first non-finite loss or gradient norm.
+  def _check_finite(self, run, out: dict) -> None:
+    """Stops training at the first non-finite loss or gradient norm (a
+    model's own step: at the first non-finite value in its logs).
 
     Under float16 loss scaling an overflowing gradient is expected now and
     then: the update skipped it and halved the scale (counted in
     skipped_steps). Only a non-finite loss, or a scale driven below 1 (the
     gradients overflow even unscaled), is divergence there.
     """
-    loss, norm = float(out["loss"].numpy()), float(out["grad_norm"].numpy())
-    skipped = int(out["skipped"])
-    self.skipped_steps += skipped
-    scale = step_lib.loss_scale_of(self.optimizer)
-    if skipped and np.isfinite(loss) and float(scale.numpy()) >= 1.0:
-      return
-    if np.isfinite(loss) and np.isfinite(norm):
-      return
+    if "finite" in out:
+      if bool(out["finite"]):
+        return
+      what = f"the model's train_step returned {run.step_logs}"
+    else:
+      loss, norm = float(out["loss"]), float(out["grad_norm"])
+      skipped = int(out["skipped"])
+      run.skipped_steps += skipped
+      scale = step_lib.loss_scale_of(self.model.optimizer)
+      if skipped and np.isfinite(loss) and float(scale.numpy()) >= 1.0:
+        return
+      if np.isfinite(loss) and np.isfinite(norm):
+        return
+      what = f"loss {loss} and gradient norm {norm}"
     latest = self.parts.checkpoints.latest()
     kept = (f"the last good checkpoint ({os.path.basename(latest)}) is kept"
             if latest else "no checkpoint was saved before it")
     raise errors.Diverged(
-        f"loss {loss} and gradient norm {norm} at step {step}: training "
-        f"diverged; {kept}. Lower the learning rate or clip the gradient "
-        "norm (train.global_clipnorm, or the optimizer's global_clipnorm), "
-        "then rerun to resume from it.")
+        f"{what} at step {run.step}: training diverged; {kept}. Lower the "
+        "learning rate or clip the gradient norm (train.global_clipnorm, or "
+        "the optimizer's global_clipnorm), then rerun to resume from it.")
 
-  def _log_train(self, step, window, throughput, sync_log) -> dict:
-    """Logs the window since the last line; returns its loss and metrics."""
-    seconds = window.elapsed()
-    self.call_limit = auto_steps_per_call(seconds / window.steps,
-                                          self.workers > 1)
-    loss = window.loss_sum / window.steps
-    metrics = {name: float(value) for name, value in
-               self.read_metrics().items()}
-    self.model.reset_metrics()  # The next window starts from zero.
-    values = {"loss": loss, **metrics, **self._extra_values(loss)}
-    if throughput.add(window.steps, seconds):
-      eps = self.settings.global_batch_size * window.steps / seconds
-      values.update({"perf/step_ms": 1e3 * seconds / window.steps,
-                     "perf/examples_per_sec": eps,
-                     "perf/examples_per_sec_per_replica": eps / self.replicas,
-                     **self.utilisation.scalars(eps)})
-    if window.breakdown:
-      values.update(sync_log.add(window.breakdown))
-      values["sync/gradient_bytes"] = self.gradient_bytes
+  def evaluate(self, hooks=None) -> dict:
+    """One pass of the eval split, logged; the callbacks' test hooks around
+    it (the pass is one call: one test batch hook)."""
+    if not model_step.evaluates(self.model):
+      return {}
+    hooks = hooks or keras.callbacks.CallbackList([], model=self.model)
+    hooks.on_test_begin()
+    hooks.on_test_batch_begin(0)
+    result = evaluation.evaluate(self.eval_pass, self.metric_state,
+                                 self.parts.eval_ds)
+    steps = result.pop("steps")
+    logs = {k: v for k, v in result.items() if k != "examples"}
+    hooks.on_test_batch_end(max(steps - 1, 0), logs)
+    hooks.on_test_end(logs)
+    step = (self.run_state.step if self.run_state
+            else self.parts.checkpoints.saved_at or 0)
+    values = {f"eval/{name}": value for name, value in logs.items()}
+    if self.settings.perplexity and "loss" in logs:
+      values["eval/perplexity"] = report.perplexity(logs["loss"])
     self.summaries.scalars(step, values)
-    schedule = self.settings.schedule
-    remaining = (schedule.steps - step) * (throughput.step_seconds
-                                           or seconds / window.steps)
-    self.log(report.progress_line(step, schedule.steps,
-                                  {"loss": loss, **metrics},
-                                  values.get("perf/examples_per_sec"),
-                                  remaining))
-    return {"loss": loss, **metrics}
-
-  def _extra_values(self, loss: float) -> dict:
-    """The learning rate, perplexity and the float16 loss scale."""
-    values = {"learning_rate": lr_lib.last_applied(self.optimizer)}
-    if self.settings.perplexity:
-      values["perplexity"] = report.perplexity(loss)
-    scale = step_lib.loss_scale_of(self.optimizer)
-    if scale is not None:
-      values["train/loss_scale"] = float(scale.numpy())
-      values["train/skipped_steps"] = self.skipped_steps
-    return values
-
-  def evaluate(self) -> dict:
-    """One pass of the eval split, logged; resets the compiled metrics."""
-    result = step_lib.evaluate(self.eval_pass, self.read_metrics, self.model,
-                               self.parts.eval_ds)
-    self.model.reset_metrics()
-    values = {f"eval/{name}": value for name, value in result.items()
-              if name != "examples"}
-    if self.settings.perplexity:
-      values["eval/perplexity"] = report.perplexity(result["loss"])
-    self.summaries.scalars(self.step, values)
-    self.log(report.eval_line(self.step, result))
+    self.say(report.eval_line(step, result))
     return result
 
-  def _calibrate(self, iterator, throughput, sync_log) -> dict:
-    """The no-communication baseline and the all-reduce model check."""
-    steps = self.settings.calibration_steps
-    if not steps or not throughput.step_seconds:
-      return {}
-    ideal_ms = calibration.no_communication_step_ms(
-        self.strategy, step_lib.make_compute_only(self.model, self.optimizer),
-        iterator, steps, per_call=self.largest_call)
-    measured = sync_log.means().get("allreduce_ms")
-    out = calibration.check(self.strategy, 1e3 * throughput.step_seconds,
-                            ideal_ms, self.gradient_bytes, measured,
-                            deterministic=self.workers > 1)
-    for line in calibration.lines(out, self.gradient_bytes, measured,
-                                  self.replicas > 1):
-      self.log(line)
-    return out
-
-  def _finish(self, last, final_eval, throughput, sync_log, calibrated):
-    eps = throughput.examples_per_sec
+  def _finish(self, run) -> dict:
+    """summary.json and model.keras, once the callbacks are done."""
+    eps = self.meters.throughput.examples_per_sec
     if eps:
-      self.log(timing.throughput_line(
-          eps, timing.step_time_stats(throughput.window_ms)))
-    summary = report.summary(
-        run=self._run_fields(), last=last, final_eval=final_eval,
-        throughput=throughput, sync_log=sync_log, calibrated=calibrated,
-        utilisation=self.utilisation, gradient_bytes=self.gradient_bytes,
-        skipped_steps=self.skipped_steps)
-    self.log(self.utilisation.line(eps))
+      self.say(report.throughput_line(self.meters))
+    summary = report.summary(self._run_fields(run), run, self.meters)
+    self.say(self.meters.utilisation.line(eps))
     self.summaries.flush()
     if self.chief:
       workdir_lib.save_model(self.workdir, self.model)
       workdir_lib.write_json(self.workdir, workdir_lib.SUMMARY_JSON, summary)
     return summary
 
-  def _run_fields(self) -> dict:
+  def _run_fields(self, run) -> dict:
     return {"strategy": strategy_lib.display_name(self.strategy),
             "device_kind": mfu.device_kind(self.strategy),
-            "replicas": self.replicas, "steps": self.step,
+            "replicas": self.replicas, "steps": run.step,
             "global_batch_size": self.settings.global_batch_size,
             "dtype_policy": self.model.dtype_policy.name,
             "base_learning_rate": self.parts.rate.base,
-            "peak_learning_rate": self.parts.rate.peak}
+            "peak_learning_rate": self.parts.rate.peak,
+            "train_step": "model" if self.custom_step else "dist_keras",
+            "callbacks": [type(c).__name__ for c in self.parts.callbacks],
+            "stopped_early": run.stopping}

@@ -18,6 +18,7 @@ import math
 import keras
 
 from dist_keras.errors import UserError
+from dist_keras.training import keras_internals
 
 # Factor applied to the base rate for a global batch `ratio` times
 # train.base_batch_size (validate.LR_SCALINGS names them).
@@ -75,8 +76,7 @@ def apply(optimizer, train_cfg) -> Rate:
 
 
 def _constant_rate(optimizer) -> float | None:
-  if isinstance(getattr(optimizer, "_learning_rate", None),  # pylint: disable=protected-access
-                keras.optimizers.schedules.LearningRateSchedule):
+  if keras_internals.rate_schedule(optimizer) is not None:
     return None
   try:
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
@@ -96,14 +96,15 @@ def describe(train_cfg, base: float) -> str:
 
 
 def last_applied(optimizer) -> float:
-  """The rate the optimizer's last update used (at iterations - 1).
+  """The rate the optimizer's last update used.
 
   A scheduled optimizer's `learning_rate` is the rate of its NEXT update;
-  a log line at step s describes the steps up to s, so it shows s's rate.
+  a log line at step s describes the steps up to s, so it shows the rate
+  of the last batch applied (the schedule reads the applied batches).
   """
+  schedule = keras_internals.rate_schedule(optimizer)
+  if schedule is not None:
+    applied = int(keras_internals.applied_batches(optimizer).numpy())
+    return float(keras.ops.convert_to_numpy(schedule(max(applied - 1, 0))))
   optimizer = getattr(optimizer, "inner_optimizer", optimizer)
-  schedule = optimizer._learning_rate  # pylint: disable=protected-access
-  if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
-    step = max(int(optimizer.iterations.numpy()) - 1, 0)
-    return float(keras.ops.convert_to_numpy(schedule(step)))
   return float(keras.ops.convert_to_numpy(optimizer.learning_rate))

@@ -7,8 +7,10 @@ from dist_keras.measure import timing
 
 
 def metrics_text(values: dict) -> str:
-  """'loss 0.1234  accuracy 0.9120': the loss first, then each metric."""
-  ordered = {"loss": values["loss"], **values}
+  """'loss 0.1234  accuracy 0.9120': the loss first (if any), then each
+  metric."""
+  ordered = {**({"loss": values["loss"]} if "loss" in values else {}),
+             **values}
   return "  ".join(f"{name} {value:.4f}" if abs(value) < 1e4
                    else f"{name} {value:.4g}"
                    for name, value in ordered.items())
@@ -33,39 +35,51 @@ def eval_line(step: int, result: dict) -> str:
 
 
 def done_line(summary: dict) -> str:
-  """'done: 800 steps, eval accuracy 1.0000, loss 0.0012'."""
+  """'done: 800 steps, eval accuracy 1.0000, loss 0.0012' (and where a
+  callback stopped training)."""
   metrics = [(k[len("eval_"):], v) for k, v in summary.items()
              if k.startswith("eval_") and k not in ("eval_loss",
                                                     "eval_examples")]
-  text = ", ".join(f"{name} {value:.4f}" for name, value in
-                   [*metrics, ("loss", summary["eval_loss"])])
-  return f"done: {summary['steps']} steps, eval {text}"
+  if "eval_loss" in summary:
+    metrics.append(("loss", summary["eval_loss"]))
+  text = ", ".join(f"{name} {value:.4f}" for name, value in metrics)
+  stopped = " (stopped by a callback)" if summary.get("stopped_early") else ""
+  return f"done: {summary['steps']} steps{stopped}" + (
+      f", eval {text}" if text else "")
 
 
-def summary(*, run: dict, last: dict, final_eval: dict, throughput,
-            sync_log, calibrated: dict, utilisation, gradient_bytes: int,
-            skipped_steps: int) -> dict:
-  """summary.json: `run` (strategy, replicas, steps, ...), the last logged
-  train values and the final eval as train_NAME / eval_NAME, throughput,
-  the sync breakdown's means, the calibration, MFU."""
-  means = sync_log.means()
-  eps = throughput.examples_per_sec
-  replicas = run["replicas"]
+def throughput_line(meters) -> str:
+  return timing.throughput_line(
+      meters.throughput.examples_per_sec,
+      timing.step_time_stats(meters.throughput.window_ms))
+
+
+def summary(run_fields: dict, run, meters) -> dict:
+  """summary.json: `run_fields` (strategy, replicas, steps, ...), the last
+  logged train values and the final eval as train_NAME / eval_NAME,
+  throughput, the sync breakdown's means, the calibration, MFU."""
+  means = meters.sync_log.means()
+  eps = meters.throughput.examples_per_sec
+  replicas = run_fields["replicas"]
+  split = ("model_step" if "model_step_ms" in means
+           else "compute, straggler, allreduce")
   return {
-      **run,
-      **{f"train_{name}": value for name, value in last.items()},
-      **{f"eval_{name}": value for name, value in final_eval.items()},
+      **run_fields,
+      **{f"train_{name}": value for name, value in run.logged.items()},
+      **{f"eval_{name}": value for name, value in run.final_eval.items()},
       "examples_per_sec": eps,
       "examples_per_sec_per_replica": eps / replicas if eps else None,
       # Wall ms per step over the log windows (the warm-up one left out).
-      **timing.step_time_stats(throughput.window_ms),
-      "gradient_bytes": gradient_bytes,
+      **timing.step_time_stats(meters.throughput.window_ms),
+      "gradient_bytes": meters.gradient_bytes,
       # Means over the instrumented steps (None with log.sync_timing off).
+      # A model's own train_step splits into input wait and model_step only.
+      "sync_split": split if means else None,
       "sync_fraction": means.get("fraction"),
       **{k: means.get(k) for k in (*breakdown_lib.SyncLog.COMPONENTS,
-                                   "step_ms")},
-      "skipped_steps": skipped_steps,
+                                   "model_step_ms", "step_ms")},
+      "skipped_steps": run.skipped_steps,
       "ideal_step_ms": None, "ideal_speedup": None,
-      **calibrated,
-      **utilisation.summary(eps),
+      **run.calibrated,
+      **meters.utilisation.summary(eps),
   }

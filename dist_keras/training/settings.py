@@ -34,10 +34,26 @@ class Schedule:
   def logs(self, step: int) -> bool:
     return step % self.log_every == 0 or step == self.steps
 
-  def evaluates(self, step: int) -> bool:
-    """An eval during training (the final one always runs)."""
-    return bool(self.eval_every) and step % self.eval_every == 0 and (
-        step < self.steps)
+  @property
+  def epoch_steps(self) -> int:
+    """Steps per epoch: an eval interval (the whole run at eval.every=0);
+    every epoch ends with an eval, the last one at train.steps."""
+    return self.eval_every or self.steps
+
+  @property
+  def epochs(self) -> int:
+    return -(-self.steps // self.epoch_steps)
+
+  def epoch_after(self, step: int) -> int:
+    """The epoch (from 0) that the step after `step` belongs to."""
+    return step // self.epoch_steps
+
+  def epoch_end(self, epoch: int) -> int:
+    """The last step of `epoch`."""
+    return min((epoch + 1) * self.epoch_steps, self.steps)
+
+  def ends_epoch(self, step: int) -> bool:
+    return step % self.epoch_steps == 0 or step == self.steps
 
   def checkpoints(self, step: int) -> bool:
     """A checkpoint during training (the final one always is saved)."""

@@ -1,0 +1,62 @@
+"""What a run measures while it trains, in one object the loop owns:
+wall time per log window and throughput, the sync breakdown of the timed
+steps, MFU. The loop tells it what ran; it hands back TensorBoard values."""
+import numpy as np
+
+from dist_keras.measure import breakdown as breakdown_lib
+from dist_keras.measure import timing
+
+
+class RunMeters:
+  """Throughput, sync breakdown and utilisation over a run's log windows."""
+
+  def __init__(self, global_batch_size: int, replicas: int, utilisation,
+               gradient_bytes: int):
+    self.global_batch_size, self.replicas = global_batch_size, replicas
+    self.utilisation, self.gradient_bytes = utilisation, gradient_bytes
+    self.throughput = timing.Throughput(global_batch_size)
+    self.sync_log = breakdown_lib.SyncLog()
+    self.window = timing.Window()
+    self.largest_call = 1  # Steps; the calibration times calls that size.
+
+  def ran(self, steps: int, out: dict, step: int) -> None:
+    """Counts a call of `steps` steps that ended at `step`; keeps the sync
+    breakdown of a timed step but the first (it warmed the function up)."""
+    self.window.steps += steps
+    self.largest_call = max(self.largest_call, steps)
+    if "stamps" not in out or step <= 1:
+      return
+    stamped = [np.asarray(out[k]) for k in ("step_start", "inputs_ready",
+                                            "stamps")]
+    if "collective_waits" in out:
+      self.window.breakdown = breakdown_lib.breakdown(
+          *stamped, np.asarray(out["collective_waits"]))
+    else:  # A model's own train_step: not split further.
+      self.window.breakdown = breakdown_lib.whole_step(*stamped)
+
+  def close_window(self) -> tuple[dict, float]:
+    """Ends the log window: (its perf/ and sync/ values, seconds per step)."""
+    window, self.window = self.window, timing.Window()
+    seconds = window.elapsed()
+    values = {}
+    if self.throughput.add(window.steps, seconds):
+      eps = self.global_batch_size * window.steps / seconds
+      values.update({"perf/step_ms": 1e3 * seconds / window.steps,
+                     "perf/examples_per_sec": eps,
+                     "perf/examples_per_sec_per_replica": eps / self.replicas,
+                     **self.utilisation.scalars(eps)})
+    if window.breakdown:
+      values.update(self.sync_log.add(window.breakdown))
+      values["sync/gradient_bytes"] = self.gradient_bytes
+    return values, seconds / window.steps
+
+  def seconds_left(self, steps_left: int, window_seconds: float) -> float:
+    """The ETA: the run's counted step time, else the last window's."""
+    return steps_left * (self.throughput.step_seconds or window_seconds)
+
+  def pause(self) -> None:
+    """Eval, checkpoints and epoch ends are not train-step time."""
+    self.window.pause()
+
+  def resume(self) -> None:
+    self.window.resume()

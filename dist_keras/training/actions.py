@@ -1,0 +1,191 @@
+"""What happens at a step boundary, as Keras callbacks: the built-in actions
+run in one keras.callbacks.CallbackList with the users' callbacks, in order
+(loop.hooks_for): log the window, profile, calibrate, the users' callbacks,
+History, agree to stop, checkpoint, answer a SIGTERM. A boundary that ends
+an epoch is an epoch end (after the eval); any other is a batch end.
+"""
+import dataclasses
+import os
+
+import keras
+
+from dist_keras import errors
+from dist_keras.measure import calibration
+from dist_keras.training import allreduce, lr as lr_lib, report
+from dist_keras.training import step as step_lib
+from dist_keras.training.settings import Schedule, auto_steps_per_call
+
+
+@dataclasses.dataclass
+class RunState:
+  """The loop's state between calls, which the actions read and update."""
+  schedule: Schedule
+  step: int  # Steps done: batches read (the host's count, checkpointed).
+  multi_worker: bool = False
+  out: dict = dataclasses.field(default_factory=dict)  # The last call's.
+  step_logs: dict = dataclasses.field(default_factory=dict)  # Its logs.
+  stopping: bool = False  # Every worker agreed: model.stop_training.
+  call_limit: int = 1  # Steps per call under train.steps_per_loop=0.
+  skipped_steps: int = 0  # float16 loss scaling: overflowed, not applied.
+  logged: dict = dataclasses.field(default_factory=dict)  # Last window's.
+  final_eval: dict | None = None
+  calibrated: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def finishing(self) -> bool:
+    return self.stopping or self.step >= self.schedule.steps
+
+
+class _Boundary(keras.callbacks.Callback):
+  """An action at every step boundary: `at(step, epoch_end)` once per
+  boundary, from the batch end, or from the epoch end when the step ends
+  an epoch (then after the eval and the users' epoch-end hooks)."""
+
+  def __init__(self, run: RunState):
+    super().__init__()
+    self.run = run
+
+  def on_train_batch_end(self, batch, logs=None):
+    if not self.run.schedule.ends_epoch(self.run.step) and not (
+        self.run.stopping):
+      self.at(self.run.step, epoch_end=False)
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.at(self.run.step, epoch_end=True)
+
+  def at(self, step: int, epoch_end: bool) -> None:
+    raise NotImplementedError
+
+
+class LogWindow(keras.callbacks.Callback):
+  """At every log step and epoch end: the window's train values and
+  measurements to TensorBoard, and a progress line."""
+
+  def __init__(self, run: RunState, trainer):
+    super().__init__()
+    self.run, self.trainer = run, trainer
+
+  def on_train_batch_end(self, batch, logs=None):
+    step, schedule = self.run.step, self.run.schedule
+    if not (schedule.logs(step) or schedule.ends_epoch(step)):
+      return
+    train = self.trainer.train_values(self.trainer.train_metrics.window(step))
+    perf, seconds = self.trainer.meters.close_window()
+    self.run.call_limit = auto_steps_per_call(seconds, self.run.multi_worker)
+    self.run.logged = train
+    self.trainer.summaries.scalars(step, {**train, **self._extra(train),
+                                          **perf})
+    self.trainer.say(report.progress_line(
+        step, schedule.steps, train, perf.get("perf/examples_per_sec"),
+        self.trainer.meters.seconds_left(schedule.steps - step, seconds)))
+
+  def _extra(self, train: dict) -> dict:
+    """The learning rate, perplexity and the float16 loss scale."""
+    optimizer = self.model.optimizer
+    values = {"learning_rate": lr_lib.last_applied(optimizer)}
+    if self.trainer.settings.perplexity and "loss" in train:
+      values["perplexity"] = report.perplexity(train["loss"])
+    scale = step_lib.loss_scale_of(optimizer)
+    if scale is not None:
+      values["train/loss_scale"] = float(scale.numpy())
+      values["train/skipped_steps"] = self.run.skipped_steps
+    return values
+
+
+class Profile(keras.callbacks.Callback):
+  """log.profile_steps: traces the chosen steps, each marked."""
+
+  def __init__(self, run: RunState, profiler):
+    super().__init__()
+    self.run, self.profiler, self._trace = run, profiler, None
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self._trace = self.profiler.step(self.run.step + 1)
+    self._trace.__enter__()
+
+  def on_train_batch_end(self, batch, logs=None):
+    if self._trace is not None:
+      self._trace.__exit__(None, None, None)
+      self._trace = None
+
+
+class Calibrate(keras.callbacks.Callback):
+  """After training: the free-communication step and the all-reduce model
+  (log.calibration_steps; not for a model's own train_step)."""
+
+  def __init__(self, run: RunState, trainer, iterator):
+    super().__init__()
+    self.run, self.trainer, self.iterator = run, trainer, iterator
+
+  def on_train_end(self, logs=None):
+    trainer, meters = self.trainer, self.trainer.meters
+    steps = trainer.settings.calibration_steps
+    if not steps or not meters.throughput.step_seconds or trainer.custom_step:
+      return
+    ideal_ms = calibration.no_communication_step_ms(
+        trainer.strategy, step_lib.make_compute_only(
+            self.model, self.model.optimizer),
+        self.iterator, steps, per_call=meters.largest_call)
+    measured = meters.sync_log.means().get("allreduce_ms")
+    self.run.calibrated = calibration.check(
+        trainer.strategy, 1e3 * meters.throughput.step_seconds, ideal_ms,
+        meters.gradient_bytes, measured, deterministic=self.run.multi_worker)
+    for line in calibration.lines(self.run.calibrated, meters.gradient_bytes,
+                                  measured, trainer.replicas > 1):
+      trainer.say(line)
+
+
+class AgreeToStop(_Boundary):
+  """Every worker stops at the same step when a callback sets
+  `model.stop_training` (EarlyStopping, TerminateOnNaN, your own): one
+  tiny all-reduce per epoch end (and per call when a callback has batch
+  hooks) under multi-worker training."""
+
+  def __init__(self, run: RunState, strategy, at_batch_ends: bool):
+    super().__init__(run)
+    self.at_batch_ends = at_batch_ends
+    self._agree = (allreduce.host_value_sum(strategy) if run.multi_worker
+                   else None)
+
+  def at(self, step: int, epoch_end: bool) -> None:
+    if not (epoch_end or self.at_batch_ends):
+      return
+    wanted = bool(getattr(self.model, "stop_training", False))
+    if self._agree is not None:
+      wanted = self._agree(float(wanted)) > 0
+    self.run.stopping = wanted
+    self.model.stop_training = wanted
+
+
+class SaveCheckpoints(_Boundary):
+  """Every train.checkpoint_every steps, and where training ends."""
+
+  def __init__(self, run: RunState, checkpoints, meters):
+    super().__init__(run)
+    self.checkpoints, self.meters = checkpoints, meters
+
+  def at(self, step: int, epoch_end: bool) -> None:
+    if self.run.schedule.checkpoints(step) or (
+        epoch_end and self.run.finishing):
+      self.meters.pause()
+      self.checkpoints.save(step, stopped=self.run.stopping)
+      self.meters.resume()
+
+
+class AnswerSigterm(_Boundary):
+  """A SIGTERM (preemption): checkpoint this step and exit, retryable."""
+
+  def __init__(self, run: RunState, stop_request, checkpoints):
+    super().__init__(run)
+    self.stop_request, self.checkpoints = stop_request, checkpoints
+
+  def at(self, step: int, epoch_end: bool) -> None:
+    if not self.stop_request.should_stop(step):
+      return
+    if self.checkpoints.saved_at != step:
+      self.checkpoints.save(step, stopped=self.run.stopping)
+    raise errors.Preempted(
+        f"stopped by SIGTERM after step {step}; checkpoint "
+        f"{os.path.basename(self.checkpoints.latest())} saved in "
+        f"{self.checkpoints.folder}; rerun the same command to resume "
+        "from it.")

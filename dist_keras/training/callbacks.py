@@ -1,0 +1,90 @@
+"""Users' Keras callbacks, run as Keras' `fit` runs them.
+
+The mapping (docs/own_models.md#callbacks): an epoch is one eval interval
+(`eval.every` steps; the whole run when it is 0); epoch logs hold the
+epoch's train loss and metrics and the eval's under `val_` names, as `fit`
+names them; batch hooks run once per call of steps (one step, or many when
+steps run many to a call, as under `fit`'s steps_per_execution), with the
+epoch's running values. Under multi-worker training every worker runs every
+callback on the same values; files go where the chief writes them, and to
+a scratch folder on other workers (as Keras does for multi-worker).
+"""
+import os
+
+import keras
+
+from dist_keras.errors import UserError
+
+# Attributes naming the files of Keras' file-writing callbacks
+# (ModelCheckpoint, CSVLogger, TensorBoard).
+_FILE_ATTRIBUTES = ("filepath", "filename", "log_dir")
+_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end",
+                "on_batch_begin", "on_batch_end")
+
+
+def check(callbacks) -> list:
+  """The users' callbacks as a list, checked.
+
+  Raises:
+    UserError: something that is not a keras.callbacks.Callback, or Keras'
+      BackupAndRestore (dist_keras resumes by itself).
+  """
+  if callbacks is None:
+    return []
+  if isinstance(callbacks, keras.callbacks.Callback):
+    callbacks = [callbacks]
+  callbacks = list(callbacks)
+  for i, callback in enumerate(callbacks):
+    if isinstance(callback, keras.callbacks.BackupAndRestore):
+      raise UserError(
+          f"callbacks[{i}] is keras.callbacks.BackupAndRestore, but "
+          "dist_keras already resumes from its own checkpoints (rerun with "
+          "the same --workdir; train.checkpoint_every sets how often); "
+          "remove it.")
+    if not isinstance(callback, keras.callbacks.Callback):
+      raise UserError(
+          f"callbacks[{i}] is a {type(callback).__name__}, not a "
+          "keras.callbacks.Callback; pass Keras callbacks (or subclasses).")
+  return callbacks
+
+
+def for_worker(callbacks: list, chief: bool, scratch: str) -> list:
+  """On a worker that is not the chief, points every Keras file-writing
+  callback into `scratch` (the chief writes the real files)."""
+  if chief:
+    return callbacks
+  for callback in callbacks:
+    for name in _FILE_ATTRIBUTES:
+      path = getattr(callback, name, None)
+      if isinstance(path, str) and path:
+        folder = os.path.join(scratch, type(callback).__name__)
+        os.makedirs(folder, exist_ok=True)  # CSVLogger makes none.
+        setattr(callback, name, os.path.join(
+            folder, os.path.basename(os.path.normpath(path))))
+  return callbacks
+
+
+def want_batch_logs(callbacks: list) -> bool:
+  """Whether a callback reads batch logs (then every call's end reads the
+  metrics: a collective under multi-worker). Keras' ModelCheckpoint and
+  TensorBoard have batch hooks but read nothing there when they act per
+  epoch."""
+  return any(_reads_batch_logs(c) for c in callbacks)
+
+
+def _reads_batch_logs(callback) -> bool:
+  if isinstance(callback, keras.callbacks.ModelCheckpoint):
+    return callback.save_freq != "epoch"
+  if isinstance(callback, keras.callbacks.TensorBoard):
+    return callback.update_freq != "epoch"
+  if isinstance(callback, keras.callbacks.History):
+    return False
+  return any(_overrides(callback, hook) for hook in _BATCH_HOOKS)
+
+
+def _overrides(callback, hook: str) -> bool:
+  """Whether `callback` has its own `hook` (a subclass's method, or an
+  attribute such as LambdaCallback sets)."""
+  method = getattr(callback, hook)
+  return getattr(method, "__func__", method) is not getattr(
+      keras.callbacks.Callback, hook)

@@ -1,0 +1,94 @@
+"""One pass of the eval split: every example counted once, at any replica
+and worker count, for the loss, every per-output loss and every metric.
+
+Each replica runs the model's `test_step` on its batches (Keras' own, or the
+model's override), as Keras' `evaluate` does. Replicas that run out of data
+before the others get empty batches from TensorFlow, which never reach the
+model. Keras weighs its per-output loss trackers by a batch's STATIC size,
+unknown for a partial last batch (which then counted like a full one, so
+the per-output losses moved with the replica count); each of their updates
+is re-weighed here by the batch's examples.
+"""
+import keras
+import tensorflow as tf
+
+from dist_keras.training import keras_internals
+
+_SUM = tf.distribute.ReduceOp.SUM
+
+
+def make_eval_pass(strategy, model):
+  """A tf.function `(distributed_dataset) -> [examples, steps]` over one
+  pass of a finite eval dataset; it updates the model's metrics."""
+  trackers = keras_internals.output_loss_trackers(model)
+
+  def run_test_step(batch, examples):
+    # Read now (identity: a variable itself would be read after the update).
+    before = [(tf.identity(t.total.value), tf.identity(t.count.value))
+              for t in trackers]
+    logs = model.test_step(batch)
+    with tf.control_dependencies(tf.nest.flatten(logs)):
+      _reweigh(trackers, before, examples)
+      return tf.identity(examples)
+
+  def replica_step(batch):
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+    # An empty batch is not run through the model: TF 2.21's oneDNN fused
+    # Conv2D+Relu fails on one ("input depth must be evenly divisible by
+    # filter depth") on AVX-512 hosts, and it counts nowhere anyway.
+    return tf.cond(examples > 0, lambda: run_test_step(batch, examples),
+                   lambda: tf.constant(0.0))
+
+  def add_batch(totals, batch):
+    examples = strategy.reduce(
+        _SUM, strategy.run(replica_step, args=(batch,)), axis=None)
+    return totals + tf.stack([examples, 1.0])
+
+  @tf.function(autograph=False)
+  def eval_pass(dataset):
+    return _reduce(dataset, tf.zeros([2]), add_batch)
+
+  return eval_pass
+
+
+def _reweigh(trackers, before, examples) -> None:
+  """Makes each tracker's last update count `examples` times its batch's
+  loss, whatever weight Keras gave it (a test_step that left a tracker
+  alone leaves it as it was)."""
+  for tracker, (total, count) in zip(trackers, before):
+    added = tracker.count.value - count
+    value = tf.math.divide_no_nan(tracker.total.value - total, added)
+    updated = tf.cast(added > 0, tf.float32)
+    tracker.total.assign(total + updated * value * examples)
+    tracker.count.assign(count + updated * examples)
+
+
+def _reduce(dataset, initial_state, reduce_fn):
+  """`reduce_fn` over every element, in a while loop over the dataset's
+  iterator: a distributed dataset's own reduce (what AutoGraph makes of a
+  `for` over it), written out so a plain tf.data.Dataset
+  (input.reads_on_host) runs the step the same way: tf.data.Dataset.reduce
+  would run the model inside tf.data's runtime."""
+  iterator = iter(dataset)
+
+  def body(optional, state):
+    state = reduce_fn(state, optional.get_value())
+    return iterator.get_next_as_optional(), state
+
+  _, state = tf.while_loop(lambda optional, _: optional.has_value(), body,
+                           [iterator.get_next_as_optional(), initial_state],
+                           parallel_iterations=1)
+  return state
+
+
+def evaluate(eval_pass, metric_state, dataset) -> dict:
+  """One eval pass: {'loss' and every metric as the model reports them
+  (Keras' `evaluate` names), 'examples', 'steps'}; the metrics are reset
+  first."""
+  metric_state.model.reset_metrics()
+  examples, steps = eval_pass(dataset).numpy()
+  result = metric_state.results(metric_state.read())
+  result["examples"] = int(round(examples))
+  result["steps"] = int(round(steps))
+  return result

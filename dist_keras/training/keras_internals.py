@@ -1,0 +1,133 @@
+"""Every use of a private part of Keras, in one place.
+
+dist_keras trains compiled Keras models with its own loop, which needs a few
+things Keras has no public API for. Each is reached only here, and
+tests/training/test_keras_internals.py fails loudly when a Keras release
+moves one (rather than training silently wrong).
+
+- `_all_reduce_sum_gradients`: Keras 3 optimizers SUM-all-reduce gradients
+  inside `apply_gradients`, after clipping them, i.e. clipping each
+  replica's own gradient. dist_keras reduces first, itself, so that clipping
+  (and gradient accumulation, and the loss-scale check) sees the global
+  gradient and N replicas equal one device; the optimizer's own reduction
+  is turned off.
+- `_compile_loss.metrics`: the per-output loss trackers, which Keras weighs
+  by a batch's STATIC size (so a partial eval batch of unknown size counted
+  like a full one); the eval pass re-weighs them by the batch's examples.
+- `_iterations`: the optimizer's count of applied batches (with gradient
+  accumulation `iterations` counts updates), which its schedule reads.
+- `_learning_rate`: whether the rate is a schedule.
+- `_backend_apply_gradients` and TensorFlow's `_use_merge_call`: gradient
+  accumulation and EMA put the update inside a tf.cond whose branches
+  merge_call (Keras' TF optimizer), which TensorFlow refuses in the replica
+  context of more than one replica, so Keras' own fit cannot train them
+  under MirroredStrategy (update_without_merge_call).
+"""
+import keras
+import tensorflow as tf
+
+ALLREDUCE_HOOK = "_all_reduce_sum_gradients"
+
+
+def _require(obj, name: str, what: str):
+  value = getattr(obj, name, None)
+  if value is None:
+    raise RuntimeError(
+        f"{type(obj).__name__} has no {name} ({what}): this Keras release "
+        "changed it; dist_keras needs updating "
+        "(dist_keras/training/keras_internals.py).")
+  return value
+
+
+def disable_optimizer_allreduce(optimizer) -> None:
+  """Makes `optimizer` (and a LossScaleOptimizer's inner one) apply the
+  gradients as given: the caller has reduced them.
+
+  Raises:
+    RuntimeError: this Keras has no such hook; gradients would be reduced
+      twice (scaled by the replica count), so refuse to train.
+  """
+  if not callable(_require(optimizer, ALLREDUCE_HOOK, "its all-reduce")):
+    raise RuntimeError(f"{type(optimizer).__name__}.{ALLREDUCE_HOOK} is not "
+                       "callable: dist_keras needs updating.")
+  setattr(optimizer, ALLREDUCE_HOOK, lambda grads_and_vars: list(
+      grads_and_vars))
+  inner = getattr(optimizer, "inner_optimizer", None)
+  if inner is not None:
+    disable_optimizer_allreduce(inner)
+
+
+def reduce_in_apply(optimizer, all_reduce) -> None:
+  """For a model's own train_step: `optimizer.apply` (which
+  `apply_gradients` calls) all-reduces the gradients with `all_reduce`
+  first, then applies them as one device would; the optimizer's own
+  reduction (after clipping) is off."""
+  disable_optimizer_allreduce(optimizer)
+  apply = optimizer.apply
+
+  def apply_reduced(grads, trainable_variables=None):
+    return apply(all_reduce(list(grads)), trainable_variables)
+
+  optimizer.apply = apply_reduced
+
+
+def update_without_merge_call(optimizer) -> None:
+  """Lets an optimizer with gradient accumulation or EMA update under a
+  strategy of several replicas (see the module's docstring).
+
+  Keras puts those updates inside a tf.cond whose branches merge_call, which
+  TensorFlow refuses in a replica context. While the update runs, the
+  strategy is asked to update each replica's own copy of every variable in
+  the replica context instead (`_use_merge_call` False: TensorFlow's own
+  path for XLA-compiled steps on GPUs). The gradients are all-reduced
+  before, so every replica applies the same update.
+  """
+  for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+    if opt is None or not (opt.gradient_accumulation_steps or opt.use_ema):
+      continue
+    update = _require(opt, "_backend_apply_gradients", "its update")
+
+    def without_merge_call(grads, variables, update=update):
+      extended = tf.distribute.get_strategy().extended
+      _require(extended, "_use_merge_call", "TensorFlow's merge_call switch")
+      extended._use_merge_call = lambda: False  # pylint: disable=protected-access
+      try:
+        return update(grads, variables)
+      finally:
+        del extended._use_merge_call  # Back to the class's own.
+
+    opt._backend_apply_gradients = without_merge_call  # pylint: disable=protected-access
+
+
+def output_loss_trackers(model) -> list:
+  """The per-output loss trackers (keras.metrics.Mean: `NAME_loss`) of a
+  model compiled with several losses; [] for one loss."""
+  compile_loss = getattr(model, "_compile_loss", None)
+  trackers = list(getattr(compile_loss, "metrics", None) or [])
+  for tracker in trackers:
+    _require(tracker, "total", "a Mean's state")
+    _require(tracker, "count", "a Mean's state")
+  return trackers
+
+
+def applied_batches(optimizer):
+  """The batches the updating optimizer has applied (a LossScaleOptimizer's
+  inner one): what its learning-rate schedule is evaluated at."""
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  return _require(optimizer, "_iterations", "its step counter")
+
+
+def rate_schedule(optimizer):
+  """The updating optimizer's LearningRateSchedule, or None."""
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  rate = getattr(optimizer, "_learning_rate", None)
+  if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+    return rate
+  return None
+
+
+def unscaled_loss(loss):
+  """A replica's loss without Keras' 1 / replicas distribution scaling (as
+  Keras' own train_step feeds its loss tracker)."""
+  replicas = tf.distribute.get_strategy().num_replicas_in_sync
+  return loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss

@@ -1,0 +1,73 @@
+"""The model's metrics read as Keras' `fit` reports them: over a log window,
+over an epoch, and for one eval pass.
+
+Keras keeps every metric's state in SUM-aggregated on-read variables (totals
+and counts), so that a cross-replica read is the job's state. Those states
+add up across windows too: the loop reads the state once per log window and
+computes the window's values from the difference with the last read, while
+the model's metrics keep running over the whole epoch, as under `fit` (a
+callback reading `model.metrics` sees fit's epoch-to-date values).
+"""
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+class MetricState:
+  """Reads the model's metric state and computes metric values from it."""
+
+  def __init__(self, model):
+    self.model = model
+    self.variables = list(model.metrics_variables)
+    # Cross-replica context: each variable's value summed over every replica
+    # and worker. Under MultiWorkerMirroredStrategy this is a collective:
+    # every worker reads at the same points.
+    self._read = tf.function(
+        lambda: [tf.identity(v.value) for v in self.variables],
+        autograph=False)
+
+  def read(self) -> list:
+    """The job's metric state now: one array per metric variable."""
+    if not self.variables:
+      return []
+    return [np.asarray(t) for t in self._read()]
+
+  def results(self, state) -> dict:
+    """{name: value} of `model.get_metrics_result()` for `state`."""
+    mapping = [(v, tf.constant(s, dtype=v.dtype))
+               for v, s in zip(self.variables, state)]
+    with keras.StatelessScope(state_mapping=mapping):
+      values = self.model.get_metrics_result()
+    return {name: float(value) for name, value in values.items()}
+
+
+class TrainMetrics:
+  """The train metrics of the log windows and of the epoch."""
+
+  def __init__(self, state: MetricState):
+    self.state = state
+    self._last = None  # The state at the last window's end.
+    self._read = (None, None)  # (step, state) of the latest read.
+
+  def start_epoch(self) -> None:
+    """Resets the model's metrics, as `fit` does when an epoch begins."""
+    self.state.model.reset_metrics()
+    self._last, self._read = None, (None, None)
+
+  def _state_at(self, step: int) -> list:
+    """The state after `step`, read once however often it is asked for."""
+    if self._read[0] != step:
+      self._read = (step, self.state.read())
+    return self._read[1]
+
+  def window(self, step: int) -> dict:
+    """The values of the steps since the last window, up to `step`."""
+    now = self._state_at(step)
+    last = self._last or [np.zeros_like(s) for s in now]
+    self._last = now
+    return self.state.results([n - b for n, b in zip(now, last)])
+
+  def epoch(self, step: int) -> dict:
+    """The values since the epoch began, up to `step`: `fit`'s epoch logs
+    (and its batch logs: the epoch's running values)."""
+    return self.state.results(self._state_at(step))
