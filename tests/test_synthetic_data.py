@@ -140,9 +140,14 @@ def _tiny_synthetic(name):
 # above at 224x224, its step compiles and learns in tests/test_xla.py, and
 # docs/datasets.md's synthetic ResNet-50 run was measured by hand.
 TRAINED = [n for n in configs.names() if n != "resnet50_imagenet"]
+# These train in CI elsewhere (test_tfds.py on mock data; rnn_longmem is the
+# default config's model with another cell): their synthetic runs are slow.
+SLOW = ("lstm_imdb", "lstm_lm_shakespeare", "rnn_longmem")
 
 
-@pytest.mark.parametrize("name", TRAINED)
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+    for n in TRAINED])
 def test_every_config_trains_on_synthetic_data(tmp_path, mirrored, capsys,
                                                name):
   c = _tiny_synthetic(name)

@@ -14,6 +14,7 @@ import dist_keras
 import helpers
 import user_task
 from dist_keras import configs
+from dist_keras.errors import UserError
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
@@ -215,7 +216,7 @@ def test_an_empty_replica_batch_never_reaches_the_model(mirrored):
   second step leaves replica 1 an empty batch. It counts nowhere and is not
   run (TF 2.21's oneDNN Conv2D+Relu fails on an empty batch on AVX-512
   hosts), so a model that cannot take one still evaluates every example."""
-  from dist_keras.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  from dist_keras.training import evaluation, metrics  # pylint: disable=g-import-not-at-top
 
   class NoEmptyBatch(keras.layers.Layer):
     def call(self, x):
@@ -229,8 +230,11 @@ def test_an_empty_replica_batch_never_reaches_the_model(mirrored):
   x = np.arange(6, dtype="float32").reshape(3, 2)
   ds = mirrored.distribute_datasets_from_function(
       lambda ctx: tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(1))
-  result = step_lib.evaluate(step_lib.make_eval_pass(mirrored, model),
-                             step_lib.make_metrics_reader(model), model, ds)
+  with mirrored.scope():  # The metrics' state, as a run builds it.
+    model.compute_metrics(x, x[:, :1], model(x), None)
+    model.compute_loss(x, x[:, :1], model(x))
+  result = evaluation.evaluate(evaluation.make_eval_pass(mirrored, model),
+                               metrics.MetricState(model), ds)
   assert result["examples"] == 3
   mae = np.abs(np.asarray(model(x)) - x[:, :1]).mean()
   assert result["mae"] == pytest.approx(mae, rel=1e-6)
@@ -315,3 +319,61 @@ def _saved(model_fn, folder):
 
 if __name__ == "__main__":
   sys.exit(pytest.main([__file__]))
+
+
+def _compiled_with(**compile_args):
+  def model_fn():
+    model = user_task.model_fn()
+    model.compile(optimizer="sgd", loss="mse", **compile_args)
+    return model
+  return model_fn
+
+
+@pytest.mark.parametrize("model_fn,config,message", [
+    (_compiled_with(run_eagerly=True), {},
+     "was compiled with run_eagerly=True; dist_keras runs its steps as "
+     "tf.functions"),
+    (_compiled_with(steps_per_execution=4), {"train.steps_per_loop": 3},
+     r"steps_per_execution=4 but train.steps_per_loop=3; set one of them"),
+])
+def test_compiled_settings_are_honoured_or_refused(tmp_path, model_fn, config,
+                                                   message):
+  with pytest.raises(UserError, match=message):
+    dist_keras.fit(model_fn, user_task.dataset_fn, workdir=str(tmp_path / "w"),
+                   config=dict(CONFIG, **config), strategy="one_device")
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_compiled_steps_per_execution_and_jit_compile_are_honoured(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  result = dist_keras.fit(
+      _compiled_with(steps_per_execution=4, jit_compile=True),
+      user_task.dataset_fn, workdir=str(tmp_path), config=CONFIG,
+      strategy="one_device")
+  with open(tmp_path / "config.json", encoding="utf-8") as f:
+    saved = json.load(f)["train"]
+  assert (saved["steps_per_loop"], saved["jit_compile"]) == (4, True)
+  assert np.isfinite(result.summary["train_loss"])
+
+
+def test_a_models_own_step_is_not_compiled_across_replicas(tmp_path,
+                                                           mirrored):
+  import parity_task  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserError, match="train.jit_compile=true with Counting's "
+                     "own train_step under a multi-device strategy"):
+    dist_keras.fit(parity_task.custom_step, parity_task.dataset_fn,
+                   workdir=str(tmp_path / "w"),
+                   config=dict(CONFIG, **{"train.jit_compile": True}),
+                   strategy=mirrored)
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_a_models_unbuilt_optimizer_is_refused(tmp_path, mirrored):
+  import parity_task  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserError, match=r"the model's d_optimizer \(Adam\) is "
+                     r"not built.*call d_optimizer.build\(<the variables it "
+                     r"updates>\) in model_fn"):
+    dist_keras.fit(parity_task.gan_unbuilt, parity_task.images_dataset_fn,
+                   workdir=str(tmp_path / "w"), config=CONFIG,
+                   strategy=mirrored)
+  assert not os.path.exists(tmp_path / "w")

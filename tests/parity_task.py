@@ -1,0 +1,309 @@
+"""Models a Keras user trains with `model.fit`, each using one feature fit
+honours: the model's own train_step, gradient accumulation, EMA, clipping,
+a LossScaleOptimizer, a schedule, weight-decay exclusions, two outputs, a
+GAN's two optimizers; and callbacks factories. Nothing here imports
+dist_keras: tests train these with Keras' fit and with dist_keras alike.
+"""
+import os
+import tempfile
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+GLOBAL_BATCH = 48  # Splits evenly over 1, 2, 3 and 4 replicas.
+FEATURES = 6
+# 200 eval examples: the last batch is partial at every replica count.
+SIZES = {"train": 512, "eval": 200}
+
+
+def _examples(split: str):
+  rng = np.random.default_rng({"train": 0, "eval": 1}[split])
+  n = SIZES[split]
+  x = rng.normal(size=(n, FEATURES)).astype("float32")
+  y = x @ np.linspace(-1.0, 1.0, FEATURES) + 0.1 * rng.normal(size=n)
+  return x, y.astype("float32")[:, None]
+
+
+def dataset_fn(split, input_context):
+  """(x, y) regression batches. Batched, then sharded by input pipeline:
+  pipeline i of n reads per-replica batches i, i + n, ..., so a global
+  step reads the same examples at any replica and worker count (one
+  device's batch k is the replicas' k-th batches together)."""
+  x, y = _examples(split)
+  ds = tf.data.Dataset.from_tensor_slices((x, y))
+  batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+  if split == "train":
+    ds = ds.shuffle(SIZES["train"], seed=0).repeat().batch(
+        batch, drop_remainder=True)
+  else:
+    ds = ds.batch(batch)
+  return ds.shard(input_context.num_input_pipelines,
+                  input_context.input_pipeline_id)
+
+
+def two_output_dataset_fn(split, input_context):
+  """Two inputs, two named targets: a class (y > 0) and the value."""
+  return dataset_fn(split, input_context).map(
+      lambda x, y: ((x, 2.0 * x), {"cls": tf.cast(y > 0, tf.float32),
+                                   "reg": y}))
+
+
+def images_dataset_fn(split, input_context):
+  """x only (a GAN's real samples)."""
+  return dataset_fn(split, input_context).map(lambda x, y: x)
+
+
+def _dense(inputs):
+  hidden = keras.layers.Dense(16, activation="tanh")(inputs)
+  return keras.layers.Dense(1)(hidden)
+
+
+def _compiled(optimizer, model_class=keras.Model, **compile_args):
+  inputs = keras.Input((FEATURES,))
+  model = model_class(inputs, _dense(inputs))
+  model.compile(optimizer=optimizer, loss="mse", metrics=["mae"],
+                **compile_args)
+  return model
+
+
+def plain():
+  return _compiled(keras.optimizers.SGD(0.05))
+
+
+def accumulate():
+  return _compiled(keras.optimizers.SGD(0.05, gradient_accumulation_steps=3))
+
+
+def ema():
+  return _compiled(keras.optimizers.SGD(0.05, use_ema=True,
+                                        ema_momentum=0.9,
+                                        ema_overwrite_frequency=5))
+
+
+def global_clipnorm():
+  return _compiled(keras.optimizers.SGD(0.05, global_clipnorm=0.1))
+
+
+def clipnorm():
+  return _compiled(keras.optimizers.SGD(0.05, clipnorm=0.05))
+
+
+def clipvalue():
+  return _compiled(keras.optimizers.SGD(0.05, clipvalue=0.01))
+
+
+def loss_scale():
+  """An explicit LossScaleOptimizer (as mixed_float16 users compile)."""
+  return _compiled(keras.optimizers.LossScaleOptimizer(
+      keras.optimizers.SGD(0.05), initial_scale=2.0**10))
+
+
+def schedule():
+  return _compiled(keras.optimizers.Adam(
+      keras.optimizers.schedules.ExponentialDecay(0.01, 4, 0.5)))
+
+
+def weight_decay():
+  """AdamW with the biases excluded from weight decay."""
+  optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.1)
+  optimizer.exclude_from_weight_decay(var_names=["bias"])
+  return _compiled(optimizer)
+
+
+def callbacks_model():
+  """Evaluated in one call of 4 steps, like fit's steps_per_execution=4."""
+  return _compiled(keras.optimizers.SGD(0.05), steps_per_execution=4)
+
+
+class Counting(keras.Model):
+  """A model with its own train_step (as Keras' guide writes one) and a
+  side effect: it counts its calls."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.calls = keras.Variable(0, dtype="int32", trainable=False,
+                                name="calls")
+
+  def train_step(self, data):
+    self.calls.assign_add(1)
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      loss = self.compute_loss(y=y, y_pred=y_pred)
+    grads = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply(grads, self.trainable_variables)
+    for metric in self.metrics:
+      if metric.name == "loss":
+        metric.update_state(loss)
+      else:
+        metric.update_state(y, y_pred)
+    return {m.name: m.result() for m in self.metrics}
+
+
+def custom_step():
+  return _compiled(keras.optimizers.SGD(0.05, global_clipnorm=0.1),
+                   model_class=Counting)
+
+
+class ScaledLoss(keras.Model):
+  """A model that overrides compute_loss (Keras' hook for custom losses):
+  the compiled loss plus 0.1 x the mean prediction squared. Keras' own loss
+  comes back divided by the replica count under tf.distribute; a term added
+  to it must be too, or N replicas would weigh it N times."""
+
+  def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                   training=True):
+    loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss + 0.1 * tf.reduce_mean(tf.square(y_pred)) / replicas
+
+
+def custom_loss():
+  return _compiled(keras.optimizers.SGD(0.05), model_class=ScaledLoss)
+
+
+class CountingEval(keras.Model):
+  """A model with its own test_step: a metric of its own, and a count."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.evals = keras.Variable(0, dtype="int32", trainable=False,
+                                name="evals")
+    self.max_error = keras.metrics.Mean(name="abs_error_max")
+
+  def test_step(self, data):
+    self.evals.assign_add(1)
+    x, y = data
+    error = tf.abs(self(x, training=False) - y)
+    self.max_error.update_state(tf.reduce_max(error))
+    return {"abs_error_max": self.max_error.result()}
+
+
+def custom_test_step():
+  return _compiled(keras.optimizers.SGD(0.05), model_class=CountingEval)
+
+
+def two_output():
+  a, b = keras.Input((FEATURES,)), keras.Input((FEATURES,))
+  hidden = keras.layers.Dense(16, activation="tanh")(
+      keras.layers.Concatenate()([a, b]))
+  model = keras.Model([a, b], {
+      "cls": keras.layers.Dense(1, activation="sigmoid", name="cls")(hidden),
+      "reg": keras.layers.Dense(1, name="reg")(hidden)})
+  model.compile(optimizer=keras.optimizers.SGD(0.05),
+                loss={"cls": "binary_crossentropy", "reg": "mse"},
+                loss_weights={"cls": 1.0, "reg": 0.5},
+                metrics={"cls": ["accuracy"], "reg": ["mae"]})
+  return model
+
+
+class Gan(keras.Model):
+  """Keras' GAN guide, in small: two networks, two optimizers, a train_step
+  of its own, loss trackers as its metrics, no compiled loss."""
+
+  def __init__(self):
+    super().__init__()
+    self.generator = keras.Sequential([keras.Input((2,)),
+                                       keras.layers.Dense(FEATURES)])
+    self.discriminator = keras.Sequential([keras.Input((FEATURES,)),
+                                           keras.layers.Dense(8, "tanh"),
+                                           keras.layers.Dense(1)])
+    self.d_optimizer = keras.optimizers.Adam(1e-3)
+    self.g_optimizer = keras.optimizers.Adam(1e-3)
+    self.d_loss = keras.metrics.Mean(name="d_loss")
+    self.g_loss = keras.metrics.Mean(name="g_loss")
+    self.bce = keras.losses.BinaryCrossentropy(
+        from_logits=True, reduction="sum")
+
+  @property
+  def metrics(self):
+    return [self.d_loss, self.g_loss]
+
+  def call(self, z):
+    return self.generator(z)
+
+  def train_step(self, real):
+    # The losses are sums over the replica's batch divided by the GLOBAL
+    # batch, as a custom loop under tf.distribute writes them; the noise is
+    # a function of each example, so any replica count draws the same.
+    batch = tf.shape(real)[0]
+    z = tf.sin(7.0 * real[:, :2])
+    with tf.GradientTape() as tape:
+      fake = self.generator(z)
+      logits = self.discriminator(tf.concat([real, fake], 0))
+      labels = tf.concat([tf.ones((batch, 1)), tf.zeros((batch, 1))], 0)
+      d_loss = self.bce(labels, logits) / GLOBAL_BATCH
+    weights = self.discriminator.trainable_variables
+    self.d_optimizer.apply(tape.gradient(d_loss, weights), weights)
+    with tf.GradientTape() as tape:
+      g_loss = self.bce(tf.ones((batch, 1)),
+                        self.discriminator(self.generator(z))) / GLOBAL_BATCH
+    weights = self.generator.trainable_variables
+    self.g_optimizer.apply(tape.gradient(g_loss, weights), weights)
+    self.d_loss.update_state(d_loss)
+    self.g_loss.update_state(g_loss)
+    return {"d_loss": self.d_loss.result(), "g_loss": self.g_loss.result()}
+
+
+def gan():
+  model = Gan()
+  model.build((None, 2))
+  model.d_optimizer.build(model.discriminator.trainable_variables)
+  model.g_optimizer.build(model.generator.trainable_variables)
+  model.compile()
+  return model
+
+
+def gan_unbuilt():
+  """The same GAN with its optimizers left to build on first use."""
+  model = Gan()
+  model.build((None, 2))
+  model.compile()
+  return model
+
+
+# --- Callbacks -------------------------------------------------------------
+
+class Recorder(keras.callbacks.Callback):
+  """Records every hook fit calls, with its index and log keys."""
+
+  def __init__(self):
+    super().__init__()
+    self.calls = []
+
+  def _record(self, hook, index=None, logs=None):
+    self.calls.append((hook, index, sorted(logs or {}),
+                       {k: float(v) for k, v in (logs or {}).items()}))
+
+
+for _hook in ("on_train_begin", "on_train_end", "on_test_begin",
+              "on_test_end"):
+  setattr(Recorder, _hook, (lambda hook: lambda self, logs=None:
+                            self._record(hook, None, logs))(_hook))
+for _hook in ("on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
+              "on_train_batch_end", "on_test_batch_begin",
+              "on_test_batch_end"):
+  setattr(Recorder, _hook, (lambda hook: lambda self, index, logs=None:
+                            self._record(hook, index, logs))(_hook))
+
+
+def early_stopping():
+  """Stops when the eval loss improves by less than 0.05 for 2 epochs."""
+  return keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=0.05,
+                                       patience=2)
+
+
+def reduce_lr():
+  return keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.5,
+                                           min_delta=0.05, patience=1)
+
+
+def callbacks_fn():
+  """For train.callbacks: EarlyStopping, ReduceLROnPlateau, and the best
+  model to $PARITY_BEST (ModelCheckpoint, save_best_only)."""
+  return [early_stopping(), reduce_lr(),
+          keras.callbacks.ModelCheckpoint(
+              os.environ.get("PARITY_BEST") or os.path.join(
+                  tempfile.gettempdir(), "parity_best.keras"),
+              monitor="val_loss", save_best_only=True)]

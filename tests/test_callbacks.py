@@ -1,0 +1,220 @@
+"""Keras callbacks under dist_keras, against Keras' fit.
+
+An epoch is one eval interval; fit's reference runs epochs of the same
+steps (steps_per_epoch = eval.every) on the same batches. Stopping, the
+best model and the rate under 2 replicas and 2 workers: test_fit_parity.py.
+"""
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import helpers
+import parity_task
+from dist_keras import api
+from dist_keras.distribute import strategy as strategy_lib
+from dist_keras.errors import UserError
+
+EPOCH, EPOCHS, EVAL_STEPS = 4, 6, 4
+CONFIG = {"train.steps": EPOCH * EPOCHS, "train.global_batch_size": 48,
+          "train.log_every": EPOCH, "train.checkpoint_every": EPOCH,
+          "eval.every": EPOCH, "eval.steps": EVAL_STEPS,
+          "log.progress": False, "log.calibration_steps": 0,
+          "log.sync_timing": False, "log.peak_tflops": 1.0}
+ONE_CPU = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def _fit(callbacks, model_fn=parity_task.callbacks_model):
+  """Keras' fit: EPOCHS epochs of EPOCH steps, evaluated on EVAL_STEPS."""
+  keras.utils.set_random_seed(0)
+  model = model_fn()
+  one = tf.distribute.InputContext()
+  model.fit(parity_task.dataset_fn("train", one), epochs=EPOCHS,
+            steps_per_epoch=EPOCH, verbose=0, shuffle=False,
+            validation_data=parity_task.dataset_fn("eval", one),
+            validation_steps=EVAL_STEPS, callbacks=callbacks)
+  return model
+
+
+def _ours(workdir, callbacks, strategy=ONE_CPU,
+          model_fn=parity_task.callbacks_model, **config):
+  return api.fit(model_fn, parity_task.dataset_fn, workdir=str(workdir),
+                 config={**CONFIG, **config}, strategy=strategy,
+                 callbacks=callbacks)
+
+
+def _same_calls(got, want, rtol=0.0):
+  assert [c[:3] for c in got] == [c[:3] for c in want]
+  for (hook, _, _, logs), (_, _, _, expected) in zip(got, want):
+    for key, value in expected.items():
+      assert logs[key] == pytest.approx(value, rel=rtol, abs=rtol), hook
+
+
+def test_a_custom_callback_sees_fits_hooks_in_fits_order(tmp_path):
+  """steps_per_execution=4 (epochs of one call, as the loop's) and an eval
+  of 4 batches (one call): every hook, index, log key and value is fit's."""
+  fit_calls, our_calls = parity_task.Recorder(), parity_task.Recorder()
+  fitted = _fit([fit_calls])
+  result = _ours(tmp_path, [our_calls])
+  assert len(fit_calls.calls) == 2 + EPOCHS * 8
+  _same_calls(our_calls.calls, fit_calls.calls)
+  for a, b in zip(fitted.get_weights(), result.model.get_weights()):
+    np.testing.assert_array_equal(a, b)
+  assert result.history == {k: v for k, v in fitted.history.history.items()}
+
+
+def test_two_replicas_call_the_same_hooks_with_the_same_logs(tmp_path,
+                                                             mirrored):
+  one, two = parity_task.Recorder(), parity_task.Recorder()
+  _ours(tmp_path / "one", [one])
+  _ours(tmp_path / "two", [two], strategy=mirrored)
+  _same_calls(two.calls, one.calls, rtol=1e-5)
+
+
+def test_batch_hooks_run_once_per_call_with_the_epochs_running_values(
+    tmp_path):
+  """Steps run 2 a call (train.steps_per_loop=2): a batch hook per call,
+  its index the call's last step in the epoch, as under fit's
+  steps_per_execution; the logs are the epoch's running means."""
+  calls = parity_task.Recorder()
+  _ours(tmp_path, [calls], model_fn=parity_task.plain,
+        **{"train.steps_per_loop": 2})
+  ends = [(i, logs) for hook, i, _, logs in calls.calls
+          if hook == "on_train_batch_end"]
+  assert [i for i, _ in ends] == [1, 3] * EPOCHS
+  epoch_ends = [logs for hook, _, _, logs in calls.calls
+                if hook == "on_epoch_end"]
+  for (_, batch_logs), epoch_logs in zip(ends[1::2], epoch_ends):
+    assert batch_logs["loss"] == pytest.approx(epoch_logs["loss"])
+
+
+def test_a_reduced_rate_reaches_every_replica_and_the_checkpoint(tmp_path,
+                                                                mirrored):
+  reduce = keras.callbacks.ReduceLROnPlateau(monitor="val_loss",
+                                             min_delta=1e9, patience=0,
+                                             factor=0.5)
+  result = _ours(tmp_path, [reduce], strategy=mirrored)
+  rate = result.model.optimizer._learning_rate  # pylint: disable=protected-access
+  expected = float(rate.numpy())
+  assert expected < 0.05 / 8  # Halved at every epoch but the first.
+  for value in mirrored.experimental_local_results(rate.value):
+    assert float(value) == expected
+  reader = tf.train.load_checkpoint(os.path.join(tmp_path, "checkpoints"))
+  assert any(name.startswith("optimizer_variables/")
+             and np.ndim(reader.get_tensor(name)) == 0
+             and reader.get_tensor(name) == np.float32(expected)
+             for name in reader.get_variable_to_shape_map())
+
+
+def test_learning_rate_scheduler_trains_what_fit_trains(tmp_path):
+  def scheduler():
+    return keras.callbacks.LearningRateScheduler(
+        lambda epoch, rate: 0.1 / (epoch + 1))
+
+  fitted = _fit([scheduler()], model_fn=parity_task.plain)
+  ours = _ours(tmp_path, [scheduler()], model_fn=parity_task.plain)
+  for a, b in zip(fitted.get_weights(), ours.model.get_weights()):
+    np.testing.assert_array_equal(a, b)
+  assert ours.history["learning_rate"] == pytest.approx(
+      fitted.history.history["learning_rate"])
+
+
+def _file_writers(tmp_path):
+  return [keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+          keras.callbacks.TensorBoard(log_dir=str(tmp_path / "tb")),
+          keras.callbacks.ModelCheckpoint(str(tmp_path / "last.keras"))]
+
+
+def test_file_writing_callbacks_write_where_the_chief_writes(tmp_path):
+  _ours(tmp_path / "run", _file_writers(tmp_path))
+  with open(tmp_path / "log.csv", encoding="utf-8") as f:
+    rows = f.read().splitlines()
+  assert rows[0].split(",") == ["epoch", "loss", "mae", "val_loss",
+                                "val_mae"]
+  assert len(rows) == 1 + EPOCHS
+  assert helpers.event_files(str(tmp_path / "tb"))
+  assert keras.models.load_model(tmp_path / "last.keras")
+
+
+def test_other_workers_write_their_callbacks_files_to_scratch(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(strategy_lib, "is_chief", lambda strategy: False)
+  _ours(tmp_path / "run", _file_writers(tmp_path))
+  assert not any(os.path.exists(tmp_path / name)
+                 for name in ("log.csv", "tb", "last.keras"))
+
+
+def test_terminate_on_nan_is_met_by_the_loops_own_divergence_check(
+    tmp_path):
+  """A non-finite loss stops the loop before any callback sees it: exit 3,
+  the last good checkpoint kept (TerminateOnNaN would stop it too)."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+
+  def exploding():
+    model = parity_task.plain()
+    model.optimizer.learning_rate = 1e30
+    return model
+
+  with pytest.raises(errors.Diverged, match="training diverged"):
+    _ours(tmp_path, [keras.callbacks.TerminateOnNaN()], model_fn=exploding)
+
+
+def test_a_stopped_run_is_not_trained_further_when_rerun(tmp_path, capsys):
+  stop = keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1e9,
+                                       patience=1)
+  first = _ours(tmp_path, [stop], **{"log.progress": True})
+  assert first.summary["stopped_early"] and first.summary["steps"] == 2 * EPOCH
+  capsys.readouterr()
+  again = _ours(tmp_path, [], **{"log.progress": True})
+  assert "nothing left to train" in capsys.readouterr().out
+  assert again.summary["steps"] == 2 * EPOCH and again.summary["stopped_early"]
+
+
+@pytest.mark.parametrize("callbacks,message", [
+    ([keras.callbacks.BackupAndRestore("/tmp/backup")],
+     r"callbacks\[0\] is keras.callbacks.BackupAndRestore, but dist_keras "
+     "already resumes"),
+    (["EarlyStopping"], r"callbacks\[0\] is a str, not a "
+     "keras.callbacks.Callback"),
+])
+def test_callbacks_that_cannot_work_are_refused_before_anything_is_written(
+    tmp_path, callbacks, message):
+  with pytest.raises(UserError, match=message):
+    _ours(tmp_path / "run", callbacks)
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_callbacks_passed_both_ways_are_refused(tmp_path):
+  with pytest.raises(UserError, match="pass them one way"):
+    _ours(tmp_path / "run", [parity_task.Recorder()],
+          **{"train.callbacks": "parity_task:callbacks_fn"})
+
+
+def test_train_callbacks_names_them_on_the_command_line(tmp_path):
+  """train.callbacks=parity_task:callbacks_fn: EarlyStopping stops the run,
+  ModelCheckpoint keeps the best model ($PARITY_BEST)."""
+  result = helpers.run_module(
+      ["-m", "dist_keras.train", f"--workdir={tmp_path / 'run'}",
+       "--config.model.name=parity_task:callbacks_model",
+       "--config.data.name=parity_task:dataset_fn",
+       "--config.train.callbacks=parity_task:callbacks_fn",
+       *[f"--config.{k}={v}" for k, v in CONFIG.items()],
+       "--config.train.steps=40", "--config.runtime.strategy=one_device"],
+      env={"PYTHONPATH": f"{helpers.REPO}:{os.path.dirname(__file__)}",
+           "PARITY_BEST": str(tmp_path / "best.keras")})
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(tmp_path / "run" / "summary.json", encoding="utf-8") as f:
+    summary = json.load(f)
+  assert summary["stopped_early"] and summary["steps"] < 40
+  assert summary["callbacks"] == ["EarlyStopping", "ReduceLROnPlateau",
+                                  "ModelCheckpoint"]
+  assert os.path.exists(tmp_path / "best.keras")
+
+
+def test_a_models_own_test_step_evaluates(tmp_path):
+  result = _ours(tmp_path, None, model_fn=parity_task.custom_test_step)
+  assert "eval_abs_error_max" in result.summary
+  assert int(result.model.evals.numpy()) > 0

@@ -1,0 +1,196 @@
+"""What you compile is what trains: dist_keras against Keras' own fit.
+
+Every model of tests/parity_task.py uses one feature a fit user brings (the
+model's own train_step, gradient accumulation, EMA, clipping, a loss-scale
+optimizer, a schedule, weight-decay exclusions, two outputs, a GAN's two
+optimizers, callbacks that stop training, change the rate and keep the best
+model). Keras' fit on one device is the reference; dist_keras on one device
+must equal it, and 2 replicas and 2 workers must equal one device. Each run
+is its own process (tests/scripts/parity_weights.py), started on first use,
+several at a time.
+"""
+import functools
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+import helpers
+import parity_weights
+
+SCRIPT = os.path.join(helpers.REPO, "tests", "scripts", "parity_weights.py")
+LAUNCHER = os.path.join(helpers.REPO, "tools", "launch_local.py")
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=helpers.REPO)
+MODELS = list(parity_weights.MODELS)
+# What distribution can change (each has its own code path across replicas);
+# the other models only vary options of the same update (the slow set's 4
+# replicas train them all).
+DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
+               "loss_scale,two_output,gan,callbacks_model")
+# Across workers (2 processes a model): the acceptance's five, the GAN's
+# two optimizers and the callbacks that must stop every worker alike.
+WORKERS = ("custom_step,accumulate,ema,global_clipnorm,two_output,gan,"
+           "callbacks_model")
+# The acceptance's five and the GAN (its two optimizers' state): stopped
+# after step 7, then resumed from ckpt-4 by a new fit call.
+RESUMED = "custom_step,accumulate,ema,global_clipnorm,two_output,gan"
+# Processes, and the runs each writes: one device (Keras' fit, dist_keras,
+# dist_keras stopped and resumed) in one, each replica count in its own.
+PROCESSES = {
+    "one": ["--runs=fit,one,resumed", f"--resumed_models={RESUMED}"],
+    "m2": ["--strategy=mirrored", "--devices=2", f"--models={DISTRIBUTED}",
+           "--runs=one,resumed", f"--resumed_models={RESUMED}"],
+    "w2": ["--strategy=multi_worker_mirrored", f"--models={WORKERS}"],
+    "m4": ["--strategy=mirrored", "--devices=4"],
+}
+# run name -> (process, its run).
+RUNS = {"fit": ("one", "fit"), "one": ("one", "one"),
+        "one_resumed": ("one", "resumed"), "m2": ("m2", "one"),
+        "m2_resumed": ("m2", "resumed"), "w2": ("w2", "one"),
+        "m4": ("m4", "one")}
+GROUPS = (("one", "m2", "w2"), ("m4",))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """`runs[name]`: {key: array} of run `name`; its group of processes
+  starts (in parallel) on first use."""
+  out = tmp_path_factory.mktemp("parity")
+  started = functools.cache(lambda group: _run_group(out, group))
+
+  class ByName:
+    folder = out
+
+    def __getitem__(self, name):
+      process, run = RUNS[name]
+      (group,) = [g for g in GROUPS if process in g]
+      started(group)
+      return dict(np.load(out / f"{process}_{run}_0.npz"))
+
+  return ByName()
+
+
+def _command(out, process):
+  command = [SCRIPT, *PROCESSES[process],
+             f"--out={out / process}_{{run}}_{{task}}.npz"]
+  if process == "w2":
+    return [LAUNCHER, "--num_workers=2", "--", sys.executable, *command]
+  return command
+
+
+def _run_group(out, group):
+  procs = {name: subprocess.Popen(
+      [sys.executable, *_command(out, name)], stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True,
+      env=dict(ENV, PARITY_BEST=str(out / f"best_{name}.keras")))
+           for name in group}
+  for name, proc in procs.items():
+    log, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, f"{name} failed:\n{log[-3000:]}"
+
+
+def _weights(run, model):
+  return {k: v for k, v in run.items() if k.startswith(f"{model}/")}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_one_device_trains_what_keras_fit_trains(runs, model):
+  fit, ours = runs["fit"], runs["one"]
+  weights = _weights(fit, model)
+  assert weights and weights.keys() == _weights(ours, model).keys()
+  for key, expected in weights.items():
+    np.testing.assert_allclose(ours[key], expected, rtol=0, atol=1e-6,
+                               err_msg=key)
+    moved = np.abs(expected - fit[f"initial/{key}"]).max()
+    assert moved > 1e-4 or key.endswith("/calls"), f"{key} never trained"
+
+
+def test_a_plain_model_is_bitwise_keras_fit(runs):
+  for key, expected in _weights(runs["fit"], "plain").items():
+    np.testing.assert_array_equal(runs["one"][key], expected, err_msg=key)
+
+
+@pytest.mark.parametrize("run,model", [
+    *[("m2", model) for model in DISTRIBUTED.split(",")],
+    *[("w2", model) for model in WORKERS.split(",")],
+    *[pytest.param("m4", model, marks=pytest.mark.slow) for model in MODELS]])
+def test_replicas_and_workers_train_what_one_device_trains(runs, run, model):
+  one = _weights(runs["one"], model)
+  for key, expected in one.items():
+    np.testing.assert_allclose(runs[run][key], expected, rtol=0, atol=1e-5,
+                               err_msg=key)
+
+
+def test_the_models_own_train_step_ran_every_step(runs):
+  for run in ("fit", "one", "m2", "w2", "one_resumed"):
+    (calls,) = [v for k, v in runs[run].items()
+                if k.startswith("custom_step/") and k.endswith("/calls")]
+    assert int(calls) == parity_weights.STEPS, run
+
+
+@pytest.mark.parametrize("run", ["one", "m2", "w2",
+                                 pytest.param("m4", marks=pytest.mark.slow)])
+def test_every_loss_and_metric_of_the_eval_is_exact(runs, run):
+  """Two outputs, 200 examples: the last batch is partial at every replica
+  count; each output's loss and metric is the whole split's."""
+  expected = {k: v for k, v in runs["fit"].items()
+              if k.startswith("eval/two_output/")}
+  assert {k.rsplit("/", 1)[1] for k in expected} >= {
+      "loss", "cls_loss", "reg_loss", "cls_accuracy", "reg_mae"}
+  for key, value in expected.items():
+    # The weights agree to 1e-5; a mis-weighted partial batch moved a
+    # per-output loss by ~2% (3.0726 against 3.0145).
+    assert runs[run][key] == pytest.approx(value, rel=1e-5), key
+
+
+@pytest.mark.parametrize("run", ["one", "m2", "w2"])
+def test_callbacks_stop_change_the_rate_and_keep_the_best_as_under_fit(
+    runs, run):
+  """EarlyStopping stops at fit's epoch, ReduceLROnPlateau's rate is fit's,
+  ModelCheckpoint(save_best_only) keeps fit's best model."""
+  fit, ours = runs["fit"], runs[run]
+  name = "callbacks_model"
+  assert fit[f"steps/{name}"] < parity_weights.EPOCH * parity_weights.EPOCHS
+  assert ours[f"steps/{name}"] == fit[f"steps/{name}"]
+  assert fit[f"lr/{name}"] < 0.05  # Reduced at least once.
+  assert ours[f"lr/{name}"] == pytest.approx(fit[f"lr/{name}"])
+  np.testing.assert_allclose(ours[f"val_loss/{name}"],
+                             fit[f"val_loss/{name}"], rtol=1e-5)
+  for key, value in fit.items():
+    if key.startswith(f"best/{name}/"):
+      np.testing.assert_allclose(ours[key], value, rtol=0, atol=1e-5)
+
+
+def test_only_the_chief_wrote_the_best_model(runs):
+  """The other worker wrote its copy to a scratch folder, deleted after."""
+  runs["w2"]  # pylint: disable=pointless-statement
+  folder = runs.folder
+  assert glob.glob(str(folder / "**" / "best_w2*"), recursive=True) == [
+      str(folder / "best_w2.keras")]
+  assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                    "dist_keras_worker_*", "**", "best_w2*"),
+                       recursive=True)
+
+
+@pytest.mark.parametrize("run,tolerance", [("one", 0.0), ("m2", 1e-6)])
+@pytest.mark.parametrize("model", RESUMED.split(","))
+def test_stopped_and_resumed_ends_where_an_uninterrupted_run_ends(
+    runs, run, tolerance, model):
+  """Stopped after step 7, resumed from ckpt-4 by a new fit call (a new
+  model and optimizer: only the checkpoint carries state). Accumulators
+  mid-cycle (step 4 of cycles of 3), EMA copies, the step's own counter,
+  both GAN optimizers: all in the checkpoint."""
+  resumed = runs[f"{run}_resumed"]
+  assert resumed[f"resumed_from/{model}"] == 4
+  for key, expected in _weights(runs[run], model).items():
+    np.testing.assert_allclose(resumed[key], expected, rtol=0,
+                               atol=tolerance, err_msg=key)
+
+
+def test_a_models_own_step_is_timed_as_input_wait_and_model_step(runs):
+  assert str(runs["one"]["sync_split/custom_step"]) == "model_step"
+  assert str(runs["one"]["sync_split/plain"]) == "None"  # Timing off.
