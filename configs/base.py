@@ -109,6 +109,9 @@ def get_config() -> ml_collections.ConfigDict:
   # under Mirrored/multi-worker the all-reduce and update stay in the graph.
   c.train.jit_compile = False
   c.train.max_checkpoints = 3
+  # A non-finite loss: reload the last checkpoint and go on past the batches
+  # that produced it, up to this many times (0: stop at once, exit 3).
+  c.train.divergence_retries = 0
   # Your Keras callbacks: "PKG.MODULE:FN" naming a function that returns a
   # list of keras.callbacks.Callback ("": none). An epoch is one eval
   # interval (eval.every steps); docs/own_models.md#callbacks.

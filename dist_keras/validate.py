@@ -129,6 +129,8 @@ def _train(train) -> None:
     if getattr(train, key) < 1:
       raise UserError(f"train.{key}={getattr(train, key)} must be >= 1.")
   _at_least("train.steps_per_loop", train.steps_per_loop, 0, "0: automatic")
+  _at_least("train.divergence_retries", train.divergence_retries, 0,
+            "0: stop at the first non-finite loss")
   check_choice("train.precision", train.precision, PRECISIONS)
   lr_rule(train)
   _optimizer(train)

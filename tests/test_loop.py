@@ -471,3 +471,57 @@ def test_unknown_precision_is_refused(tmp_path, mirrored):
   with pytest.raises(ValueError, match="train.precision='float8' is not one"):
     helpers.train(c, str(tmp_path), mirrored)
   assert not os.listdir(tmp_path)
+
+
+def _poisoned(bad_steps):
+  """user_task's model and data, with an input that turns the loss NaN in
+  the batches of `bad_steps` (steps count from 1)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import user_task  # pylint: disable=g-import-not-at-top
+
+  class Poison(keras.layers.Layer):
+    def call(self, x):
+      bad = tf.reduce_any(tf.equal(x[:, 0], 99.0))
+      return tf.where(bad, x * np.nan, x)
+
+  def model_fn():
+    inputs = keras.Input((user_task.FEATURES,))
+    hidden = keras.layers.Dense(16, activation="tanh")(Poison()(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+  def dataset_fn(split, ctx):
+    ds = user_task.dataset_fn(split, ctx)
+    if split != "train":
+      return ds
+
+    def poison(i, batch):
+      x, y, w = batch
+      bad = tf.reduce_any(tf.equal(i + 1, bad_steps))
+      return tf.where(bad, tf.tensor_scatter_nd_update(x, [[0, 0]], [99.0]),
+                      x), y, w
+
+    return ds.enumerate().map(poison)
+
+  return model_fn, dataset_fn
+
+
+def test_divergence_retries_go_back_and_skip_the_batches_that_diverged(
+    tmp_path, capsys):
+  """The step-10 batch turns the loss NaN: back to ckpt-8, on with batch 11
+  (the steps still count batches read); a second bad batch with one retry
+  is divergence, exit 3."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  config = {"train.steps": 20, "train.log_every": 5,
+            "train.checkpoint_every": 4, "train.global_batch_size": 48,
+            "train.divergence_retries": 1, "eval.every": 0,
+            "log.calibration_steps": 0, "log.peak_tflops": 1.0}
+  result = helpers.fit_fns(*_poisoned([10]), tmp_path / "once", config)
+  assert "at step 10: back to ckpt-8, skipping batches 9-10 (0 retries " \
+      "left)" in capsys.readouterr().out
+  assert result.summary["steps"] == 20
+  assert result.summary["skipped_after_divergence"] == [[9, 10]]
+  assert all(np.isfinite(w).all() for w in result.model.get_weights())
+  with pytest.raises(errors.Diverged, match="at step 15"):
+    helpers.fit_fns(*_poisoned([10, 15]), tmp_path / "twice", config)

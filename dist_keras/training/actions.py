@@ -28,6 +28,8 @@ class RunState:
   call_limit: int = 1  # Steps per call under train.steps_per_loop=0.
   skipped_steps: int = 0  # float16 loss scaling: overflowed, not applied.
   logged: dict = dataclasses.field(default_factory=dict)  # Last window's.
+  retries_left: int = 0  # train.divergence_retries not yet used.
+  skipped: list = dataclasses.field(default_factory=list)  # [first, last].
   final_eval: dict | None = None
   calibrated: dict = dataclasses.field(default_factory=dict)
 

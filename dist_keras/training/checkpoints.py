@@ -100,6 +100,13 @@ class Checkpoints:
     """The newest checkpoint in the workdir (the chief's), if any."""
     return tf.train.latest_checkpoint(self.folder)
 
+  def go_back(self) -> str:
+    """Restores the newest checkpoint into the running model and optimizer
+    (after a divergence); returns its path."""
+    latest = self.latest()
+    self.checkpoint.restore(latest).assert_consumed()
+    return latest
+
   def close(self) -> None:
     if self._scratch:
       shutil.rmtree(self._scratch, ignore_errors=True)

@@ -160,7 +160,10 @@ class Trainer:
         self.settings.schedule, checkpoints.saved_at or 0,
         multi_worker=self.workers > 1,
         stopping=bool(checkpoints.stopped.numpy()),
-        call_limit=auto_steps_per_call(None, self.workers > 1))
+        call_limit=auto_steps_per_call(None, self.workers > 1),
+        retries_left=self.settings.divergence_retries)
+    if self.settings.divergence_retries and checkpoints.saved_at is None:
+      checkpoints.save(0)  # Something to go back to.
     return self.run_state
 
   @contextlib.contextmanager
@@ -252,8 +255,27 @@ class Trainer:
     run.step_logs = {k: float(v) for k, v in out.get("logs", {}).items()}
     # Every step, before anything is saved: a non-finite update must never
     # reach a checkpoint.
-    self._check_finite(run, out)
+    try:
+      self._check_finite(run, out)
+    except errors.Diverged as e:
+      if not run.retries_left:
+        raise
+      self._go_back(run, str(e))
+      return
     self.meters.ran(ran, out, run.step)
+
+  def _go_back(self, run, why: str) -> None:
+    """train.divergence_retries: back to the last checkpoint's weights, on
+    past the batches that diverged (the step count stays the batches read,
+    so a resume reads what this run reads)."""
+    run.retries_left -= 1
+    saved_at = self.parts.checkpoints.saved_at
+    path = self.parts.checkpoints.go_back()
+    run.skipped.append([saved_at + 1, run.step])
+    self.train_metrics.forget_window()
+    self.say(f"{why.split(':')[0]}: back to {os.path.basename(path)}, "
+             f"skipping batches {saved_at + 1}-{run.step} "
+             f"({run.retries_left} retries left)")
 
   def _check_finite(self, run, out: dict) -> None:
     """Stops training at the first non-finite loss or gradient norm (a
@@ -332,4 +354,5 @@ class Trainer:
             "peak_learning_rate": self.parts.rate.peak,
             "train_step": "model" if self.custom_step else "dist_keras",
             "callbacks": [type(c).__name__ for c in self.parts.callbacks],
-            "stopped_early": run.stopping}
+            "stopped_early": run.stopping,
+            "skipped_after_divergence": run.skipped}

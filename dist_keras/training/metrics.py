@@ -54,6 +54,10 @@ class TrainMetrics:
     self.state.model.reset_metrics()
     self._last, self._read = None, (None, None)
 
+  def forget_window(self) -> None:
+    """Forgets the epoch's metrics so far (they hold a diverged step's)."""
+    self.start_epoch()
+
   def _state_at(self, step: int) -> list:
     """The state after `step`, read once however often it is asked for."""
     if self._read[0] != step:
@@ -61,11 +65,15 @@ class TrainMetrics:
     return self._read[1]
 
   def window(self, step: int) -> dict:
-    """The values of the steps since the last window, up to `step`."""
+    """The values of the steps since the last window, up to `step` ({} if
+    nothing was measured since: a window that a divergence emptied)."""
     now = self._state_at(step)
     last = self._last or [np.zeros_like(s) for s in now]
     self._last = now
-    return self.state.results([n - b for n, b in zip(now, last)])
+    window = [n - b for n, b in zip(now, last)]
+    if not any(np.any(w) for w in window):
+      return {}
+    return self.state.results(window)
 
   def epoch(self, step: int) -> dict:
     """The values since the epoch began, up to `step`: `fit`'s epoch logs

@@ -100,6 +100,7 @@ class Settings:
   global_batch_size: int
   step_options: dict  # make_train_step's jit/all-reduce options.
   calibration_steps: int
+  divergence_retries: int
   profile_steps: str
   precision: str
   peak_tflops: float
@@ -123,6 +124,7 @@ class Settings:
                       "allreduce_dtype": config.runtime.allreduce_dtype,
                       "bytes_per_pack": config.runtime.bytes_per_pack},
         calibration_steps=0 if on_tpu else log.calibration_steps,
+        divergence_retries=train.divergence_retries,
         profile_steps=log.profile_steps, precision=train.precision,
         peak_tflops=log.peak_tflops, perplexity=log.perplexity,
         progress=log.progress, tensorboard=log.tensorboard)
