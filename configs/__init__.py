@@ -9,12 +9,18 @@ command line, every tool): a built-in name or a file, then overrides
 "section.key=value", each bad one a one-line UserError naming it.
 """
 import ast
+import copy
 import difflib
 import importlib
 import importlib.util
 import os
 import re
+from collections.abc import Mapping
 
+import ml_collections
+
+from dist_keras import errors
+from dist_keras.configs import base
 from dist_keras.errors import UserError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,6 +74,27 @@ def from_command_line(spec: str = DEFAULT, overrides=(),
   return config
 
 
+def resolve(config):
+  """`dist_keras.fit`'s `config`: None (the defaults), a ConfigDict (a
+  private copy) or a dict of "section.key" overrides of the defaults; a
+  private ConfigDict either way."""
+  if config is None:
+    return base.get_config()
+  if isinstance(config, ml_collections.ConfigDict):
+    return copy.deepcopy(config)
+  if not isinstance(config, Mapping):
+    raise UserError(f"config={type(config).__name__} is not a config; pass "
+                    "a ConfigDict or a dict such as {'train.steps': 500}.")
+  defaults = base.get_config()
+  for key, value in config.items():
+    if not re.fullmatch(r"\w+\.\w+", str(key)):
+      raise UserError(f"config key {key!r} names no setting (keys are "
+                      "'section.key'); every key and its default is in "
+                      "configs/base.py.")
+    set_value(defaults, key, value, spelled=f"config[{key!r}]")
+  return defaults
+
+
 def set_value(config, key: str, value, spelled: str = "",
               parse: bool = False) -> None:
   """config[key] = value for a dotted `key`; with `parse`, `value` is text
@@ -88,7 +115,7 @@ def set_value(config, key: str, value, spelled: str = "",
       value = _parse(config[section][field], value)
     setattr(config[section], field, value)
   except (TypeError, ValueError, SyntaxError) as e:
-    raise UserError(f"{spelled}={shown}: {_first_line(e)}; fix the value's "
+    raise UserError(f"{spelled}={shown}: {errors.first_line(e)}; fix the value's "
                     "type (see configs/base.py).") from None
 
 
@@ -130,7 +157,7 @@ def _load_file(spec: str):
   except Exception as e:  # pylint: disable=broad-except
     raise UserError(
         f"--config={spec} could not be loaded ({type(e).__name__}: "
-        f"{_first_line(e)}); pass a built-in config ({', '.join(names())}) "
+        f"{errors.first_line(e)}); pass a built-in config ({', '.join(names())}) "
         "or a config file's path.") from e
 
 
@@ -142,8 +169,3 @@ def _import_file(file: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
-
-
-def _first_line(e: Exception) -> str:
-  text = str(e.args[0] if len(e.args) == 1 else e)
-  return text.splitlines()[0][:200] if text.strip() else "no message"

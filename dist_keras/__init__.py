@@ -7,7 +7,6 @@
 environment first); `dist_keras.fit` and `dist_keras.FitResult` import it
 when first used.
 """
-import importlib as _importlib
 import importlib.util as _importlib_util
 import sys as _sys
 
@@ -25,6 +24,12 @@ if _importlib_util.find_spec("tensorflow") is None:
       "or 'dist-keras[tpu]' (Cloud TPU VMs); Colab images already have it.")
   print(_MESSAGE, file=_sys.stderr)
   raise ImportError(_MESSAGE)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from dist_keras import validate
+from dist_keras.configs import resolve as _resolve_config
+from dist_keras.contract import imports
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 
 def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
@@ -60,12 +65,36 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
       the value and the fix), before anything is written.
     dist_keras.errors.Diverged, Preempted, PeerLost: see errors.py.
   """
-  name, tpu = _runtime_choice(config, strategy)
-  if name:
-    prepare_runtime(name, tpu)
-  api = _importlib.import_module("dist_keras.api")
-  return api.fit(model_fn, dataset_fn, workdir=workdir, config=config,
-                 strategy=strategy, callbacks=callbacks)
+  # The door: every argument resolved once, here.
+  config = _resolve_config(config)
+  functions = (_record_name(config.model, model_fn),
+               _record_name(config.data, dataset_fn))
+  if isinstance(strategy, str):
+    config.runtime.strategy = strategy
+  validate.config(config)
+  if not _is_strategy(strategy):  # Too late to set up once TF has started.
+    prepare_runtime(config.runtime.strategy, config.runtime.tpu)
+  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  return api.run(api.Job(config, workdir,
+                         strategy if _is_strategy(strategy) else None,
+                         functions, callbacks))
+
+
+def _is_strategy(strategy) -> bool:
+  return strategy is not None and not isinstance(strategy, str)
+
+
+def _record_name(section, fn):
+  """For a function: records its import path as section.name (config.json
+  says what trained) and returns it; for a name: sets section.name."""
+  if callable(fn):
+    section.name = imports.name_of(fn)
+    return fn
+  if not isinstance(fn, str):
+    raise UserError(f"expected a function or a name, got "
+                    f"{type(fn).__name__}; see help(dist_keras.fit).")
+  section.name = fn
+  return None
 
 
 def prepare_runtime(strategy: str = "auto", tpu: str = "local",
@@ -87,22 +116,8 @@ def prepare_runtime(strategy: str = "auto", tpu: str = "local",
   return tpu_env.prepare_and_report(strategy, tpu, verbose)
 
 
-def _runtime_choice(config, strategy):
-  """(runtime.strategy, runtime.tpu) that `fit` will use, or (None, None)
-  for a Strategy object (TensorFlow has started: too late to set up)."""
-  if strategy is not None and not isinstance(strategy, str):
-    return None, None
-  if isinstance(config, dict):
-    name = config.get("runtime.strategy", "auto")
-    tpu = config.get("runtime.tpu", "local")
-  else:
-    runtime = getattr(config, "runtime", None)
-    name = getattr(runtime, "strategy", "auto")
-    tpu = getattr(runtime, "tpu", "local")
-  return strategy or name, tpu
-
-
 def __getattr__(name):
-  if name == "FitResult":
-    return getattr(_importlib.import_module("dist_keras.api"), name)
+  if name == "FitResult":  # It names keras.Model: TensorFlow starts here.
+    from dist_keras import api  # pylint: disable=g-import-not-at-top
+    return api.FitResult
   raise AttributeError(f"module 'dist_keras' has no attribute {name!r}")

@@ -55,6 +55,16 @@ _BOILERPLATE = ("Graph execution error", "Detected at node", "[[",
 _ROOT_ERROR = re.compile(r"^\s+\(0\) [A-Z_]+:\s*(\S.*)$")
 
 
+def first_line(error: Exception, limit: int = 240) -> str:
+  """An exception's message as one line for a one-line error: its first
+  non-empty line, spaces collapsed, at most `limit` characters; its type's
+  name if it has no message."""
+  text = str(error.args[0] if len(error.args) == 1 else error)
+  lines = [" ".join(line.split()) for line in text.splitlines()]
+  line = next((line for line in lines if line), type(error).__name__)
+  return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
 def cause(text: str) -> str:
   """The line of a TF runtime error's text that says what happened."""
   for line in text.splitlines():

@@ -7,7 +7,7 @@ names a user's own function (contract/imports.py). Either side may be the user's
 a built-in model on a user's data reads the data's shape from the config
 (data.seq_len, vocab_size, num_classes; data.image_size, channels).
 """
-from dist_keras import data as data_lib
+from dist_keras import data
 from dist_keras import models
 from dist_keras.contract import imports
 from dist_keras.configs import base
@@ -51,7 +51,7 @@ def resolve(config, model_fn=None, dataset_fn=None):
   if not user_model:
     model_fn = models.model_fn(config, spec)
   if not user_data:
-    dataset_fn = data_lib.dataset_fn(config, spec)
+    dataset_fn = data.dataset_fn(config, spec)
   return model_fn, dataset_fn
 
 
@@ -61,15 +61,15 @@ def _input_spec(config, user_model: bool, user_data: bool):
   data; checks the built-in side's settings, once."""
   if user_model and user_data:
     return None
-  if user_model and config.data.name == data_lib.SYNTHETIC:
+  if user_model and config.data.name == data.SYNTHETIC:
     raise UserError(
         "data.name='synthetic' builds batches for a built-in model's "
         "inputs; with your own model, give it a dataset_fn of constant "
         "batches (tf.data.Dataset.from_tensors(batch).repeat()).")
   inputs = "" if user_model else models.inputs(config.model)
   if user_data:
-    return data_lib.declared_spec(config.data, inputs)
-  return data_lib.input_spec(config.data, inputs)
+    return data.declared_spec(config.data, inputs)
+  return data.input_spec(config.data, inputs)
 
 
 def _refuse_unread_keys(config, user_model: bool, user_data: bool) -> None:

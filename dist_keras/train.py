@@ -90,7 +90,7 @@ def _train(config, workdir: str) -> int:
           "(pip install 'dist-keras[tpu]'), or set PJRT_DEVICE yourself."
       ) from e
   from dist_keras import api  # pylint: disable=g-import-not-at-top
-  api.train(config, workdir)
+  api.run(api.Job(config, workdir))
   return 0
 
 

@@ -11,28 +11,38 @@ data against the contract (contract/checks.py).
 No TensorFlow import here, and the choices' names live here: the modules
 that act on them map names to objects.
 """
+import math
 import os
 
 from dist_keras.errors import UserError
 
-# The built-in models, their recurrent cells and the built-in datasets
-# (models/ and data/ map each name to its builder; tests/test_configs.py
-# checks that the lists agree). Any other name is a user's PKG.MODULE:FN,
-# or, for data, tfds:NAME (any TFDS dataset).
-MODELS = ("char_lm", "cnn", "resnet50", "sequence_classifier")
-CELLS = ("lstm", "gru", "simple_rnn")
-DATASETS = ("longmem", "shapes", "synthetic", "tfds:cifar10",
-            "tfds:fashion_mnist", "tfds:imagenet2012", "tfds:imdb_reviews",
-            "tfds:mnist", "tfds:tiny_shakespeare")
+# Every choice a config names, declared once, here (TF-free: validation runs
+# before TensorFlow starts); the modules that act on a name read it from
+# these tables. Any other model or data name is a user's PKG.MODULE:FN, or,
+# for data, tfds:NAME (any TFDS dataset).
+# model.name -> its module in dist_keras/models.
+MODELS = {"char_lm": "language", "cnn": "cnn", "resnet50": "resnet",
+          "sequence_classifier": "sequence"}
+# model.cell -> its keras.layers class.
+CELLS = {"lstm": "LSTM", "gru": "GRU", "simple_rnn": "SimpleRNN"}
+# The generated datasets (each a function of dist_keras/data/generated.py),
+# and constant batches shaped like a config's real data.
+GENERATED = ("longmem", "shapes")
+SYNTHETIC = "synthetic"
+DATASETS = (*GENERATED, SYNTHETIC)
 TFDS_PREFIX = "tfds:"  # tfds:NAME names a TFDS dataset, not a module.
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker_mirrored", "tpu")
+# runtime.collective -> tf.distribute.experimental.CommunicationImplementation.
 COLLECTIVES = ("auto", "ring", "nccl")
 ALLREDUCE_DTYPES = ("float32", "bfloat16", "float16")
 # train.precision -> Keras' dtype policy.
 PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16",
               "float16": "mixed_float16"}
-LR_SCALINGS = ("none", "linear", "sqrt")
-# The built-in models' optimizers (models.OPTIMIZERS maps them to Keras').
+# train.lr_scaling -> the factor for a global batch `ratio` times
+# train.base_batch_size (training/lr.py).
+LR_SCALINGS = {"none": lambda ratio: 1.0, "linear": lambda ratio: ratio,
+               "sqrt": math.sqrt}
+# The built-in models' optimizers: Keras' own names (keras.optimizers.get).
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 # The optimizers train.momentum applies to (Adam-style optimizers have their
 # own first-moment decay, beta_1, instead).
@@ -65,8 +75,8 @@ def data_name(name: str) -> None:
   if (name not in DATASETS and not name.startswith(TFDS_PREFIX)
       and not is_import_path(name)):
     raise UserError(f"data.name={name!r} is not one of {', '.join(DATASETS)}"
-                    ", tfds:NAME, or PKG.MODULE:FN naming your own "
-                    "dataset_fn; pick one of those.")
+                    ", tfds:NAME (e.g. tfds:mnist), or PKG.MODULE:FN naming "
+                    "your own dataset_fn; pick one of those.")
 
 
 def config(c) -> None:

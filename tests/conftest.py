@@ -19,9 +19,9 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 # The subprocess scripts (tests/scripts/) are imported by tests too.
 sys.path.insert(0, os.path.join(REPO, "tests", "scripts"))
 
-from dist_keras.distribute import strategy  # pylint: disable=g-import-not-at-top
+from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-top
 
-strategy.split_cpu(2)
+strategies.split_cpu(2)
 
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position

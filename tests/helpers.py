@@ -6,7 +6,7 @@ import subprocess
 import sys
 import tempfile
 
-from dist_keras import configs, summaries
+from dist_keras import configs, tensorboard_events
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,9 +36,10 @@ def train(config, workdir, strategy) -> dict:
 
 
 def fit(config, workdir, strategy):
-  from dist_keras import api  # pylint: disable=g-import-not-at-top
-  return api.fit(config.model.name, config.data.name, workdir=str(workdir),
-                 config=config, strategy=strategy)
+  import dist_keras  # pylint: disable=g-import-not-at-top
+  return dist_keras.fit(config.model.name, config.data.name,
+                        workdir=str(workdir), config=config,
+                        strategy=strategy)
 
 
 def fit_fns(model_fn, dataset_fn, workdir, config: dict):
@@ -53,18 +54,17 @@ def trainer(config, workdir, strategy):
   builds it (close() it, or use it in a `with`)."""
   from dist_keras import api, validate  # pylint: disable=g-import-not-at-top
   validate.config(config)
-  return api.build(config, str(workdir), strategy=strategy)
+  return api.build(api.Job(config, str(workdir), strategy))
 
 
 def distribute(strategy, dataset_fn, split, config):
-  """distribute/input.py's distribution of `dataset_fn`'s `split` with
+  """distribute/pipelines.py's distribution of `dataset_fn`'s `split` with
   `config`'s batch, eval steps and pipelines: (dataset, batch spec)."""
-  from dist_keras.distribute import input as input_lib  # pylint: disable=g-import-not-at-top
-  return input_lib.distribute(
-      strategy, dataset_fn, split,
-      global_batch_size=config.train.global_batch_size,
-      eval_steps=config.eval.steps if split == "eval" else 0,
-      per_replica_pipelines=config.data.pipeline_per_replica)
+  from dist_keras.distribute import pipelines  # pylint: disable=g-import-not-at-top
+  return pipelines.distribute(
+      strategy, dataset_fn, split, pipelines.Feed(
+          config.train.global_batch_size, config.data.pipeline_per_replica),
+      eval_steps=config.eval.steps if split == "eval" else 0)
 
 
 @contextlib.contextmanager
@@ -90,7 +90,7 @@ def run_module(args, timeout=300, env=None, cwd=REPO):
 
 def scalar_tags(logdir: str) -> dict:
   """{tag: [(step, value), ...]} of every scalar under `logdir`."""
-  return summaries.read_scalars(logdir)
+  return tensorboard_events.read_scalars(logdir)
 
 
 def event_files(root: str) -> list[str]:

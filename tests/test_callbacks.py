@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import dist_keras
 import helpers
 import parity_task
-from dist_keras import api
-from dist_keras.distribute import strategy as strategy_lib
+from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
 
 EPOCH, EPOCHS, EVAL_STEPS = 4, 6, 4
@@ -41,7 +41,7 @@ def _fit(callbacks, model_fn=parity_task.callbacks_model):
 
 def _ours(workdir, callbacks, strategy=ONE_CPU,
           model_fn=parity_task.callbacks_model, **config):
-  return api.fit(model_fn, parity_task.dataset_fn, workdir=str(workdir),
+  return dist_keras.fit(model_fn, parity_task.dataset_fn, workdir=str(workdir),
                  config={**CONFIG, **config}, strategy=strategy,
                  callbacks=callbacks)
 
@@ -141,7 +141,7 @@ def test_file_writing_callbacks_write_where_the_chief_writes(tmp_path):
 
 def test_other_workers_write_their_callbacks_files_to_scratch(
     tmp_path, monkeypatch):
-  monkeypatch.setattr(strategy_lib, "is_chief", lambda strategy: False)
+  monkeypatch.setattr(strategies, "is_chief", lambda strategy: False)
   _ours(tmp_path / "run", _file_writers(tmp_path))
   assert not any(os.path.exists(tmp_path / name)
                  for name in ("log.csv", "tb", "last.keras"))

@@ -117,14 +117,26 @@ def test_a_config_file_outside_the_package_loads_with_its_argument(tmp_path):
     configs.from_command_line(str(tmp_path / "nope.py"))
 
 
-def test_the_names_checked_before_tensorflow_are_the_builtins():
-  """validate.py lists the built-in names (it runs before TensorFlow is
-  imported); models/ and data/ map the same names to their builders."""
-  from dist_keras import data, models, validate  # pylint: disable=g-import-not-at-top
-  from dist_keras.models import sequence  # pylint: disable=g-import-not-at-top
-  assert validate.MODELS == models.NAMES
-  assert validate.CELLS == tuple(sequence.CELLS)
-  assert set(validate.DATASETS) == {*data._BUILDERS, data.SYNTHETIC}  # pylint: disable=protected-access
+def test_every_name_validate_declares_resolves():
+  """validate.py declares every choice once (it runs before TensorFlow is
+  imported); each name must reach what acts on it."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from dist_keras import models, validate  # pylint: disable=g-import-not-at-top
+  from dist_keras.data import generated  # pylint: disable=g-import-not-at-top
+  for module in validate.MODELS.values():
+    assert hasattr(importlib.import_module(f"dist_keras.models.{module}"),
+                   "build")
+  for layer in validate.CELLS.values():
+    assert issubclass(getattr(keras.layers, layer), keras.layers.Layer)
+  assert all(callable(getattr(generated, n)) for n in validate.GENERATED)
+  for name in validate.OPTIMIZERS:
+    assert isinstance(models.make(name, learning_rate=0.1),
+                      keras.optimizers.Optimizer)
+  for name in validate.COLLECTIVES:
+    getattr(tf.distribute.experimental.CommunicationImplementation,
+            name.upper())
 
 
 @pytest.mark.parametrize("override,message", [

@@ -6,7 +6,7 @@ import tensorflow as tf
 import helpers
 from dist_keras import data
 from dist_keras import validate
-from dist_keras.distribute import input as input_lib
+from dist_keras.distribute import pipelines
 from dist_keras.data import generated
 from dist_keras.errors import UserError
 
@@ -107,7 +107,7 @@ def test_pipeline_options_change_how_not_what_is_read():
 
 def test_batch_not_divisible_by_replicas_names_both_numbers():
   with pytest.raises(UserError, match=r"global_batch_size=30 .* 4 replicas"):
-    input_lib.per_replica_batch_size(30, 4)
+    pipelines.per_replica_batch_size(30, 4)
 
 
 @pytest.mark.parametrize("key,value,message", [
@@ -169,8 +169,8 @@ def test_one_replica_on_the_host_reads_the_dataset_itself(mirrored):
   ds, spec = helpers.distribute(one, fn, "train", c)
   assert isinstance(ds, tf.data.Dataset)
   assert spec == fn("train", tf.distribute.InputContext()).element_spec
-  assert input_lib.reads_on_host(tf.distribute.MirroredStrategy(["/cpu:0"]))
-  assert not input_lib.reads_on_host(mirrored)
-  assert not input_lib.reads_on_host(tf.distribute.OneDeviceStrategy("/gpu:0"))
+  assert pipelines.reads_on_host(tf.distribute.MirroredStrategy(["/cpu:0"]))
+  assert not pipelines.reads_on_host(mirrored)
+  assert not pipelines.reads_on_host(tf.distribute.OneDeviceStrategy("/gpu:0"))
   ds, _ = helpers.distribute(mirrored, fn, "train", c)
   assert not isinstance(ds, tf.data.Dataset)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import dist_keras
 import helpers
 from dist_keras import data, models, validate
-from dist_keras.distribute import strategy as strategy_lib
-from dist_keras.training import workdir as workdir_lib
+from dist_keras.distribute import strategies
+from dist_keras.training import run_files
 
 CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
                  "perf/examples_per_sec", "perf/examples_per_sec_per_replica",
@@ -142,7 +143,7 @@ def test_the_checkpoint_holds_the_loops_step_not_the_optimizers(tmp_path):
 
 
 def test_only_the_chief_writes(tmp_path, mirrored, monkeypatch):
-  monkeypatch.setattr(strategy_lib, "is_chief", lambda strategy: False)
+  monkeypatch.setattr(strategies, "is_chief", lambda strategy: False)
   helpers.train(helpers.tiny_config(), str(tmp_path), mirrored)
   assert not helpers.event_files(str(tmp_path))
   for name in ("summary.json", "model.keras", "config.json"):
@@ -204,7 +205,7 @@ def test_workdir_that_cannot_be_written_is_refused(tmp_path):
   blocker = tmp_path / "file"
   blocker.write_text("x")
   with pytest.raises(ValueError, match="is not writable"):
-    workdir_lib.prepare(str(blocker / "run"))
+    run_files.prepare(str(blocker / "run"))
 
 
 def test_checkpoint_of_another_model_is_refused_not_overwritten(
@@ -420,7 +421,6 @@ def test_a_train_stream_that_runs_dry_names_the_step_inside_a_call(
     tmp_path):
   import user_task  # pylint: disable=g-import-not-at-top
 
-  from dist_keras import api  # pylint: disable=g-import-not-at-top
   from dist_keras.errors import UserError  # pylint: disable=g-import-not-at-top
 
   def five_batches(split, ctx: tf.distribute.InputContext):
@@ -434,7 +434,7 @@ def test_a_train_stream_that_runs_dry_names_the_step_inside_a_call(
        "log.progress": False, "log.calibration_steps": 0}
   # Steps 2-5 run in one call, 6-9 in the next, which fails at step 6.
   with pytest.raises(UserError, match=r"ran out of batches at steps 6-9;"):
-    api.fit(user_task.model_fn, five_batches, workdir=str(tmp_path),
+    dist_keras.fit(user_task.model_fn, five_batches, workdir=str(tmp_path),
             config=c, strategy=tf.distribute.OneDeviceStrategy("/cpu:0"))
 
 

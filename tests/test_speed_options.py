@@ -1,5 +1,6 @@
 """Speed options on 2 logical CPU replicas: float16 with loss scaling and
 16-bit gradient compression of the all-reduce (XLA: tests/test_xla.py)."""
+import functools
 import json
 import os
 
@@ -8,8 +9,8 @@ import pytest
 
 import helpers
 from dist_keras import errors
-from dist_keras.training import step as step_lib
-from dist_keras.training import actions, allreduce
+from dist_keras.training import steps
+from dist_keras.training import actions, allreduce, divergence
 
 
 def _one_sgd_step(strategy, c, scale=None):
@@ -19,7 +20,7 @@ def _one_sgd_step(strategy, c, scale=None):
     if scale is not None:
       optimizer.dynamic_scale.assign(scale)
     before = [w.numpy() for w in model.trainable_variables]
-    step = step_lib.make_train_step(strategy, model, step_lib.StepOptions(
+    step = steps.make_train_step(strategy, model, steps.StepOptions(
         allreduce_dtype=c.runtime.allreduce_dtype,
         bytes_per_pack=c.runtime.bytes_per_pack))
     out = step(iter(run.parts.train_ds))
@@ -80,12 +81,15 @@ def test_a_skipped_float16_step_is_not_divergence(tmp_path, mirrored):
     overflow = {"loss": np.float32(1.0), "grad_norm": np.float32(np.inf),
                 "skipped": 1}
     run = actions.RunState(trainer.settings.schedule, step=1)
-    trainer._check_finite(run, {k: _np(v) for k, v in overflow.items()})
+    check = functools.partial(divergence.check, run,
+                              optimizer=trainer.optimizer,
+                              checkpoints=trainer.parts.checkpoints)
+    check({k: _np(v) for k, v in overflow.items()})
     assert run.skipped_steps == 1
     trainer.optimizer.dynamic_scale.assign(0.5)  # Overflows even unscaled.
     run.step = 2
     with pytest.raises(errors.Diverged, match="at step 2"):
-      trainer._check_finite(run, {k: _np(v) for k, v in overflow.items()})
+      check({k: _np(v) for k, v in overflow.items()})
 
 
 def _np(value):
@@ -100,19 +104,19 @@ def test_compressed_allreduce_sums_in_16_bits(mirrored, dtype):
   before, exact, _, _ = _one_sgd_step(mirrored, c)
   c.runtime.allreduce_dtype = dtype
   _, compressed, _, _ = _one_sgd_step(mirrored, c)
-  steps = [a - b for a, b in zip(exact, before)]
+  updates = [a - b for a, b in zip(exact, before)]
   moved = [a - b for a, b in zip(compressed, before)]
   # The update is the float32 one to 16-bit precision (bfloat16: 8 bits of
   # mantissa, float16: 11), and not bit for bit: the cast happened.
   rtol = {"bfloat16": 2**-7, "float16": 2**-10}[dtype]
-  for s, m in zip(steps, moved):
+  for s, m in zip(updates, moved):
     np.testing.assert_allclose(m, s, rtol=rtol, atol=rtol * np.abs(s).max())
-  assert any(not np.array_equal(s, m) for s, m in zip(steps, moved))
+  assert any(not np.array_equal(s, m) for s, m in zip(updates, moved))
 
 
 def test_one_replica_makes_no_all_reduce(monkeypatch):
   """One replica sums with no one: its step calls no all-reduce (TF's
-  all-reduce of one replica is not free: issue 17), so compressing it
+  all-reduce of one replica is not free: docs/performance.md), so compressing it
   changes nothing, bit for bit (under Mirrored it does: above)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   one_device = tf.distribute.OneDeviceStrategy("/cpu:0")

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import helpers
 from dist_keras import validate
-from dist_keras.distribute import strategy
+from dist_keras.distribute import strategies
 from dist_keras.distribute import tfconfig
 from dist_keras.errors import UserError
 
@@ -33,7 +33,7 @@ def test_unknown_strategy_lists_the_valid_ones():
 def test_tpu_without_a_tpu_is_refused_clearly():
   # The TPU branch itself: tests/test_tpu.py.
   with pytest.raises(UserError, match="'tpu' but no TPU was found"):
-    strategy.get_strategy(_runtime(strategy="tpu"), environ={},
+    strategies.get_strategy(_runtime(strategy="tpu"), environ={},
                           path_exists=lambda path: False)
 
 
@@ -73,7 +73,7 @@ def test_a_single_host_strategy_with_a_cluster_tf_config_is_refused(name):
 
 def test_a_bad_tf_config_is_refused_by_the_factory():
   with pytest.raises(UserError, match="TF_CONFIG is not valid JSON"):
-    strategy.get_strategy(_runtime(), environ={"TF_CONFIG": "{nope"})
+    strategies.get_strategy(_runtime(), environ={"TF_CONFIG": "{nope"})
 
 
 @pytest.mark.parametrize("key,value,message", [
@@ -89,13 +89,13 @@ def test_bad_communication_options_are_refused(key, value, message):
 
 
 def test_communication_options_come_from_the_config():
-  options = strategy.communication_options(_runtime(
+  options = strategies.communication_options(_runtime(
       collective="ring", bytes_per_pack=1 << 20, timeout_seconds=30.0))
   assert options.bytes_per_pack == 1 << 20
   assert options.timeout_seconds == 30.0
   assert options.implementation == (
       tf.distribute.experimental.CommunicationImplementation.RING)
-  assert strategy.communication_options(_runtime()).timeout_seconds is None
+  assert strategies.communication_options(_runtime()).timeout_seconds is None
 
 
 def test_num_cpu_devices_must_be_positive():
@@ -108,17 +108,17 @@ def test_num_cpu_devices_must_be_positive():
 def test_more_devices_than_the_started_runtime_has_is_refused():
   tf.config.list_logical_devices("CPU")  # Starts the runtime with 2.
   with pytest.raises(UserError, match="already started with 2 logical CPU"):
-    strategy.get_strategy(_runtime(num_cpu_devices=8))
+    strategies.get_strategy(_runtime(num_cpu_devices=8))
 
 
 @pytest.mark.parametrize("name", ["auto", "mirrored"])
 def test_auto_and_mirrored_use_the_logical_cpus(name):
-  s = strategy.get_strategy(_runtime(strategy=name))
+  s = strategies.get_strategy(_runtime(strategy=name))
   assert isinstance(s, tf.distribute.MirroredStrategy)
   assert s.num_replicas_in_sync == 2
 
 
 def test_one_device():
-  s = strategy.get_strategy(_runtime(strategy="one_device"))
+  s = strategies.get_strategy(_runtime(strategy="one_device"))
   assert isinstance(s, tf.distribute.OneDeviceStrategy)
   assert s.num_replicas_in_sync == 1

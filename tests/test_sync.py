@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dist_keras import models
+from dist_keras import models, validate
 from dist_keras.training import allreduce, keras_internals
-from dist_keras.measure import breakdown as breakdown_lib
+from dist_keras.measure import breakdown
 
 
-@pytest.mark.parametrize("name", sorted(models.OPTIMIZERS))
+@pytest.mark.parametrize("name", validate.OPTIMIZERS)
 def test_each_optimizer_applies_the_reduced_gradient_once(name, mirrored):
   """Fails if a Keras release moves the optimizer's own all-reduce out of
   the hook dist_keras disables: under Mirrored, 2 replicas' all-reduced
@@ -19,7 +19,7 @@ def test_each_optimizer_applies_the_reduced_gradient_once(name, mirrored):
   def make(scope):
     with scope:
       var = keras.Variable(np.zeros(3, np.float32))
-      optimizer = models.OPTIMIZERS[name](learning_rate=0.1)
+      optimizer = models.make(name, learning_rate=0.1)
       optimizer.build([var])
     return var, optimizer
 
@@ -79,7 +79,7 @@ def test_breakdown_splits_a_step_exactly():
   # Replica 0 has gradients at 10 ms, replica 1 at 14 ms; both reduced at 15.
   stamps = 1e-3 * np.array([[1.0, 10.0, 15.0, 16.0],
                             [1.0, 14.0, 15.0, 16.5]])
-  b = breakdown_lib.breakdown(0.0, 0.0008, stamps)
+  b = breakdown.split_step(0.0, 0.0008, stamps)
   assert b["batch_ready_ms"] == pytest.approx(0.8)
   assert b["input_wait_ms"] == pytest.approx(1.0)
   assert b["step_ms"] == pytest.approx(16.5)
@@ -96,25 +96,25 @@ def test_breakdown_across_workers_compares_durations_not_clocks():
   # replica (another host, another clock) waited 1 ms: it arrived last, so
   # 1 ms is the all-reduce and our extra 4 ms is straggler wait.
   stamps = 1e-3 * np.array([[1.0, 10.0, 15.0, 16.0]]) + 1e6  # Any clock.
-  b = breakdown_lib.breakdown(1e6, 1e6 + 0.0008, stamps, 1e-3 * np.array([5.0, 1.0]))
+  b = breakdown.split_step(1e6, 1e6 + 0.0008, stamps, 1e-3 * np.array([5.0, 1.0]))
   assert b["straggler_ms"] == pytest.approx(4.0)
   assert b["allreduce_ms"] == pytest.approx(1.0)
   assert b["input_wait_ms"] + b["compute_ms"] + b["straggler_ms"] + (
       b["allreduce_ms"]) == pytest.approx(b["step_ms"])
   # The last to arrive: all of its wait is all-reduce, none straggling.
-  last = breakdown_lib.breakdown(1e6, 1e6, stamps, 1e-3 * np.array([5.0, 7.0]))
+  last = breakdown.split_step(1e6, 1e6, stamps, 1e-3 * np.array([5.0, 7.0]))
   assert last["straggler_ms"] == pytest.approx(0.0, abs=1e-6)
   assert last["allreduce_ms"] == pytest.approx(5.0)
 
 
 def test_sync_log_means_and_tags():
-  log = breakdown_lib.SyncLog()
+  log = breakdown.SyncLog()
   assert log.means() == {}
   stamps = 1e-3 * np.array([[0.0, 2.0, 3.0, 4.0]])
-  tags = log.add(breakdown_lib.breakdown(0.0, 0.0, stamps))
+  tags = log.add(breakdown.split_step(0.0, 0.0, stamps))
   assert tags["sync/allreduce_ms"] == pytest.approx(1.0)
   assert tags["sync_replica/0/compute_ms"] == pytest.approx(3.0)
-  log.add(breakdown_lib.breakdown(0.0, 0.0, 2 * stamps))
+  log.add(breakdown.split_step(0.0, 0.0, 2 * stamps))
   assert log.means()["compute_ms"] == pytest.approx(4.5)
 
 

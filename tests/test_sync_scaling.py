@@ -71,7 +71,7 @@ def test_two_replicas_measure_an_all_reduce_of_the_4_mb(runs):
 def test_more_replicas_measure_an_all_reduce(runs):
   """Measured, not asserted against each other: how much longer 4 replicas'
   all-reduce takes is a figure (tools/scaling.py, docs/sync_breakdown.md),
-  and no test asserts a speed (issue 17)."""
+  and no test asserts a speed (the machine is shared and noisy)."""
   two = _median(runs(2)[0], "sync/allreduce_ms")
   four = _median(runs(4)[0], "sync/allreduce_ms")
   print(f"all-reduce ms: 2 replicas {two:.2f}, 4 replicas {four:.2f}")

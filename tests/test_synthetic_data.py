@@ -47,7 +47,8 @@ def test_resnet50_synthetic_is_imagenet_shaped():
 
 
 def test_tfds_warns_once_when_the_config_declares_other_shapes(
-    meta_dir, no_network, capfd):
+    meta_dir, no_network, capfd, monkeypatch):
+  monkeypatch.setattr(data, "_warned", set())  # Other tests may have warned.
   c = configs.load("cnn_shapes", ["data.name=tfds:cifar10",
                                   f"data.data_dir={meta_dir}"])
   for _ in range(2):  # Asked twice, said once.

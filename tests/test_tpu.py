@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras.distribute import strategy
+from dist_keras.distribute import strategies
 from dist_keras.distribute import tfconfig
-from dist_keras.distribute import tpu
+from dist_keras.distribute import tpus
 from dist_keras.errors import UserError
 
 NO_DEVICES = lambda path: False  # pylint: disable=unnecessary-lambda-assignment
@@ -62,7 +62,7 @@ class FakeTF:
     monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system",
                         lambda r: self.record("initialize"))
     monkeypatch.setattr(tf.distribute, "TPUStrategy", Strategy)
-    monkeypatch.setattr(tpu, "probe", self._probe)
+    monkeypatch.setattr(tpus, "probe", self._probe)
 
   def record(self, call):
     if call == self.fail_at:
@@ -97,7 +97,7 @@ class FakeTF:
     ({"TPU_NAME": "x"}, ("/dev/accel0",), "/dev/accel0 exists"),
 ])
 def test_detect(environ, paths, found):
-  assert tpu.detect(environ, _devices(*paths)) == found
+  assert tpus.detect(environ, _devices(*paths)) == found
 
 
 @pytest.mark.parametrize("name,possible,chosen", [
@@ -124,7 +124,7 @@ def test_a_cluster_tf_config_beats_a_possible_tpu():
 
 def test_local_tpu_vm_initialises_without_connecting(monkeypatch):
   fake = FakeTF(monkeypatch)
-  s = strategy.get_strategy(_runtime(strategy="tpu"), environ={},
+  s = strategies.get_strategy(_runtime(strategy="tpu"), environ={},
                             path_exists=_devices("/dev/accel0"))
   assert isinstance(s, fake.Strategy)
   assert fake.resolver_args == [{"tpu": "local"}]
@@ -140,11 +140,11 @@ def test_local_tpu_vm_initialises_without_connecting(monkeypatch):
 def test_tpu_node_is_probed_then_connected_then_initialised(
     monkeypatch, name, master, host):
   fake = FakeTF(monkeypatch, master=master)
-  s = strategy.get_strategy(_runtime(strategy="tpu", tpu=name), environ={},
+  s = strategies.get_strategy(_runtime(strategy="tpu", tpu=name), environ={},
                             path_exists=NO_DEVICES)
   assert isinstance(s, fake.Strategy)
   assert fake.resolver_args == [{"tpu": name}]
-  assert fake.probes == [(host, 8470, tpu.PROBE_SECONDS)]
+  assert fake.probes == [(host, 8470, tpus.PROBE_SECONDS)]
   assert fake.calls == ["resolver", "connect", "initialize", "strategy"]
 
 
@@ -152,9 +152,9 @@ def test_the_resolver_runs_with_a_socket_timeout(monkeypatch):
   # A TPU name's metadata look-up has no timeout of its own.
   fake = FakeTF(monkeypatch, master="grpc://10.1.2.3:8470")
   before = socket.getdefaulttimeout()
-  strategy.get_strategy(_runtime(strategy="tpu", tpu="my-tpu"), environ={},
+  strategies.get_strategy(_runtime(strategy="tpu", tpu="my-tpu"), environ={},
                         path_exists=NO_DEVICES)
-  assert fake.socket_timeout == tpu.PROBE_SECONDS
+  assert fake.socket_timeout == tpus.PROBE_SECONDS
   assert socket.getdefaulttimeout() == before
 
 
@@ -162,7 +162,7 @@ def test_the_old_colab_form_is_refused_before_any_tf_call(monkeypatch):
   fake = FakeTF(monkeypatch)
   for name in ("tpu", "auto"):
     with pytest.raises(UserError) as e:
-      strategy.get_strategy(_runtime(strategy=name, tpu=""), environ={},
+      strategies.get_strategy(_runtime(strategy=name, tpu=""), environ={},
                             path_exists=_devices("/dev/accel0"))
     assert str(e.value).startswith("runtime.tpu='' is the old Colab TPU-node")
     assert "runtime.tpu=local" in str(e.value)
@@ -174,7 +174,7 @@ def test_the_old_colab_form_is_refused_before_any_tf_call(monkeypatch):
 def test_no_tpu_device_fails_without_calling_tensorflow(monkeypatch):
   fake = FakeTF(monkeypatch)
   with pytest.raises(UserError) as e:
-    strategy.get_strategy(_runtime(strategy="tpu"), environ={},
+    strategies.get_strategy(_runtime(strategy="tpu"), environ={},
                           path_exists=NO_DEVICES)
   message = str(e.value)
   assert "\n" not in message
@@ -189,7 +189,7 @@ def test_no_tpu_device_fails_without_calling_tensorflow(monkeypatch):
 def test_a_failed_start_says_what_was_tried(monkeypatch, fail_at):
   fake = FakeTF(monkeypatch, fail_at=fail_at)
   with pytest.raises(UserError) as e:
-    strategy.get_strategy(_runtime(strategy="tpu"), environ={},
+    strategies.get_strategy(_runtime(strategy="tpu"), environ={},
                           path_exists=_devices("/dev/vfio/0"))
   message = str(e.value)
   assert "\n" not in message
@@ -201,7 +201,7 @@ def test_a_failed_start_says_what_was_tried(monkeypatch, fail_at):
 def test_an_unreachable_tpu_node_is_never_connected(monkeypatch):
   fake = FakeTF(monkeypatch, master="grpc://10.9.9.9:8470", fail_at="probe")
   with pytest.raises(UserError) as e:
-    strategy.get_strategy(_runtime(strategy="tpu", tpu="grpc://10.9.9.9:8470"),
+    strategies.get_strategy(_runtime(strategy="tpu", tpu="grpc://10.9.9.9:8470"),
                           environ={}, path_exists=NO_DEVICES)
   assert ("(tried TPUClusterResolver(tpu='grpc://10.9.9.9:8470'): no answer "
           "in 3 s (ConnectionRefusedError") in str(e.value)
@@ -211,7 +211,7 @@ def test_an_unreachable_tpu_node_is_never_connected(monkeypatch):
 
 def test_auto_falls_back_with_a_notice(monkeypatch, capsys):
   fake = FakeTF(monkeypatch, fail_at="initialize")
-  s = strategy.get_strategy(
+  s = strategies.get_strategy(
       _runtime(strategy="auto"),
       environ={"TPU_LIBRARY_PATH": "/opt/libtpu.so"},
       path_exists=_devices("/dev/accel0"))
@@ -230,8 +230,8 @@ def test_auto_does_not_start_a_tpu_this_tensorflow_cannot_drive(
   # Trying would start TensorFlow's runtime for nothing (tensorflow-cpu on a
   # TPU VM), fixing the CPU devices before the fallback splits them.
   fake = FakeTF(monkeypatch)
-  monkeypatch.setattr(tpu, "has_tpu_runtime", lambda environ: False)
-  s = strategy.get_strategy(_runtime(strategy="auto"), environ={},
+  monkeypatch.setattr(tpus, "has_tpu_runtime", lambda environ: False)
+  s = strategies.get_strategy(_runtime(strategy="auto"), environ={},
                             path_exists=_devices("/dev/accel0"))
   assert isinstance(s, tf.distribute.MirroredStrategy)
   assert "this TensorFlow has no libtpu" in capsys.readouterr().err
@@ -240,18 +240,18 @@ def test_auto_does_not_start_a_tpu_this_tensorflow_cannot_drive(
 
 def test_auto_without_a_tpu_never_tries_one(monkeypatch, capsys):
   fake = FakeTF(monkeypatch)
-  s = strategy.get_strategy(_runtime(strategy="auto"), environ={},
+  s = strategies.get_strategy(_runtime(strategy="auto"), environ={},
                             path_exists=NO_DEVICES)
   assert isinstance(s, tf.distribute.MirroredStrategy)
   assert fake.calls == [] and capsys.readouterr().err == ""
 
 
 def test_tpu_strategy_display_name():
-  assert strategy.display_name(
+  assert strategies.display_name(
       tf.distribute.OneDeviceStrategy("/cpu:0")) == "OneDeviceStrategy"
   # TPUStrategy's class is TPUStrategyV2; users know the public name.
   fake = object.__new__(tf.distribute.TPUStrategy)
-  assert strategy.display_name(fake) == "TPUStrategy"
+  assert strategies.display_name(fake) == "TPUStrategy"
 
 
 # --- Real TensorFlow, no TPU: fast, clear, nothing written ------------------
@@ -279,18 +279,18 @@ def test_real_resolver_fails_fast_where_it_is_tried(tmp_path):
   code = (
       "import sys, time\n"
       "from dist_keras.configs import base\n"
-      "from dist_keras.distribute import strategy\n"
+      "from dist_keras.distribute import strategies\n"
       "c = base.get_config().runtime\n"
       "env = {'TPU_ACCELERATOR_TYPE': 'v2-8', 'TPU_LIBRARY_PATH': '/x.so'}\n"
       "start = time.monotonic()\n"
       "try:\n"
       "  c.strategy = 'tpu'\n"
-      "  strategy.get_strategy(c, environ=env)\n"
+      "  strategies.get_strategy(c, environ=env)\n"
       "except Exception as e:\n"
       "  print('ERROR', time.monotonic() - start, e)\n"
       "c.strategy = 'auto'\n"
-      "s = strategy.get_strategy(c, environ=env)\n"
-      "print('FALLBACK', strategy.display_name(s), s.num_replicas_in_sync)\n")
+      "s = strategies.get_strategy(c, environ=env)\n"
+      "print('FALLBACK', strategies.display_name(s), s.num_replicas_in_sync)\n")
   result = helpers.run_module(["-c", code], timeout=120)
   assert result.returncode == 0, result.stderr
   error = [l for l in result.stdout.splitlines() if l.startswith("ERROR")][0]
@@ -310,5 +310,5 @@ def test_real_probe_of_a_closed_port_fails_fast(monkeypatch):
     port = s.getsockname()[1]  # Closed once the block ends.
   start = time.monotonic()
   with pytest.raises(UserError, match="ConnectionRefusedError"):
-    tpu.get_strategy(f"grpc://127.0.0.1:{port}", required=True, environ={})
+    tpus.get_strategy(f"grpc://127.0.0.1:{port}", required=True, environ={})
   assert time.monotonic() - start < 5

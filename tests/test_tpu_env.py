@@ -135,8 +135,8 @@ def test_dist_keras_import_stays_tensorflow_free():
 
 
 def test_tpu_env_is_what_the_tpu_module_detects_with():
-  from dist_keras.distribute import tpu  # pylint: disable=g-import-not-at-top
-  assert tpu.detect is tpu_env.detect
+  from dist_keras.distribute import tpus  # pylint: disable=g-import-not-at-top
+  assert tpus.detect is tpu_env.detect
   assert sys.modules["dist_keras.distribute.tpu_env"] is tpu_env
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import helpers
-from dist_keras import summaries
+from dist_keras import tensorboard_events
 from dist_keras.measure import trace
 
 STEPS, STRAGGLE_MS = 5, 30.0
@@ -180,7 +180,7 @@ def test_cli_prints_the_trace_beside_the_sync_scalars(real, tmp_path):
   logdir, _ = real
   workdir = str(tmp_path / "run")
   shutil.copytree(logdir, workdir)
-  writer = summaries.Summaries(workdir, enabled=True)
+  writer = tensorboard_events.Writer(workdir, enabled=True)
   for step in range(1, STEPS + 1):
     writer.scalars(step, {"sync/allreduce_ms": 2.0, "loss": 1.0})
   writer.close()

@@ -16,7 +16,7 @@ import tensorflow_datasets as tfds
 
 import helpers
 from dist_keras import configs
-from dist_keras.training import step as step_lib
+from dist_keras.training import steps
 from dist_keras.data import tfds_sources
 from tools import mock_tfds
 
@@ -70,8 +70,8 @@ def _data_source(c, tmp_path):
 def _train(strategy, c, jit_compile="step"):
   """Losses of STEPS compiled train steps of config `c`."""
   with helpers.built(c, strategy) as run:
-    train_step = step_lib.make_train_step(
-        strategy, run.model, step_lib.StepOptions(jit=jit_compile))
+    train_step = steps.make_train_step(
+        strategy, run.model, steps.StepOptions(jit=jit_compile))
     iterator = iter(run.parts.train_ds)
     return [float(train_step(iterator)["loss"]) for _ in range(STEPS)]
 
@@ -93,13 +93,13 @@ def test_train_step_compiles_and_learns(one_cpu, tmp_path, no_network, name):
 def test_an_uncompilable_op_fails_loudly(one_cpu, monkeypatch):
   """Proof that the replica step really is compiled: an op with no XLA
   kernel (tf.timestamp) makes it fail, where the plain step runs."""
-  real = step_lib.forward_backward
+  real = steps.forward_backward
 
   def with_timestamp(*args, **kwargs):
     loss, grads = real(*args, **kwargs)
     return loss + 0.0 * tf.cast(tf.timestamp(), loss.dtype), grads
 
-  monkeypatch.setattr(step_lib, "forward_backward", with_timestamp)
+  monkeypatch.setattr(steps, "forward_backward", with_timestamp)
   c = _config("lstm_longmem")
   assert len(_train(one_cpu, c, jit_compile=False)) == STEPS
   with pytest.raises(tf.errors.InvalidArgumentError, match="Timestamp"):
@@ -125,23 +125,23 @@ def test_on_one_device_jit_compiles_the_update_too(one_cpu, mirrored,
 
     monkeypatch.setattr(run.optimizer, "apply_gradients", with_timestamp)
     iterator = iter(run.parts.train_ds)
-    timed = step_lib.make_train_step(
-        one_cpu, run.model, step_lib.StepOptions(jit=True), timed=True)
+    timed = steps.make_train_step(
+        one_cpu, run.model, steps.StepOptions(jit=True), timed=True)
     assert np.isfinite(float(timed(iterator)["loss"]))
-    whole = step_lib.make_train_step(one_cpu, run.model,
-                                     step_lib.StepOptions(jit=True))
+    whole = steps.make_train_step(one_cpu, run.model,
+                                     steps.StepOptions(jit=True))
     with pytest.raises(tf.errors.InvalidArgumentError, match="Timestamp"):
       whole(iterator)
-  assert step_lib.update_compiles(one_cpu)
-  assert not step_lib.update_compiles(mirrored)
+  assert steps.update_compiles(one_cpu)
+  assert not steps.update_compiles(mirrored)
 
 
 def test_timed_steps_cannot_be_compiled_whole(one_cpu):
   c = _config("lstm_longmem")
   with helpers.built(c, one_cpu) as run, pytest.raises(
       ValueError, match="timed steps cannot be XLA-compiled"):
-    step_lib.make_train_step(one_cpu, run.model,
-                             step_lib.StepOptions(jit="step"), timed=True)
+    steps.make_train_step(one_cpu, run.model,
+                             steps.StepOptions(jit="step"), timed=True)
 
 
 def test_compiled_compute_matches_the_plain_step(mirrored):
@@ -155,8 +155,8 @@ def test_compiled_compute_matches_the_plain_step(mirrored):
     with helpers.built(c, mirrored) as run:
       iterator = iter(run.parts.train_ds)
       for timed in (False, True):
-        step = step_lib.make_train_step(
-            mirrored, run.model, step_lib.StepOptions(jit=jit), timed=timed)
+        step = steps.make_train_step(
+            mirrored, run.model, steps.StepOptions(jit=jit), timed=timed)
         out = step(iterator)
         assert np.isfinite(float(out["loss"]))
       weights[jit] = [w.numpy() for w in run.model.trainable_variables]

@@ -140,7 +140,7 @@ def dist_keras_runner(c, strategy, args, per_call: bool, xla: bool,
 
   def run():
     with (tempfile.TemporaryDirectory() as workdir,
-          api.build(c, workdir, strategy=strategy) as trainer):
+          api.build(api.Job(c, workdir, strategy)) as trainer):
       summary = trainer.run()
     return summary["step_ms_median"], None  # Window 1 left out.
 
@@ -198,12 +198,12 @@ def _names(args) -> list[str]:
           for label in args.variants for side in ("fit", "dist_keras")]
 
 
-def _runner(name: str, args, strategies):
+def _runner(name: str, args, places):
   """The in-process runner of run `name` (see _names)."""
   side, label, where = name.split(", ")
   make = fit_runner if side == "fit" else dist_keras_runner
   c = common.load_config(args.config, args.override)
-  return make(c, strategies[f"{side}/{where}"], args, *VARIANTS[label])
+  return make(c, places[f"{side}/{where}"], args, *VARIANTS[label])
 
 
 def fresh_runner(args, name: str, seen: dict):
@@ -334,23 +334,23 @@ def main(argv=None) -> int:
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-top
   # Split into runtime.num_cpu_devices logical devices in every process, as
   # a dist_keras run splits them whatever its strategy.
-  mirrored = strategy_lib.get_strategy(c.runtime)
-  strategies = {"fit/one": tf.distribute.get_strategy(),  # No strategy.
+  mirrored = strategies.get_strategy(c.runtime)
+  places = {"fit/one": tf.distribute.get_strategy(),  # No strategy.
                 "fit/mirrored": mirrored,
                 "dist_keras/one": tf.distribute.OneDeviceStrategy("/cpu:0"),
                 "dist_keras/mirrored": mirrored}
   if args.only:  # One run, for a --fresh parent.
     try:
-      ms, overhead = _runner(args.only, args, strategies)()
+      ms, overhead = _runner(args.only, args, places)()
     except Exception as e:  # pylint: disable=broad-except
       print(_ERROR + _one_line(e), flush=True)
       return 1
     print(_RESULT + json.dumps([ms, overhead, mirrored.num_replicas_in_sync]))
     return 0
-  results = _measure({name: _runner(name, args, strategies)
+  results = _measure({name: _runner(name, args, places)
                       for name in _names(args)}, args.rounds)
   return _report(results, args, mirrored.num_replicas_in_sync,
                  c.train.global_batch_size)

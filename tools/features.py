@@ -67,10 +67,10 @@ def variant_config(spec: str, overrides, variant, steps: int):
 
 def run_block(c, strategy) -> dict:
   """One block: `dist_keras.fit` as a user calls it; its figures."""
-  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  import dist_keras  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as workdir:
-    summary = api.fit(c.model.name, c.data.name, workdir=workdir, config=c,
-                      strategy=strategy).summary
+    summary = dist_keras.fit(c.model.name, c.data.name, workdir=workdir,
+                             config=c, strategy=strategy).summary
   return {k: summary[k] for k in ("examples_per_sec", "eval_accuracy",
                                   "train_loss", "sync_fraction")}
 
@@ -124,10 +124,10 @@ def main(argv=None) -> int:
     return common.fail(PROG, e)
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
-    from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+    from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-top
   variants, configs = args.variants, args.configs
-  strategy = strategy_lib.get_strategy(configs[variants[0]].runtime)
-  chief = strategy_lib.is_chief(strategy)
+  strategy = strategies.get_strategy(configs[variants[0]].runtime)
+  chief = strategies.is_chief(strategy)
   results = {v: [] for v in variants}
   for repeat in range(-args.warmup, args.repeats):
     for v in variants:
@@ -156,9 +156,9 @@ def report(args, strategy, results):
             r["sync_fraction"] or 0.0 for r in runs),
     }
   reference = next(iter(table.values()))["examples_per_sec"]
-  from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+  from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-top
   print(f"{args.config}: {strategy.num_replicas_in_sync} replicas "
-        f"({strategy_lib.display_name(strategy)}), {args.steps} steps x "
+        f"({strategies.display_name(strategy)}), {args.steps} steps x "
         f"{args.repeats} repeats, medians")
   for name, row in table.items():
     row["speed_vs_first"] = row["examples_per_sec"] / reference

@@ -132,8 +132,8 @@ def eval_curve(workdir: str) -> list:
   """[(step, eval accuracy), ...] from the run's TensorBoard scalars."""
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   with quiet.startup_lines_filtered():
-    from dist_keras import summaries  # pylint: disable=g-import-not-at-top
-  return summaries.read_scalars(workdir).get("eval/accuracy", [])
+    from dist_keras import tensorboard_events  # pylint: disable=g-import-not-at-top
+  return tensorboard_events.read_scalars(workdir).get("eval/accuracy", [])
 
 
 # The table: (heading, key of a run's figures, format, width).

@@ -151,8 +151,8 @@ def main(argv=None) -> int:
   from dist_keras import quiet  # pylint: disable=g-import-not-at-top
   # TensorFlow, imported here: seconds that --help need not wait.
   with quiet.startup_lines_filtered():
-    from dist_keras import summaries  # pylint: disable=g-import-not-at-top
-  scalars = summaries.read_scalars(args.workdir)
+    from dist_keras import tensorboard_events  # pylint: disable=g-import-not-at-top
+  scalars = tensorboard_events.read_scalars(args.workdir)
   for result in results:
     print_trace(result)
     print_scalars(result, scalars, profiled_range(result, args.workdir))

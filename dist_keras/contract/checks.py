@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import validate
+from dist_keras import errors
 from dist_keras.errors import UserError
 
 SPLITS = ("train", "eval")
@@ -79,7 +80,7 @@ def build_state(model, strategy, batch_spec) -> None:
       raise UserError(
           f"the model or its compiled loss/metrics cannot take the batches "
           f"of dataset_fn('train', ...) ({describe(batch_spec)}): "
-          f"{_first_line(e)}") from e
+          f"{errors.first_line(e)}") from e
   model.reset_metrics()
   _check_in_scope(model, strategy)
 
@@ -216,9 +217,3 @@ def _zeros(spec):
 def _loss_name(model) -> str:
   loss = model.loss
   return repr(loss) if isinstance(loss, str) else type(loss).__name__
-
-
-def _first_line(error: Exception) -> str:
-  text = str(error).strip()
-  return " ".join(text.splitlines()[0].split())[:300] if text else (
-      type(error).__name__)

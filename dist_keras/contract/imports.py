@@ -12,6 +12,7 @@ import os
 import re
 import sys
 
+from dist_keras import errors
 from dist_keras.errors import UserError
 from dist_keras.validate import is_import_path  # noqa: F401  (re-exported)
 
@@ -38,7 +39,7 @@ def load(key: str, name: str):
     # what it was, on one line, with where Python looked.
     raise UserError(
         f"{key}={name!r}: importing {module_name} failed ({type(e).__name__}:"
-        f" {_first_line(e)}); run from the folder that holds it or add that "
+        f" {errors.first_line(e)}); run from the folder that holds it or add that "
         "folder to PYTHONPATH.") from e
   target = module
   for part in attr.split("."):
@@ -56,8 +57,3 @@ def name_of(fn) -> str:
   """PKG.MODULE:FN of a function, as config.json records it."""
   module = getattr(fn, "__module__", None) or "?"
   return f"{module}:{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def _first_line(error: Exception) -> str:
-  text = str(error).strip()
-  return text.splitlines()[0] if text else "no message"

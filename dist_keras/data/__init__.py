@@ -31,30 +31,15 @@ class InputSpec:
   per_token: bool = False
 
 
-class _Registry(dict):
-  """Built-in names, and any other `tfds:NAME` (TFDS's generic reader)."""
-
-  def __missing__(self, name):
-    if tfds_sources.is_tfds(name):
-      return tfds_sources.build
-    raise KeyError(name)
-
-
-_BUILDERS: dict[str, Callable] = _Registry({
-    "longmem": generated.longmem,
-    "shapes": generated.shapes,
-    # TFDS datasets, prepared in data.data_dir (see tfds_sources).
-    "tfds:mnist": tfds_sources.build,
-    "tfds:fashion_mnist": tfds_sources.build,
-    "tfds:cifar10": tfds_sources.build,
-    "tfds:imdb_reviews": tfds_sources.build,
-    "tfds:tiny_shakespeare": tfds_sources.build,
-    "tfds:imagenet2012": tfds_sources.build,
-})
+def _builder(name: str) -> Callable:
+  """The builder of data.name: a generated dataset (validate.GENERATED), or
+  TFDS's reader for any tfds:NAME."""
+  if tfds_sources.is_tfds(name):
+    return tfds_sources.build
+  return getattr(generated, name)
 
 
-# Random constant batches shaped like the config's real data (constant_batch).
-SYNTHETIC = "synthetic"
+SYNTHETIC = validate.SYNTHETIC  # Constant batches (constant_batch).
 # What a model reads (models.inputs): data.name=synthetic builds batches of it.
 INPUT_KINDS = ("images", "tokens", "per_token")
 
@@ -169,7 +154,7 @@ def dataset_fn(config, spec=None, with_ids: bool = False):
   if synthetic_batches and spec is None:
     raise ValueError("data.name=synthetic: pass the model's InputSpec "
                      "(spec=input_spec(data_cfg, models.inputs(model_cfg))).")
-  build = None if synthetic_batches else _BUILDERS[data_cfg.name]
+  build = None if synthetic_batches else _builder(data_cfg.name)
   eval_size = num_examples(data_cfg, "eval")
 
   def make(split: str, ctx: tf.distribute.InputContext) -> tf.data.Dataset:

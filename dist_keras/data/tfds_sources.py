@@ -24,10 +24,9 @@ Sharding by input pipeline (never TensorFlow's AutoShard, turned off here):
   * by files when the split has >= num_input_pipelines files: TFDS's
     ReadConfig(input_context=...) gives pipeline i files i, i + P, ... (as
     few as one file apart in size; cheapest: each record is read once);
-  * by examples otherwise: pipeline i reads the i-th of P contiguous, equal
-    (+-1) ranges of examples (tfds.even_splits), so it reads and decodes only
-    its own records, where `ds.shard` after reading would decode every record
-    on every pipeline and keep 1/P of them.
+  * by examples otherwise: pipeline i reads the i-th of P equal (+-1)
+    ranges (tfds.even_splits): only its own records, where `ds.shard` would
+    decode every record on every pipeline and keep 1/P.
   tiny_shakespeare is one record (the whole text) per split: its unit is the
   window, and windows are sharded with `ds.shard`.
 In both cases the shards are disjoint and their union is the split.
@@ -188,7 +187,7 @@ def num_examples(data_cfg, split: str) -> int:
   tfds_split = split_names(b.info)[split]
   if kind(data_cfg.name) != "chars":
     return int(b.info.splits[tfds_split].num_examples)
-  texts = read(b, tfds_split, train=False, seed=None, shard=False)
+  texts = read(b, tfds_split, shard=False)
   return int(sum((len(ex["text"]) - 1) // data_cfg.seq_len
                  for ex in texts.as_numpy_iterator()))
 
@@ -216,8 +215,8 @@ def build(data_cfg, split, seed, input_context=None, with_ids=False):
   if k == "imagenet":
     # Decode only the random crop of each JPEG, not the whole image.
     decoders = {"image": _tfds().decode.SkipDecoding()}
-  ds = read(b, tfds_split, train=train, seed=seed, input_context=input_context,
-            decoders=decoders)
+  ds = read(b, tfds_split, seed=seed if train else None,
+            input_context=input_context, decoders=decoders)
   starts = _file_starts(b.info, tfds_split)
   if k == "imagenet" and train:
     ds = _with_random_seeds(ds, seed, input_context)
@@ -233,9 +232,11 @@ def build(data_cfg, split, seed, input_context=None, with_ids=False):
                 deterministic=True)
 
 
-def read(b, tfds_split, *, train, seed, input_context=None, decoders=None,
+def read(b, tfds_split, *, seed=None, input_context=None, decoders=None,
          shard=True):
-  """This pipeline's records of `tfds_split` as dicts with a 'tfds_id'."""
+  """This pipeline's records of `tfds_split` as dicts with a 'tfds_id':
+  shuffled by `seed` (train), or in order with seed=None (eval, texts)."""
+  train = seed is not None
   tfds = _tfds()
   pipelines = input_context.num_input_pipelines if input_context else 1
   files = len(b.info.splits[tfds_split].file_instructions)
@@ -289,7 +290,7 @@ def _with_random_seeds(ds, seed, input_context):
 
 def _windows(b, tfds_split, seq_len, input_context, with_ids):
   """(inputs[seq_len], targets[seq_len]) byte windows, sharded by window."""
-  texts = read(b, tfds_split, train=False, seed=None, shard=False)
+  texts = read(b, tfds_split, shard=False)
   ds = texts.flat_map(lambda ex: tf.data.Dataset.from_tensor_slices(
       preprocess.byte_windows(ex["text"], seq_len))).enumerate()
   if input_context and input_context.num_input_pipelines > 1:

@@ -3,7 +3,7 @@ wait and all-reduce, from the stamps of measure/stamps.py; and its log."""
 import numpy as np
 
 
-def breakdown(step_start: float, inputs_ready: float, stamps,
+def split_step(step_start: float, inputs_ready: float, stamps,
               collective_waits=None) -> dict:
   """Splits one step into input wait, compute, straggler wait and all-reduce.
 
@@ -87,12 +87,12 @@ class SyncLog:
   def __init__(self):
     self.breakdowns = []
 
-  def add(self, breakdown_: dict) -> dict:
+  def add(self, split: dict) -> dict:
     """Records one step's breakdown; returns its `sync/*` scalars."""
-    self.breakdowns.append(breakdown_)
-    values = {f"sync/{k}": v for k, v in breakdown_.items()
+    self.breakdowns.append(split)
+    values = {f"sync/{k}": v for k, v in split.items()
               if k != "per_replica_compute_ms"}
-    for i, ms in enumerate(breakdown_.get("per_replica_compute_ms", ())):
+    for i, ms in enumerate(split.get("per_replica_compute_ms", ())):
       values[f"sync_replica/{i}/compute_ms"] = ms
     return values
 

@@ -3,7 +3,7 @@ wall time per log window and throughput, the sync breakdown of the timed
 steps, MFU. The loop tells it what ran; it hands back TensorBoard values."""
 import numpy as np
 
-from dist_keras.measure import breakdown as breakdown_lib
+from dist_keras.measure import breakdown
 from dist_keras.measure import timing
 
 
@@ -15,7 +15,7 @@ class RunMeters:
     self.global_batch_size, self.replicas = global_batch_size, replicas
     self.utilisation, self.gradient_bytes = utilisation, gradient_bytes
     self.throughput = timing.Throughput(global_batch_size)
-    self.sync_log = breakdown_lib.SyncLog()
+    self.sync_log = breakdown.SyncLog()
     self.window = timing.Window()
     self.largest_call = 1  # Steps; the calibration times calls that size.
 
@@ -29,10 +29,10 @@ class RunMeters:
     stamped = [np.asarray(out[k]) for k in ("step_start", "inputs_ready",
                                             "stamps")]
     if "collective_waits" in out:
-      self.window.breakdown = breakdown_lib.breakdown(
+      self.window.breakdown = breakdown.split_step(
           *stamped, np.asarray(out["collective_waits"]))
     else:  # A model's own train_step: not split further.
-      self.window.breakdown = breakdown_lib.whole_step(*stamped)
+      self.window.breakdown = breakdown.whole_step(*stamped)
 
   def close_window(self) -> tuple[dict, float]:
     """Ends the log window: (its perf/ and sync/ values, seconds per step)."""

@@ -8,27 +8,18 @@ global gradient norm at train.global_clipnorm, sparse cross-entropy from
 logits and accuracy. The training loop sees nothing else: the built-ins
 reach it through the same contract as users' models.
 """
+import importlib
+
 import keras
 
 from dist_keras import validate
-from dist_keras.models import cnn, language, resnet, sequence
-
-_MODULES = {"sequence_classifier": sequence, "cnn": cnn, "char_lm": language,
-            "resnet50": resnet}
-NAMES = tuple(sorted(_MODULES))
-
-OPTIMIZERS = {
-    "sgd": keras.optimizers.SGD,
-    "adam": keras.optimizers.Adam,
-    "adamw": keras.optimizers.AdamW,
-    "rmsprop": keras.optimizers.RMSprop,
-}
-
 
 
 def _module(model_cfg):
+  """The module of model.name (validate.MODELS)."""
   validate.model_name(model_cfg.name)  # Checked before TensorFlow, too.
-  return _MODULES[model_cfg.name]
+  return importlib.import_module(
+      f"dist_keras.models.{validate.MODELS[model_cfg.name]}")
 
 
 def inputs(model_cfg) -> str:
@@ -45,7 +36,7 @@ def check(model_cfg, input_spec) -> None:
 def build(model_cfg, input_spec) -> keras.Model:
   """Builds the model `model_cfg.name` for inputs described by `input_spec`."""
   check(model_cfg, input_spec)
-  return _MODULES[model_cfg.name].build(model_cfg, input_spec)
+  return _module(model_cfg).build(model_cfg, input_spec)
 
 
 def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
@@ -60,7 +51,12 @@ def make_optimizer(train_cfg) -> keras.optimizers.Optimizer:
             "global_clipnorm": train_cfg.global_clipnorm or None}
   if train_cfg.optimizer in validate.MOMENTUM_OPTIMIZERS:
     kwargs["momentum"] = train_cfg.momentum
-  return OPTIMIZERS[train_cfg.optimizer](**kwargs)
+  return make(train_cfg.optimizer, **kwargs)
+
+
+def make(optimizer: str, **kwargs) -> keras.optimizers.Optimizer:
+  """The Keras optimizer validate.OPTIMIZERS names, by Keras' own name."""
+  return keras.optimizers.get({"class_name": optimizer, "config": kwargs})
 
 
 def model_fn(config, input_spec):
@@ -69,7 +65,7 @@ def model_fn(config, input_spec):
   check(config.model, input_spec)
 
   def build_and_compile() -> keras.Model:
-    model = _MODULES[config.model.name].build(config.model, input_spec)
+    model = _module(config.model).build(config.model, input_spec)
     model.compile(
         optimizer=make_optimizer(config.train),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

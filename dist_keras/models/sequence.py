@@ -3,15 +3,10 @@ import keras
 import numpy as np
 
 from dist_keras.errors import UserError
-from dist_keras.validate import check_choice
+from dist_keras import validate
 
 INPUTS = "tokens"  # Token ids in, one label per sequence out.
 
-CELLS = {
-    "lstm": keras.layers.LSTM,
-    "gru": keras.layers.GRU,
-    "simple_rnn": keras.layers.SimpleRNN,
-}
 
 
 def chrono_bias(cell: str, units: int, shape, max_timescale: int):
@@ -21,7 +16,7 @@ def chrono_bias(cell: str, units: int, shape, max_timescale: int):
   start out remembering over timescales up to the sequence length instead of
   Keras' default ~1-2 steps; the LSTM input gate gets the negated bias. With
   the default init a Keras LSTM(64) sat at chance for 1,500 steps on the
-  50-token first-token task; with this it learns it in ~50 (DESIGN.md).
+  50-token first-token task; with this it learns it in ~50 (docs/configs.md).
 
   Bias layouts: LSTM [i, f, c, o]; GRU [z, r, h] per row, where z plays the
   forget gate (h = z * h_prev + (1 - z) * candidate in Keras). Draws from
@@ -64,7 +59,7 @@ def check(model_cfg, input_spec) -> None:
 
 def check_stack(model_cfg) -> None:
   """Raises UserError for a cell or size the recurrent stack cannot take."""
-  check_choice("model.cell", model_cfg.cell, CELLS)
+  validate.check_choice("model.cell", model_cfg.cell, validate.CELLS)
   if model_cfg.num_layers < 1 or model_cfg.units < 1:
     raise UserError(f"model.num_layers={model_cfg.num_layers} and "
                     f"model.units={model_cfg.units} must be >= 1.")
@@ -106,4 +101,5 @@ def recurrent(model_cfg, return_sequences: bool, name: str):
     kwargs["recurrent_initializer"] = "orthogonal"
   elif model_cfg.chrono_init and model_cfg.cell == "lstm":
     kwargs["unit_forget_bias"] = False  # The chrono bias replaces it.
-  return CELLS[model_cfg.cell](model_cfg.units, **kwargs)
+  cell = getattr(keras.layers, validate.CELLS[model_cfg.cell])
+  return cell(model_cfg.units, **kwargs)

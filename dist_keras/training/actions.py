@@ -11,8 +11,8 @@ import keras
 
 from dist_keras import errors
 from dist_keras.measure import calibration
-from dist_keras.training import allreduce, lr as lr_lib, report
-from dist_keras.training import step as step_lib
+from dist_keras.training import allreduce, lr, report
+from dist_keras.training import steps
 from dist_keras.training.settings import Schedule, auto_steps_per_call
 
 
@@ -75,7 +75,7 @@ class LogWindow(keras.callbacks.Callback):
     perf, seconds = self.trainer.meters.close_window()
     self.run.call_limit = auto_steps_per_call(seconds, self.run.multi_worker)
     self.run.logged = train
-    self.trainer.summaries.scalars(step, {**train, **self._extra(train),
+    self.trainer.tensorboard.scalars(step, {**train, **self._extra(train),
                                           **perf})
     self.trainer.say(report.progress_line(
         step, schedule.steps, train, perf.get("perf/examples_per_sec"),
@@ -84,10 +84,10 @@ class LogWindow(keras.callbacks.Callback):
   def _extra(self, train: dict) -> dict:
     """The learning rate, perplexity and the float16 loss scale."""
     optimizer = self.model.optimizer
-    values = {"learning_rate": lr_lib.last_applied(optimizer)}
+    values = {"learning_rate": lr.last_applied(optimizer)}
     if self.trainer.settings.perplexity and "loss" in train:
       values["perplexity"] = report.perplexity(train["loss"])
-    scale = step_lib.loss_scale_of(optimizer)
+    scale = steps.loss_scale_of(optimizer)
     if scale is not None:
       values["train/loss_scale"] = float(scale.numpy())
       values["train/skipped_steps"] = self.run.skipped_steps
@@ -121,13 +121,13 @@ class Calibrate(keras.callbacks.Callback):
 
   def on_train_end(self, logs=None):
     trainer, meters = self.trainer, self.trainer.meters
-    steps = trainer.settings.calibration_steps
-    if not steps or not meters.throughput.step_seconds or trainer.custom_step:
+    count = trainer.settings.calibration_steps
+    if not count or not meters.throughput.step_seconds or trainer.custom_step:
       return
     ideal_ms = calibration.no_communication_step_ms(
-        trainer.strategy, step_lib.make_compute_only(
+        trainer.strategy, steps.make_compute_only(
             self.model, self.model.optimizer),
-        self.iterator, steps, per_call=meters.largest_call)
+        self.iterator, count, per_call=meters.largest_call)
     measured = meters.sync_log.means().get("allreduce_ms")
     self.run.calibrated = calibration.check(
         trainer.strategy, 1e3 * meters.throughput.step_seconds, ideal_ms,

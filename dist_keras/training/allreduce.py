@@ -73,6 +73,7 @@ def host_value_sum(strategy):
 def gradient_bytes(variables, allreduce_dtype: str = "float32") -> int:
   """Bytes one replica sends into the all-reduce: every trainable variable,
   in float32 or in the 16-bit `allreduce_dtype` that compresses it."""
-  itemsize = {"bfloat16": 2, "float16": 2}.get(allreduce_dtype)
+  itemsize = (None if allreduce_dtype == "float32"
+              else tf.as_dtype(allreduce_dtype).size)
   return sum(math.prod(v.shape) * (itemsize or np.dtype(v.dtype).itemsize)
              for v in variables)

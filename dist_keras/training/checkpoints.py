@@ -12,7 +12,7 @@ import tempfile
 import tensorflow as tf
 
 from dist_keras.errors import UserError
-from dist_keras.training import allreduce, workdir as workdir_lib
+from dist_keras.training import allreduce, run_files
 
 
 def latest_step(workdir: str) -> int:
@@ -26,7 +26,7 @@ def latest_step(workdir: str) -> int:
 
 
 def _folder(workdir: str) -> str:
-  return os.path.join(workdir, workdir_lib.CHECKPOINTS)
+  return os.path.join(workdir, run_files.CHECKPOINTS)
 
 
 class Checkpoints:

@@ -14,31 +14,30 @@ import dataclasses
 import os
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from dist_keras import errors
-from dist_keras.distribute import strategy as strategy_lib
-from dist_keras.errors import UserError
-from dist_keras.measure import meters as meters_lib, mfu, profiler
-from dist_keras.summaries import Summaries
-from dist_keras.training import actions, allreduce, callbacks as callbacks_lib
-from dist_keras.training import evaluation, lr as lr_lib, metrics, model_step
-from dist_keras.training import preemption, report
-from dist_keras.training import step as step_lib, workdir as workdir_lib
+from dist_keras.distribute import strategies
+from dist_keras.measure import mfu, profiler
+from dist_keras.measure.meters import RunMeters
+from dist_keras import tensorboard_events
+from dist_keras.training import actions, allreduce, calls, divergence
+from dist_keras.training import evaluation, lr, metrics, model_step
+from dist_keras.training import preemption, report, run_files, steps
+from dist_keras.training import user_callbacks
 from dist_keras.training.checkpoints import Checkpoints
 from dist_keras.training.settings import Settings, auto_steps_per_call
 
 
 @dataclasses.dataclass
 class Parts:
-  """What the loop trains: built and checked by api.assemble."""
+  """What the loop trains: built and checked by api.build."""
   strategy: tf.distribute.Strategy
   model: object  # keras.Model, compiled, its variables in the scope.
   train_ds: object  # Distributed datasets (distribute/input.py).
   eval_ds: object
   checkpoints: Checkpoints
-  rate: lr_lib.Rate
+  rate: lr.Rate
   callbacks: list = dataclasses.field(default_factory=list)  # The users'.
 
 
@@ -50,14 +49,14 @@ class Trainer:
     self.parts, self.settings, self.workdir = parts, settings, workdir
     self.strategy, self.model = parts.strategy, parts.model
     self.replicas = self.strategy.num_replicas_in_sync
-    self.workers = strategy_lib.num_workers(self.strategy)
-    self.chief = strategy_lib.is_chief(self.strategy)
+    self.workers = strategies.num_workers(self.strategy)
+    self.chief = strategies.is_chief(self.strategy)
     self.custom_step = model_step.overrides(self.model, "train_step")
     self.config_dict = config_dict
     self.notes = list(notes)  # Said when run() starts, after the header.
     if self.chief:  # Every check has passed: the first write.
-      workdir_lib.prepare(workdir)
-    self.summaries = Summaries(workdir, self.chief and settings.tensorboard)
+      run_files.prepare(workdir)
+    self.tensorboard = tensorboard_events.Writer(workdir, self.chief and settings.tensorboard)
     self.metric_state = metrics.MetricState(self.model)
     self.train_metrics = metrics.TrainMetrics(self.metric_state)
     self.eval_pass = evaluation.make_eval_pass(self.strategy, self.model)
@@ -74,7 +73,7 @@ class Trainer:
 
   def close(self) -> None:
     """Closes the summaries and deletes a non-chief's scratch files."""
-    self.summaries.close()
+    self.tensorboard.close()
     self.parts.checkpoints.close()
 
   def __enter__(self):
@@ -140,17 +139,17 @@ class Trainer:
       if note:
         self.say(note)
     if self.chief:
-      workdir_lib.write_json(self.workdir, workdir_lib.CONFIG_JSON,
+      run_files.write_json(self.workdir, run_files.CONFIG_JSON,
                              self.config_dict)
-    self.summaries.config(self.config_dict)
-    self.summaries.sync_layout()
+    self.tensorboard.config(self.config_dict)
+    self.tensorboard.sync_layout()
     utilisation = mfu.for_run(
         self.model, self.strategy, self.settings.precision,
         self.settings.peak_tflops, self.workers, self.chief)
     if utilisation.flops.uncounted:
       self.say("FLOPs counted as 0 (layers not known): "
                + "; ".join(utilisation.flops.uncounted))
-    self.meters = meters_lib.RunMeters(
+    self.meters = RunMeters(
         self.settings.global_batch_size, self.replicas, utilisation,
         allreduce.gradient_bytes(self.model.trainable_variables,
                                  self.settings.step_options[
@@ -170,10 +169,10 @@ class Trainer:
   def _actions(self, run, iterator):
     """The CallbackList of one run (its order is the order of actions at a
     boundary), with the profiler and the SIGTERM handler around it."""
-    users = callbacks_lib.for_worker(
+    users = user_callbacks.for_worker(
         self.parts.callbacks, self.chief,
         os.path.join(self.parts.checkpoints.scratch or "", "callbacks"))
-    batch_logs = callbacks_lib.want_batch_logs(users)
+    batch_logs = user_callbacks.want_batch_logs(users)
     with profiler.Profiler(self.settings.profile_steps, self.workdir,
                            self.chief) as prof, preemption.StopRequest(
                                self.strategy, self.workers > 1,
@@ -209,29 +208,12 @@ class Trainer:
       return dict(logs)
     return values
 
-  def _step_functions(self):
-    """`call(iterator, timed, n)`: a timed step, or n plain ones in one
-    call (any steps_per_loop but 1: a run traces two functions either
-    way)."""
+  def _step_functions(self) -> calls.Calls:
     options = self.settings.step_options
-    if self.custom_step:
-      jit = bool(options["jit_compile"])
-      timed = model_step.make_train_step(self.strategy, self.model, True, jit)
-      plain = model_step.make_multi_step(self.strategy, self.model, jit)
-    else:
-      step_options = step_lib.StepOptions(
-          jit=step_lib.Jit.of(options["jit_compile"]),
-          allreduce_dtype=options["allreduce_dtype"],
-          bytes_per_pack=options["bytes_per_pack"])
-      timed = step_lib.make_train_step(self.strategy, self.model,
-                                       step_options, timed=True)
-      plain = step_lib.make_multi_step(self.strategy, self.model,
-                                       step_options)
-
-    def call(iterator, is_timed: bool, n: int) -> dict:
-      return timed(iterator) if is_timed else plain(iterator, tf.constant(n))
-
-    return call
+    return calls.Calls(self.strategy, self.model, steps.StepOptions(
+        jit=steps.Jit.of(options["jit_compile"]),
+        allreduce_dtype=options["allreduce_dtype"],
+        bytes_per_pack=options["bytes_per_pack"]), self.custom_step)
 
   def _call(self, run, call, iterator) -> None:
     """One call of steps after run.step; checked before anything reads or
@@ -242,13 +224,7 @@ class Trainer:
     try:
       out = call(iterator, timed, n)
     except (tf.errors.OutOfRangeError, StopIteration) as e:
-      # Which step of a call of n failed is not known here.
-      at = (f"step {run.step + 1}" if n == 1
-            else f"steps {run.step + 1}-{run.step + n}")
-      raise UserError(
-          f"dataset_fn('train', ...) ran out of batches at {at}; repeat it "
-          f"(ds.repeat()) so training runs train.steps={schedule.steps} "
-          "steps.") from e
+      raise calls.run_dry_error(run.step + 1, n, schedule.steps) from e
     ran = int(out.get("steps", 1))
     run.step += ran
     run.out = out
@@ -256,57 +232,14 @@ class Trainer:
     # Every step, before anything is saved: a non-finite update must never
     # reach a checkpoint.
     try:
-      self._check_finite(run, out)
+      divergence.check(run, out, self.model.optimizer, self.parts.checkpoints)
     except errors.Diverged as e:
       if not run.retries_left:
         raise
-      self._go_back(run, str(e))
+      self.say(divergence.go_back(run, self.parts.checkpoints, str(e)))
+      self.train_metrics.forget_window()
       return
     self.meters.ran(ran, out, run.step)
-
-  def _go_back(self, run, why: str) -> None:
-    """train.divergence_retries: back to the last checkpoint's weights, on
-    past the batches that diverged (the step count stays the batches read,
-    so a resume reads what this run reads)."""
-    run.retries_left -= 1
-    saved_at = self.parts.checkpoints.saved_at
-    path = self.parts.checkpoints.go_back()
-    run.skipped.append([saved_at + 1, run.step])
-    self.train_metrics.forget_window()
-    self.say(f"{why.split(':')[0]}: back to {os.path.basename(path)}, "
-             f"skipping batches {saved_at + 1}-{run.step} "
-             f"({run.retries_left} retries left)")
-
-  def _check_finite(self, run, out: dict) -> None:
-    """Stops training at the first non-finite loss or gradient norm (a
-    model's own step: at the first non-finite value in its logs).
-
-    Under float16 loss scaling an overflowing gradient is expected now and
-    then: the update skipped it and halved the scale (counted in
-    skipped_steps). Only a non-finite loss, or a scale driven below 1 (the
-    gradients overflow even unscaled), is divergence there.
-    """
-    if "finite" in out:
-      if bool(out["finite"]):
-        return
-      what = f"the model's train_step returned {run.step_logs}"
-    else:
-      loss, norm = float(out["loss"]), float(out["grad_norm"])
-      skipped = int(out["skipped"])
-      run.skipped_steps += skipped
-      scale = step_lib.loss_scale_of(self.model.optimizer)
-      if skipped and np.isfinite(loss) and float(scale.numpy()) >= 1.0:
-        return
-      if np.isfinite(loss) and np.isfinite(norm):
-        return
-      what = f"loss {loss} and gradient norm {norm}"
-    latest = self.parts.checkpoints.latest()
-    kept = (f"the last good checkpoint ({os.path.basename(latest)}) is kept"
-            if latest else "no checkpoint was saved before it")
-    raise errors.Diverged(
-        f"{what} at step {run.step}: training diverged; {kept}. Lower the "
-        "learning rate or clip the gradient norm (train.global_clipnorm, or "
-        "the optimizer's global_clipnorm), then rerun to resume from it.")
 
   def evaluate(self, hooks=None) -> dict:
     """One pass of the eval split, logged; the callbacks' test hooks around
@@ -318,16 +251,16 @@ class Trainer:
     hooks.on_test_batch_begin(0)
     result = evaluation.evaluate(self.eval_pass, self.metric_state,
                                  self.parts.eval_ds)
-    steps = result.pop("steps")
+    batches = result.pop("steps")
     logs = {k: v for k, v in result.items() if k != "examples"}
-    hooks.on_test_batch_end(max(steps - 1, 0), logs)
+    hooks.on_test_batch_end(max(batches - 1, 0), logs)
     hooks.on_test_end(logs)
     step = (self.run_state.step if self.run_state
             else self.parts.checkpoints.saved_at or 0)
     values = {f"eval/{name}": value for name, value in logs.items()}
     if self.settings.perplexity and "loss" in logs:
       values["eval/perplexity"] = report.perplexity(logs["loss"])
-    self.summaries.scalars(step, values)
+    self.tensorboard.scalars(step, values)
     self.say(report.eval_line(step, result))
     return result
 
@@ -336,16 +269,16 @@ class Trainer:
     eps = self.meters.throughput.examples_per_sec
     if eps:
       self.say(report.throughput_line(self.meters))
-    summary = report.summary(self._run_fields(run), run, self.meters)
+    summary = report.summary_json(self._run_fields(run), run, self.meters)
     self.say(self.meters.utilisation.line(eps))
-    self.summaries.flush()
+    self.tensorboard.flush()
     if self.chief:
-      workdir_lib.save_model(self.workdir, self.model)
-      workdir_lib.write_json(self.workdir, workdir_lib.SUMMARY_JSON, summary)
+      run_files.save_model(self.workdir, self.model)
+      run_files.write_json(self.workdir, run_files.SUMMARY_JSON, summary)
     return summary
 
   def _run_fields(self, run) -> dict:
-    return {"strategy": strategy_lib.display_name(self.strategy),
+    return {"strategy": strategies.display_name(self.strategy),
             "device_kind": mfu.device_kind(self.strategy),
             "replicas": self.replicas, "steps": run.step,
             "global_batch_size": self.settings.global_batch_size,

@@ -13,26 +13,19 @@ any strategy and steps_per_loop, a resumed run continues it exactly
 model.keras names only Keras classes.
 """
 import dataclasses
-import math
 
 import keras
 
+from dist_keras import validate
 from dist_keras.errors import UserError
 from dist_keras.training import keras_internals
 
-# Factor applied to the base rate for a global batch `ratio` times
-# train.base_batch_size (validate.LR_SCALINGS names them).
-SCALINGS = {
-    "none": lambda ratio: 1.0,
-    "linear": lambda ratio: ratio,
-    "sqrt": math.sqrt,
-}
 
 
 def factor(train_cfg) -> float:
   """What train.lr_scaling multiplies the base rate by."""
   ratio = train_cfg.global_batch_size / train_cfg.base_batch_size
-  return SCALINGS[train_cfg.lr_scaling](ratio)
+  return validate.LR_SCALINGS[train_cfg.lr_scaling](ratio)
 
 
 def warmup_to(initial: float, peak: float, warmup_steps: int):

@@ -15,7 +15,7 @@ import tensorflow as tf
 from dist_keras.errors import UserError
 from dist_keras.measure import stamps
 from dist_keras.training import allreduce, keras_internals
-from dist_keras.training import step as step_lib
+from dist_keras.training import steps
 
 _MEAN = tf.distribute.ReduceOp.MEAN
 
@@ -99,7 +99,7 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
     replica_step = tf.function(replica_step, jit_compile=True)
 
   def one_step(iterator):
-    out, batch, kwargs = step_lib.read_batch(strategy, iterator, timed)
+    out, batch, kwargs = steps.read_batch(strategy, iterator, timed)
     logs, stamped = strategy.run(replica_step, args=(batch,), kwargs=kwargs)
     out["logs"] = _mean_logs(strategy, logs)
     out["finite"] = all_finite(out["logs"])
@@ -107,7 +107,7 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
       out["stamps"] = tf.stack(strategy.experimental_local_results(stamped))
     return out
 
-  return step_lib.step_function(one_step)
+  return steps.step_function(one_step)
 
 
 def flat_logs(logs) -> dict:
@@ -133,26 +133,3 @@ def _mean_logs(strategy, logs) -> dict:
 def all_finite(logs: dict):
   values = [tf.reduce_all(tf.math.is_finite(v)) for v in logs.values()]
   return tf.reduce_all(tf.stack(values)) if values else tf.constant(True)
-
-
-def make_multi_step(strategy, model, jit: bool = False):
-  """A tf.function `(iterator, n) -> dict` running up to n of the model's
-  steps: the last step's 'logs', 'finite' and 'steps' run; it stops after
-  a step with a non-finite log, so the host sees it before a save."""
-  one_step = make_train_step(strategy, model, jit=jit).python_function
-
-  @tf.function(autograph=False)
-  def train_steps(iterator, n):
-    first = one_step(iterator)  # Its logs give the loop's structure.
-
-    def run_one(done, logs, finite):
-      del logs, finite
-      out = one_step(iterator)
-      return done + 1, out["logs"], out["finite"]
-
-    done, logs, finite = tf.while_loop(
-        lambda done, logs, finite: tf.logical_and(done < n, finite),
-        run_one, (tf.constant(1), first["logs"], first["finite"]))
-    return {"logs": logs, "finite": finite, "steps": done}
-
-  return train_steps

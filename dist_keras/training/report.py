@@ -1,9 +1,12 @@
-"""What a run reports: its progress lines, the values TensorBoard gets at a
-logged step, and summary.json."""
+"""What a run reports: its header and last lines, progress and eval lines,
+and summary.json (summary_json)."""
+import os
+
 import numpy as np
 
-from dist_keras.measure import breakdown as breakdown_lib
-from dist_keras.measure import timing
+from dist_keras.distribute import strategies
+from dist_keras.measure import breakdown, mfu, timing
+from dist_keras.training import run_files
 
 
 def metrics_text(values: dict) -> str:
@@ -48,13 +51,28 @@ def done_line(summary: dict) -> str:
       f", eval {text}" if text else "")
 
 
+def header(strategy, workdir: str) -> str:
+  """The run's first lines: where it trains, where it writes."""
+  return (f"dist_keras: {strategies.display_name(strategy)} with "
+          f"{strategy.num_replicas_in_sync} replica(s) on "
+          f"{mfu.device_kind(strategy)}; workdir {workdir}\n"
+          f"TensorBoard: tensorboard --logdir {workdir}")
+
+
+def footer(summary: dict, workdir: str) -> str:
+  """The run's last lines: how it ended, where the results are."""
+  return (f"{done_line(summary)}; results in "
+          f"{os.path.join(workdir, run_files.SUMMARY_JSON)}\n"
+          f"TensorBoard: tensorboard --logdir {workdir}")
+
+
 def throughput_line(meters) -> str:
   return timing.throughput_line(
       meters.throughput.examples_per_sec,
       timing.step_time_stats(meters.throughput.window_ms))
 
 
-def summary(run_fields: dict, run, meters) -> dict:
+def summary_json(run_fields: dict, run, meters) -> dict:
   """summary.json: `run_fields` (strategy, replicas, steps, ...), the last
   logged train values and the final eval as train_NAME / eval_NAME,
   throughput, the sync breakdown's means, the calibration, MFU."""
@@ -76,7 +94,7 @@ def summary(run_fields: dict, run, meters) -> dict:
       # A model's own train_step splits into input wait and model_step only.
       "sync_split": split if means else None,
       "sync_fraction": means.get("fraction"),
-      **{k: means.get(k) for k in (*breakdown_lib.SyncLog.COMPONENTS,
+      **{k: means.get(k) for k in (*breakdown.SyncLog.COMPONENTS,
                                    "model_step_ms", "step_ms")},
       "skipped_steps": run.skipped_steps,
       "ideal_step_ms": None, "ideal_speedup": None,

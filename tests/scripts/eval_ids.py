@@ -17,8 +17,8 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 
 import helpers  # pylint: disable=g-import-not-at-top
 from dist_keras import data  # pylint: disable=g-import-not-at-top
-from dist_keras.distribute import input as input_lib
-from dist_keras.distribute import strategy as strategy_lib
+from dist_keras.distribute import pipelines
+from dist_keras.distribute import strategies
 from dist_keras.distribute import tfconfig
 
 
@@ -28,10 +28,10 @@ def evaluated_ids(strategy, config):
   out of data get empty batches)."""
   ids = []
   fn = data.dataset_fn(config, with_ids=True)
-  dataset, _ = input_lib.distribute(
-      strategy, fn, "eval", global_batch_size=config.train.global_batch_size,
-      eval_steps=config.eval.steps,
-      per_replica_pipelines=config.data.pipeline_per_replica)
+  dataset, _ = pipelines.distribute(
+      strategy, fn, "eval", pipelines.Feed(config.train.global_batch_size,
+                                           config.data.pipeline_per_replica),
+      eval_steps=config.eval.steps)
   for batch in dataset:
     for _, _, i in zip(*[strategy.experimental_local_results(t)
                          for t in batch]):
@@ -48,7 +48,7 @@ def main():
   c = helpers.tiny_config()
   c.data.eval_size = args.eval_size
   c.train.global_batch_size = args.global_batch_size
-  strategy = strategy_lib.get_strategy(c.runtime)
+  strategy = strategies.get_strategy(c.runtime)
   ids = evaluated_ids(strategy, c)
   cluster = tfconfig.from_env()
   np.save(args.out.format(task=cluster.task_index if cluster else 0), ids)

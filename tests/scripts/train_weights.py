@@ -19,7 +19,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 
 import helpers  # pylint: disable=g-import-not-at-top
 import user_task  # pylint: disable=g-import-not-at-top
-from dist_keras.distribute import strategy as strategy_lib  # pylint: disable=g-import-not-at-top
+from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-top
 from dist_keras.distribute import tfconfig
 from dist_keras.configs import base  # pylint: disable=g-import-not-at-top
 
@@ -83,7 +83,7 @@ def main():
   args = parser.parse_args()
   c = helpers.tiny_config()
   c.runtime.strategy, c.runtime.num_cpu_devices = args.strategy, args.devices
-  strategy = strategy_lib.get_strategy(c.runtime)
+  strategy = strategies.get_strategy(c.runtime)
   assert strategy.num_replicas_in_sync == (
       1 if args.strategy == "one_device" else args.devices)
   weights = {}

@@ -133,7 +133,7 @@ def make_train_step(strategy, model, options: StepOptions = StepOptions(),
   gradient) and 'skipped'; the compiled metrics are updated in place. With
   `timed`, the step is instrumented with in-graph stamps (stamps.STAMPS)
   and the dict also holds 'step_start', 'inputs_ready', per-replica
-  'stamps' and every replica's 'collective_waits' for breakdown.breakdown.
+  'stamps' and every replica's 'collective_waits' for breakdown.split_step.
 
   The optimizer applies the gradients as reduced here (its own all-reduce
   is off: keras_internals.disable_optimizer_allreduce), so its clipping and
@@ -264,47 +264,3 @@ def step_function(one_step):
   step (LSTM default)."""
   return tf.function(tf.autograph.experimental.do_not_convert(one_step),
                      autograph=False)
-
-
-def make_multi_step(strategy, model, options: StepOptions = StepOptions()):
-  """A tf.function `(iterator, n) -> dict` running up to n plain steps.
-
-  One call per n steps instead of per step: host round trips dominate on
-  TPUs (and cost ~1 ms of dispatch per step here). Returns the summed 'loss'
-  and 'skipped', the last 'grad_norm' and 'steps' run; it stops early after
-  a step with a non-finite loss or gradient norm (unless loss scaling
-  skipped that step), so the host sees that step before anything is saved.
-  """
-  one_step = make_train_step(strategy, model, options).python_function
-
-  # An explicit while loop, not AutoGraph: a conversion that fails (the
-  # source unreadable, or changed on disk under a running process) falls
-  # back to Python silently.
-  @tf.function(autograph=False)
-  def train_steps(iterator, n):
-    def run_one(done, loss, norm, skipped, stop):
-      del norm, stop
-      out = one_step(iterator)
-      return (done + 1, loss + out["loss"], out["grad_norm"],
-              skipped + out["skipped"], _diverged(out))
-
-    def keep_going(done, loss, norm, skipped, stop):
-      del loss, norm, skipped
-      return tf.logical_and(done < n, tf.logical_not(stop))
-
-    done, loss, norm, skipped, _ = tf.while_loop(
-        keep_going, run_one, (tf.constant(0), tf.constant(0.0), tf.constant(0.0),
-                  tf.constant(0), tf.constant(False)))
-    return {"loss": loss, "grad_norm": norm, "steps": done,
-            "skipped": skipped}
-
-  return train_steps
-
-
-def _diverged(out):
-  """A non-finite loss, or a non-finite gradient norm that loss scaling did
-  not skip."""
-  return tf.logical_or(
-      tf.logical_not(tf.math.is_finite(out["loss"])),
-      tf.logical_and(tf.logical_not(tf.math.is_finite(out["grad_norm"])),
-                     tf.equal(out["skipped"], 0)))

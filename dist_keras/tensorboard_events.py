@@ -1,4 +1,4 @@
-"""TensorBoard summaries, written by the chief only.
+"""TensorBoard event files: written by the chief only, read back by tools.
 
 Every other worker gets a no-op writer, so callers never branch on the role.
 """
@@ -11,7 +11,7 @@ from tensorboard.plugins.custom_scalar import summary as custom_scalar
 from tensorboard.util import tensor_util
 
 
-class Summaries:
+class Writer:
   """Scalars and text for TensorBoard, in `logdir`, on the chief only."""
 
   def __init__(self, logdir: str, enabled: bool):

@@ -1,6 +1,7 @@
 """The per-replica input pipelines: a dataset_fn's datasets, checked and
 handed to the strategy with `distribute_datasets_from_function`."""
 import contextlib
+import dataclasses
 import warnings
 
 import tensorflow as tf
@@ -26,20 +27,28 @@ def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
   return global_batch_size // num_replicas
 
 
-def distribute(strategy, dataset_fn, split: str, *, global_batch_size: int,
-               start_step: int = 0, eval_steps: int = 0,
-               per_replica_pipelines: bool = False):
+@dataclasses.dataclass(frozen=True)
+class Feed:
+  """How the pipelines feed the replicas: the global batch, and whether
+  each replica has its own pipeline (data.pipeline_per_replica) instead of
+  one per worker."""
+  global_batch_size: int
+  per_replica_pipelines: bool = False
+
+
+def distribute(strategy, dataset_fn, split: str, feed: Feed,
+               start_step: int = 0, eval_steps: int = 0):
   """`dataset_fn`'s pipelines of `split` for the strategy's replicas, and
   their element spec.
 
   Each pipeline's dataset is checked against the contract; the train
   stream skips the `start_step` steps already trained (every pipeline
   feeds num_replicas / num_pipelines batches per step); eval stops after
-  `eval_steps` steps when set. `per_replica_pipelines`: one pipeline per
-  replica instead of per worker (data.pipeline_per_replica), so one process
-  reads exactly what N one-replica workers read.
+  `eval_steps` steps when set. One pipeline per replica (Feed) makes one
+  process read exactly what N one-replica workers read.
   """
   replicas = strategy.num_replicas_in_sync
+  global_batch_size = feed.global_batch_size
   per_replica_batch_size(global_batch_size, replicas)
   specs = []
 
@@ -60,7 +69,7 @@ def distribute(strategy, dataset_fn, split: str, *, global_batch_size: int,
     # on through a multi-device iterator and its own prefetch thread.
     return make(tf.distribute.InputContext()), specs[0]
   options = None
-  if per_replica_pipelines:
+  if feed.per_replica_pipelines:
     # Batches stay on the host, where each replica's pipeline runs (TF 2.21
     # would also prefetch them to the devices; only the batches' contents
     # matter for the equivalence this mode exists for).

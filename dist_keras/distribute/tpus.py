@@ -29,6 +29,7 @@ from urllib import parse
 import tensorflow as tf
 
 from dist_keras.distribute.tpu_env import detect
+from dist_keras import errors
 from dist_keras.errors import UserError
 
 LOCAL = "local"
@@ -118,7 +119,8 @@ def connect(tpu: str, environ, path_exists) -> tf.distribute.Strategy:
     raise _NoTpu(f"tried {tried}: {e}") from e
   except (tf.errors.OpError, ValueError, RuntimeError, OSError,
           ImportError) as e:
-    raise _NoTpu(f"tried {tried}: {_first_line(e)}") from e
+    raise _NoTpu(f"tried {tried}: {type(e).__name__}: "
+                 f"{errors.first_line(e)}") from e
 
 
 class _NoTpu(Exception):
@@ -156,9 +158,3 @@ def probe(host: str, port: int, timeout: float) -> None:
   """Opens and closes a TCP connection to host:port; raises OSError."""
   with socket.create_connection((host, port), timeout=timeout):
     pass
-
-
-def _first_line(error: Exception, limit: int = 240) -> str:
-  text = str(error).strip().splitlines()
-  line = f"{type(error).__name__}: {text[0] if text else ''}"
-  return line if len(line) <= limit else line[:limit - 3] + "..."

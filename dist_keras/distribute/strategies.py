@@ -8,15 +8,9 @@ import os
 import tensorflow as tf
 
 from dist_keras.distribute import tfconfig
-from dist_keras.distribute import tpu as tpu_lib
+from dist_keras.distribute import tpus
 from dist_keras.errors import UserError
 
-# validate.COLLECTIVES' names -> TensorFlow's implementations.
-_COLLECTIVES = {
-    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-}
 
 
 def get_strategy(runtime_cfg, environ=None,
@@ -35,14 +29,14 @@ def get_strategy(runtime_cfg, environ=None,
   environ = os.environ if environ is None else environ
   cluster = tfconfig.from_env(environ)
   name = tfconfig.choose(runtime_cfg.strategy, cluster,
-                tpu_lib.detect(environ, path_exists) is not None)
+                tpus.detect(environ, path_exists) is not None)
   if name == "tpu":
-    found = tpu_lib.get_strategy(runtime_cfg.tpu,
+    found = tpus.get_strategy(runtime_cfg.tpu,
                                  required=runtime_cfg.strategy == "tpu",
                                  environ=environ, path_exists=path_exists)
     if found is not None:
       return found
-    # auto, and the TPU did not start (tpu_lib said why).
+    # auto, and the TPU did not start (tpus said why).
     return tf.distribute.MirroredStrategy(
         _devices_after_tpu_attempt(runtime_cfg.num_cpu_devices))
   if name == "multi_worker_mirrored":
@@ -111,7 +105,9 @@ def communication_options(runtime_cfg):
   return tf.distribute.experimental.CommunicationOptions(
       bytes_per_pack=runtime_cfg.bytes_per_pack,
       timeout_seconds=runtime_cfg.timeout_seconds or None,
-      implementation=_COLLECTIVES[runtime_cfg.collective])
+      implementation=getattr(  # validate.COLLECTIVES' names, upper-cased.
+          tf.distribute.experimental.CommunicationImplementation,
+          runtime_cfg.collective.upper()))
 
 
 def multi_worker(runtime_cfg) -> tf.distribute.Strategy:

@@ -1,0 +1,102 @@
+"""The calls the loop makes: one timed step, or up to n plain steps in one
+tf.function call (an in-graph loop), of dist_keras' step for a compiled
+model (steps.py) or of the model's own train_step (model_step.py).
+
+One call per n steps instead of per step: host round trips dominate on TPUs
+(and cost ~1 ms of dispatch per step here). A call stops early after a step
+whose loss (or gradient norm, or a model's own logs) is not finite, so the
+host sees that step before anything is saved. The loops are explicit
+tf.while_loops, not AutoGraph: a conversion that fails (the source
+unreadable, or changed on disk under a running process) falls back to
+Python silently.
+"""
+import tensorflow as tf
+
+from dist_keras.errors import UserError
+from dist_keras.training import model_step, steps
+
+
+class Calls:
+  """`calls(iterator, timed, n) -> dict`: a timed step or n plain ones (a
+  run traces two functions either way)."""
+
+  def __init__(self, strategy, model, options: steps.StepOptions,
+               own_step: bool):
+    if own_step:
+      jit = options.jit is not steps.Jit.OFF
+      self.timed = model_step.make_train_step(strategy, model, True, jit)
+      self.plain = _own_steps(model_step.make_train_step(
+          strategy, model, jit=jit).python_function)
+    else:
+      self.timed = steps.make_train_step(strategy, model, options, timed=True)
+      self.plain = _compiled_steps(steps.make_train_step(
+          strategy, model, options).python_function)
+
+  def __call__(self, iterator, timed: bool, n: int) -> dict:
+    return self.timed(iterator) if timed else self.plain(iterator,
+                                                          tf.constant(n))
+
+
+def run_dry_error(first: int, n: int, steps_wanted: int) -> UserError:
+  """The error for a train stream that ran out inside a call of steps
+  first..first+n-1 (which one failed is not known on the host)."""
+  at = f"step {first}" if n == 1 else f"steps {first}-{first + n - 1}"
+  return UserError(
+      f"dataset_fn('train', ...) ran out of batches at {at}; repeat it "
+      f"(ds.repeat()) so training runs train.steps={steps_wanted} steps.")
+
+
+def _compiled_steps(one_step):
+  """`(iterator, n) -> dict`: up to n of dist_keras' steps; the summed
+  'loss' and 'skipped', the last 'grad_norm', and 'steps' run."""
+
+  @tf.function(autograph=False)
+  def train_steps(iterator, n):
+    def run_one(done, loss, norm, skipped, stop):
+      del norm, stop
+      out = one_step(iterator)
+      return (done + 1, loss + out["loss"], out["grad_norm"],
+              skipped + out["skipped"], _diverged(out))
+
+    def keep_going(done, loss, norm, skipped, stop):
+      del loss, norm, skipped
+      return tf.logical_and(done < n, tf.logical_not(stop))
+
+    done, loss, norm, skipped, _ = tf.while_loop(
+        keep_going, run_one, (tf.constant(0), tf.constant(0.0),
+                              tf.constant(0.0), tf.constant(0),
+                              tf.constant(False)))
+    return {"loss": loss, "grad_norm": norm, "steps": done,
+            "skipped": skipped}
+
+  return train_steps
+
+
+def _diverged(out):
+  """A non-finite loss, or a non-finite gradient norm that loss scaling did
+  not skip."""
+  return tf.logical_or(
+      tf.logical_not(tf.math.is_finite(out["loss"])),
+      tf.logical_and(tf.logical_not(tf.math.is_finite(out["grad_norm"])),
+                     tf.equal(out["skipped"], 0)))
+
+
+def _own_steps(one_step):
+  """`(iterator, n) -> dict`: up to n of the model's own steps; the last
+  step's 'logs' and 'finite', and 'steps' run."""
+
+  @tf.function(autograph=False)
+  def train_steps(iterator, n):
+    first = one_step(iterator)  # Its logs give the loop's structure.
+
+    def run_one(done, logs, finite):
+      del logs, finite
+      out = one_step(iterator)
+      return done + 1, out["logs"], out["finite"]
+
+    done, logs, finite = tf.while_loop(
+        lambda done, logs, finite: tf.logical_and(done < n, finite),
+        run_one, (tf.constant(1), first["logs"], first["finite"]))
+    return {"logs": logs, "finite": finite, "steps": done}
+
+  return train_steps

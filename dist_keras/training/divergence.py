@@ -1,0 +1,54 @@
+"""A non-finite loss: stop (exit 3), or go back to the last checkpoint and
+on past the batches that diverged (train.divergence_retries, as orbit's
+RecoveryAction does)."""
+import os
+
+import numpy as np
+
+from dist_keras import errors
+from dist_keras.training import steps
+
+
+def check(run, out: dict, optimizer, checkpoints) -> None:
+  """Raises errors.Diverged at the first non-finite loss or gradient norm
+  (a model's own step: at the first non-finite value in its logs).
+
+  Under float16 loss scaling an overflowing gradient is expected now and
+  then: the update skipped it and halved the scale (counted in
+  run.skipped_steps). Only a non-finite loss, or a scale driven below 1
+  (the gradients overflow even unscaled), is divergence there.
+  """
+  if "finite" in out:
+    if bool(out["finite"]):
+      return
+    what = f"the model's train_step returned {run.step_logs}"
+  else:
+    loss, norm = float(out["loss"]), float(out["grad_norm"])
+    skipped = int(out["skipped"])
+    run.skipped_steps += skipped
+    scale = steps.loss_scale_of(optimizer)
+    if skipped and np.isfinite(loss) and float(scale.numpy()) >= 1.0:
+      return
+    if np.isfinite(loss) and np.isfinite(norm):
+      return
+    what = f"loss {loss} and gradient norm {norm}"
+  latest = checkpoints.latest()
+  kept = (f"the last good checkpoint ({os.path.basename(latest)}) is kept"
+          if latest else "no checkpoint was saved before it")
+  raise errors.Diverged(
+      f"{what} at step {run.step}: training diverged; {kept}. Lower the "
+      "learning rate or clip the gradient norm (train.global_clipnorm, or "
+      "the optimizer's global_clipnorm), then rerun to resume from it.")
+
+
+def go_back(run, checkpoints, why: str) -> str:
+  """Back to the last checkpoint's weights, on past the batches that
+  diverged (the step count stays the batches read, so a resume reads what
+  this run reads); returns the line that says so."""
+  run.retries_left -= 1
+  saved_at = checkpoints.saved_at
+  path = checkpoints.go_back()
+  run.skipped.append([saved_at + 1, run.step])
+  return (f"{why.split(':')[0]}: back to {os.path.basename(path)}, "
+          f"skipping batches {saved_at + 1}-{run.step} "
+          f"({run.retries_left} retries left)")
