@@ -45,7 +45,7 @@ setuptools.setup(
         # (2026-12-01): tensorflow-tpu 2.20.0 + libtpu 0.0.31 on Python 3.11
         # and on Colab's 3.12/glibc 2.35 (docs/tpu_colab.md#install).
         "tpu": ["tensorflow-tpu>=2.19,<2.21", "libtpu<0.0.32"],
-        # nbclient, nbformat, ipykernel: tests/test_notebook.py runs
+        # nbclient, nbformat, ipykernel: tests/package/test_notebook.py runs
         # notebooks/colab_tpu.ipynb (it is skipped without them).
         # Not matplotlib: where it is installed, `import keras` imports
         # matplotlib.pyplot (~1.2 CPU-s of every TensorFlow process the

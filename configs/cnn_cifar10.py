@@ -6,7 +6,7 @@ Prepare: python tools/prepare_data.py cifar10 --data_dir DIR
 Run:     python -m dist_keras.train --config=configs/cnn_cifar10.py \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline is
-         tested on mock data (tests/test_tfds.py).
+         tested on mock data (tests/data/test_tfds.py).
 """
 from dist_keras.configs import base
 

@@ -6,7 +6,7 @@ Prepare: python tools/prepare_data.py mnist --data_dir DIR
 Run:     python -m dist_keras.train --config=configs/cnn_mnist.py \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline and a
-         few train steps are tested on mock data (tests/test_tfds.py).
+         few train steps are tested on mock data (tests/data/test_tfds.py).
 """
 from dist_keras.configs import base
 

@@ -10,7 +10,7 @@ Prepare: python tools/prepare_data.py imdb_reviews --data_dir DIR
 Run:     python -m dist_keras.train --config=configs/lstm_imdb.py \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline and a
-         few train steps are tested on mock data (tests/test_tfds.py).
+         few train steps are tested on mock data (tests/data/test_tfds.py).
 """
 from dist_keras.configs import base
 

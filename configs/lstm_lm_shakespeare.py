@@ -10,7 +10,7 @@ Prepare: python tools/prepare_data.py tiny_shakespeare --data_dir DIR
 Run:     python -m dist_keras.train --config=configs/lstm_lm_shakespeare.py \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline is
-         tested on mock data (tests/test_tfds.py).
+         tested on mock data (tests/data/test_tfds.py).
 """
 from dist_keras.configs import base
 

@@ -12,7 +12,7 @@ Prepare: TFDS cannot download ImageNet. Fetch ILSVRC2012_img_train.tar and
 Run:     python -m dist_keras.train --config=configs/resnet50_imagenet.py \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network, no accelerator); the
-         pipeline is tested on mock data (tests/test_tfds.py).
+         pipeline is tested on mock data (tests/data/test_tfds.py).
 Images/sec without ImageNet (random constant batches: compute + sync only):
          python -m dist_keras.train --config=configs/resnet50_imagenet.py \
              --config.data.name=synthetic --config.train.global_batch_size=64 \

@@ -1,4 +1,5 @@
-"""Test set-up: 2 logical CPU devices for every in-process test.
+"""Test set-up: 2 logical CPU devices for every in-process test, and the
+order CI hands test files to its workers.
 
 The split must happen before TensorFlow initialises, hence at import time.
 In-process tests keep to ONE replica count (2): two MirroredStrategy objects
@@ -6,18 +7,20 @@ over different device counts in one process break collectives ("joining a
 group with size 4, but that group has size 2"). Other counts run in
 subprocesses (tests/helpers.py).
 """
+import json
 import os
 import socket
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-# The tools import their sibling modules (common, scaling_report) as they do
-# when run as scripts from tools/.
-sys.path.insert(0, os.path.join(REPO, "tools"))
-# The subprocess scripts (tests/scripts/) are imported by tests too.
-sys.path.insert(0, os.path.join(REPO, "tests", "scripts"))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+# helpers.py and the users' modules (user_task, parity_task) live here; the
+# tools import their sibling modules (common, scaling_report) as they do
+# when run as scripts; the subprocess scripts are imported by tests too.
+for folder in (TESTS, REPO, os.path.join(REPO, "tools"),
+               os.path.join(TESTS, "scripts")):
+  sys.path.insert(0, folder)
 
 from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-top
 
@@ -26,6 +29,10 @@ strategies.split_cpu(2)
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# Seconds each test file took in the last recorded run (`pytest
+# --record-durations ...` writes it): CI hands the longest files out first.
+DURATIONS = os.path.join(TESTS, "durations.json")
 
 
 @pytest.fixture(scope="session")
@@ -47,19 +54,9 @@ def no_network(monkeypatch):
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", refuse)
 
 
-# Every file that took more than ~40 s of a worker's time in CI's command
-# (measured 2026-12-01, -m "not slow", 3 workers), longest first: the
-# README's command runs the suite as `-n auto --dist loadfile
-# --no-loadscope-reorder` (one file per worker at a time, in this order), and
-# a long file handed out late runs alone at the end (test_loop.py, the
-# longest at ~300 s, was handed out mid-way, with ~400 s of other files left
-# for the other two workers: an estimated ~100 s alone).
-LONGEST_FIRST = ("test_fit_parity.py", "test_loop.py", "test_multi_worker.py", "test_xla.py",
-                 "test_resume.py", "test_sync_scaling.py", "test_cli.py",
-                 "test_user_models.py", "test_equivalence.py", "test_tfds.py",
-                 "test_wheel.py", "test_synthetic_data.py", "test_notebook.py",
-                 "test_speed_options.py", "test_shipped_configs.py",
-                 "test_callbacks.py")
+def pytest_addoption(parser):
+  parser.addoption("--record-durations", action="store_true",
+                   help=f"write each file's seconds to {DURATIONS}")
 
 
 def pytest_xdist_auto_num_workers(config):  # pylint: disable=unused-argument
@@ -72,6 +69,37 @@ def pytest_xdist_auto_num_workers(config):  # pylint: disable=unused-argument
   return cores + 1
 
 
+def _file(nodeid: str) -> str:
+  """'tests/training/test_loop.py::test_x' -> 'training/test_loop.py'."""
+  return nodeid.split("::")[0].removeprefix("tests/")
+
+
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
-  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable.
+  """Longest files first (`--dist loadfile --no-loadscope-reorder` hands
+  files out in this order: a long file handed out late runs alone at the
+  end); a file with no recorded time counts as long. Stable otherwise."""
+  try:
+    with open(DURATIONS, encoding="utf-8") as f:
+      seconds = json.load(f)
+  except FileNotFoundError:
+    seconds = {}
+  longest = max(seconds.values(), default=0.0)
+  items.sort(key=lambda item: -seconds.get(_file(item.nodeid), longest))
+
+
+_RECORDED = {}
+
+
+def pytest_runtest_logreport(report):
+  key = _file(report.nodeid)
+  _RECORDED[key] = _RECORDED.get(key, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
+  if not session.config.getoption("--record-durations") or hasattr(
+      session.config, "workerinput"):  # The controller writes, once.
+    return
+  with open(DURATIONS, "w", encoding="utf-8") as f:
+    json.dump({k: round(v, 1) for k, v in sorted(_RECORDED.items())}, f,
+              indent=1)
+    f.write("\n")

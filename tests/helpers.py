@@ -8,7 +8,8 @@ import tempfile
 
 from dist_keras import configs, tensorboard_events
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
 
 
 def tiny_config(name: str = "lstm_longmem"):
@@ -25,7 +26,7 @@ def tiny_config(name: str = "lstm_longmem"):
   c.train.checkpoint_every = 4
   c.eval.every = 4
   c.log.progress = False
-  c.log.calibration_steps = 0  # tests/test_loop.py covers it on its own.
+  c.log.calibration_steps = 0  # tests/training/test_loop.py covers it on its own.
   return c
 
 

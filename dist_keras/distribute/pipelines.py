@@ -104,7 +104,7 @@ def _input_devices_kept(strategy):
   call (`_input_workers_with_options` assigns `_input_workers_devices`), so
   every later dataset of that strategy object got one pipeline per replica
   too: a second run in one process read its data twice over. Restored here,
-  in this one place; tests/test_data.py fails if TensorFlow moves it.
+  in this one place; tests/data/test_data.py fails if TensorFlow moves it.
   """
   extended = strategy.extended
   saved = getattr(extended, "_input_workers_devices", None)

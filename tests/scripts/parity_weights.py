@@ -1,5 +1,5 @@
 """Trains tests/parity_task.py's models with Keras' fit or with dist_keras
-and saves their weights and evals (for tests/test_fit_parity.py).
+and saves their weights and evals (for tests/training/test_fit_parity.py).
 
   python tests/scripts/parity_weights.py --runs=fit,one,resumed \
       --out='one_{run}.npz'
@@ -120,7 +120,7 @@ def interrupt_at(step: int):
   """A callback that stops the run with an exception once `step` steps
   have run: nothing after the last checkpoint is saved, and the next fit
   call builds a new model and optimizer, so only the checkpoint carries
-  state across (real SIGKILLs: tests/test_resume.py)."""
+  state across (real SIGKILLs: tests/training/test_resume.py)."""
   import keras  # pylint: disable=g-import-not-at-top
 
   class Interrupt(keras.callbacks.Callback):

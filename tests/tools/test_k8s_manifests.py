@@ -22,7 +22,7 @@ from dist_keras import configs, errors, train, validate
 from dist_keras.configs import base
 from dist_keras.distribute import tfconfig
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K8S = os.path.join(REPO, "tools", "k8s")
 YAML_FILES = sorted(glob.glob(os.path.join(K8S, "*.yaml")))
 IMAGE = "dist-keras:latest"

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Module name prefix -> layer; the longest matching prefix wins.
 LAYERS = {

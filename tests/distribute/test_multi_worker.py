@@ -37,7 +37,7 @@ def _launch(num_workers, command, timeout=600, **env):
 
 def _weights_command(strategy, devices, out, *extra):
   # The built-in models; users' models across workers, against one device:
-  # tests/test_fit_parity.py.
+  # tests/training/test_fit_parity.py.
   return [TRAIN_WEIGHTS, f"--strategy={strategy}", f"--devices={devices}",
           f"--global_batch_size={GLOBAL_BATCH}", f"--out={out}",
           "--models=lstm_longmem,cnn_shapes", *extra]

@@ -15,7 +15,7 @@ import urllib.parse
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(REPO, "README.md")
 README_MAX_LINES = 250
 PAGES = [README, *sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))]

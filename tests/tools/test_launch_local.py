@@ -14,7 +14,7 @@ import pytest
 
 import launch_local  # tools/, on sys.path (conftest.py)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, "tools", "launch_local.py")
 
 # Every worker snippet starts here: `task` is its TF_CONFIG task index, and

@@ -31,7 +31,7 @@ def test_unknown_strategy_lists_the_valid_ones():
 
 
 def test_tpu_without_a_tpu_is_refused_clearly():
-  # The TPU branch itself: tests/test_tpu.py.
+  # The TPU branch itself: tests/distribute/test_tpu.py.
   with pytest.raises(UserError, match="'tpu' but no TPU was found"):
     strategies.get_strategy(_runtime(strategy="tpu"), environ={},
                           path_exists=lambda path: False)

@@ -203,7 +203,7 @@ def test_train_callbacks_names_them_on_the_command_line(tmp_path):
        "--config.train.callbacks=parity_task:callbacks_fn",
        *[f"--config.{k}={v}" for k, v in CONFIG.items()],
        "--config.train.steps=40", "--config.runtime.strategy=one_device"],
-      env={"PYTHONPATH": f"{helpers.REPO}:{os.path.dirname(__file__)}",
+      env={"PYTHONPATH": f"{helpers.REPO}:{helpers.TESTS}",
            "PARITY_BEST": str(tmp_path / "best.keras")})
   assert result.returncode == 0, result.stderr[-2000:]
   with open(tmp_path / "run" / "summary.json", encoding="utf-8") as f:

@@ -138,7 +138,7 @@ def _tiny_synthetic(name):
 
 # ResNet-50 is left out: tracing its train step takes 35-60 s on this 2-core
 # CPU, which CI's budget cannot spare twice; its synthetic spec is checked
-# above at 224x224, its step compiles and learns in tests/test_xla.py, and
+# above at 224x224, its step compiles and learns in tests/training/test_xla.py, and
 # docs/datasets.md's synthetic ResNet-50 run was measured by hand.
 TRAINED = [n for n in configs.names() if n != "resnet50_imagenet"]
 # These train in CI elsewhere (test_tfds.py on mock data; rnn_longmem is the

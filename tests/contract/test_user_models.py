@@ -16,7 +16,7 @@ import user_task
 from dist_keras import configs
 from dist_keras.errors import UserError
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = helpers.TESTS
 CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
           "train.steps": 12, "train.log_every": 4, "train.checkpoint_every": 4,
           "eval.every": 6, "log.calibration_steps": 0,

@@ -17,7 +17,7 @@ import helpers
 
 STEPS = 30
 LAUNCHER = os.path.join(helpers.REPO, "tools", "launch_local.py")
-TESTS = os.path.dirname(os.path.abspath(__file__))  # user_task.py's folder.
+TESTS = helpers.TESTS  # user_task.py's folder.
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
            PYTHONPATH=f"{helpers.REPO}:{TESTS}", PYTHONUNBUFFERED="1")
 

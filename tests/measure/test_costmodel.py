@@ -10,7 +10,7 @@ import pytest
 
 from dist_keras.measure import costmodel
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, "tools", "scaling_model.py")
 
 

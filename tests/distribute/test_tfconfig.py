@@ -9,7 +9,7 @@ import pytest
 from dist_keras.distribute import tfconfig
 from dist_keras.errors import UserError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(cluster, task_type="worker", index=0):

@@ -1,0 +1,107 @@
+"""Every bad config value is refused before anything is written or trained:
+one line naming the value and the fix (dist_keras/validate.py; the ones
+only the strategy or the model can tell, where those are known)."""
+import os
+
+import pytest
+
+import helpers
+from dist_keras import configs, validate
+from dist_keras.errors import UserError
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.name=transformer", "model.name='transformer' is not one of"),
+    ("model.cell=transformer", "model.cell='transformer' is not one of"),
+    ("data.name=imagenet", "data.name='imagenet' is not one of"),
+])
+def test_bad_names_are_refused_without_tensorflow(override, message):
+  """The command line's check of a typo'd name takes a fraction of a second:
+  validate.config refuses it before anything imports TensorFlow."""
+  code = ("import sys\n"
+          "from dist_keras import configs, validate\n"
+          f"c = configs.from_command_line('lstm_longmem', [{override!r}])\n"
+          "try:\n  validate.config(c)\n"
+          "except Exception as e:\n  print(type(e).__name__, e)\n"
+          "assert 'tensorflow' not in sys.modules\n")
+  result = helpers.run_module(["-c", code], timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith("UserError ") and message in result.stdout
+  # A user's own model reads no model.cell: not refused there.
+  c = configs.from_command_line("lstm_longmem", ["model.name=pkg.mod:fn",
+                                                 "model.cell=transformer"])
+  from dist_keras import validate  # pylint: disable=g-import-not-at-top
+  validate.config(c)
+
+
+def test_a_workdir_under_a_file_is_refused_creating_nothing(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises(UserError, match=(
+      rf"--workdir={blocker}/run/a is not writable \({blocker} is a file\); "
+      "pass a folder you can write to.")):
+    validate.workdir(str(blocker / "run" / "a"))
+  validate.workdir(str(tmp_path / "new" / "run"))  # Made later, by the chief.
+  validate.workdir("gs://bucket/run")  # Checked when first written.
+  assert os.listdir(tmp_path) == ["file"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_a_workdir_in_a_read_only_folder_is_refused(tmp_path):
+  locked = tmp_path / "locked"
+  locked.mkdir(mode=0o555)
+  with pytest.raises(UserError, match=f"\\({locked} is not writable\\)"):
+    validate.workdir(str(locked / "run"))
+
+
+def test_negative_bytes_per_pack_is_refused_before_training(tmp_path,
+                                                            mirrored):
+  c = helpers.tiny_config()
+  c.runtime.bytes_per_pack = -1
+  with pytest.raises(ValueError, match="runtime.bytes_per_pack=-1 must be"):
+    helpers.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)
+
+
+def test_unknown_allreduce_dtype_is_refused(tmp_path, mirrored):
+  c = helpers.tiny_config()
+  c.runtime.allreduce_dtype = "int8"
+  with pytest.raises(ValueError,
+                     match="runtime.allreduce_dtype='int8' is not one of"):
+    helpers.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("steps", 0, "train.steps=0 must be >= 1"),
+    ("global_batch_size", 31, "global_batch_size=31 is not divisible by the 2"),
+    ("learning_rate", -1.0, "learning_rate=-1.0 must be > 0"),
+    ("optimizer", "lbfgs", "train.optimizer='lbfgs' is not one of sgd"),
+    ("momentum", 1.0, r"train.momentum=1.0 must be in \[0, 1\)"),
+    ("momentum", 0.9, "train.momentum=0.9 does nothing with "
+     "train.optimizer='adam' .* use it with sgd or rmsprop"),
+])
+def test_bad_train_settings_fail_before_writing(tmp_path, mirrored, key, value,
+                                                message):
+  c = helpers.tiny_config()
+  setattr(c.train, key, value)
+  with pytest.raises(ValueError, match=message):
+    helpers.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("spec", ["1,4", "5,3", "a,b", "7"])
+def test_bad_profile_steps_are_refused(tmp_path, mirrored, spec):
+  c = helpers.tiny_config()
+  c.log.profile_steps = spec
+  with pytest.raises(ValueError, match="log.profile_steps="):
+    helpers.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)
+
+
+def test_unknown_precision_is_refused(tmp_path, mirrored):
+  c = helpers.tiny_config()
+  c.train.precision = "float8"
+  with pytest.raises(ValueError, match="train.precision='float8' is not one"):
+    helpers.train(c, str(tmp_path), mirrored)
+  assert not os.listdir(tmp_path)
