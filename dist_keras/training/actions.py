@@ -28,6 +28,7 @@ class RunState:
   call_limit: int = 1  # Steps per call under train.steps_per_loop=0.
   skipped_steps: int = 0  # float16 loss scaling: overflowed, not applied.
   logged: dict = dataclasses.field(default_factory=dict)  # Last window's.
+  perf: dict = dataclasses.field(default_factory=dict)  # Its perf/, sync/.
   retries_left: int = 0  # train.divergence_retries not yet used.
   skipped: list = dataclasses.field(default_factory=list)  # [first, last].
   final_eval: dict | None = None
@@ -74,7 +75,7 @@ class LogWindow(keras.callbacks.Callback):
     train = self.trainer.train_values(self.trainer.train_metrics.window(step))
     perf, seconds = self.trainer.meters.close_window()
     self.run.call_limit = auto_steps_per_call(seconds, self.run.multi_worker)
-    self.run.logged = train
+    self.run.logged, self.run.perf = train, perf
     self.trainer.tensorboard.scalars(step, {**train, **self._extra(train),
                                           **perf})
     self.trainer.say(report.progress_line(

@@ -23,7 +23,8 @@ from dist_keras.measure.meters import RunMeters
 from dist_keras import tensorboard_events
 from dist_keras.training import actions, allreduce, calls, divergence
 from dist_keras.training import evaluation, lr, metrics, model_step
-from dist_keras.training import preemption, report, run_files, steps
+from dist_keras.training import preemption, ray_report, report, run_files
+from dist_keras.training import steps
 from dist_keras.training import user_callbacks
 from dist_keras.training.checkpoints import Checkpoints
 from dist_keras.training.settings import Settings, auto_steps_per_call
@@ -182,6 +183,8 @@ class Trainer:
                 actions.Calibrate(run, self, iterator)]
       after = [actions.SaveCheckpoints(run, self.parts.checkpoints,
                                        self.meters),
+               *ray_report.for_session(run, self.parts.checkpoints,
+                                       self.chief),
                actions.AnswerSigterm(run, stop, self.parts.checkpoints)]
       if users:
         after.insert(0, actions.AgreeToStop(run, self.strategy, batch_logs))
