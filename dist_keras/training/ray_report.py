@@ -55,17 +55,20 @@ def for_session(run: actions.RunState, checkpoints, chief: bool) -> list:
 def metrics(step: int, run: actions.RunState, eval_values: dict | None
             ) -> dict:
   """One report's values, named as in summary.json: step, train_NAME, the
-  window's throughput (examples_per_sec, step_ms, mfu, ...) and sync means
-  (sync_fraction, allreduce_ms, ...), and eval_NAME when an eval ran."""
+  window's throughput (examples_per_sec, mfu, ...), its instrumented
+  step's sync split (sync_fraction, allreduce_ms, step_ms, ...), and
+  eval_NAME when an eval ran."""
   values = {"step": step}
   values.update({f"train_{k}": v for k, v in run.logged.items()})
   for tag, value in run.perf.items():
     group, _, name = tag.partition("/")
-    if group == "perf":
+    # perf/step_ms is the window's wall time; summary.json's step_ms is the
+    # instrumented step's, which sync/step_ms gives.
+    if group == "perf" and name != "step_ms":
       values[name] = value
     elif group == "sync" and name == "fraction":
       values["sync_fraction"] = value
-    elif group == "sync" and name.endswith("_ms") and name != "step_ms":
+    elif group == "sync" and name.endswith("_ms"):
       values[name] = value
   if eval_values:
     values.update({f"eval_{k}": v for k, v in eval_values.items()})
