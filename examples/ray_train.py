@@ -55,22 +55,25 @@ def dataset_fn(split: str, input_context: tf.distribute.InputContext):
 
 
 def train_loop_per_worker(loop_config: dict) -> None:
-  """What each Ray worker runs: dist_keras.fit, nothing else."""
+  """What each Ray worker runs: dist_keras.fit, nothing else (Keras
+  callbacks, if any, come in the loop's config)."""
   dist_keras.fit(model_fn, dataset_fn, workdir=loop_config["workdir"],
                  config={"train.global_batch_size": GLOBAL_BATCH,
                          "train.steps": loop_config["steps"],
                          "train.log_every": 50, "train.checkpoint_every": 100,
-                         "eval.every": 200})
+                         "eval.every": 200},
+                 callbacks=loop_config.get("callbacks"))
 
 
 def trainer(workdir: str, storage: str, workers: int, steps: int,
-            max_failures: int):
+            max_failures: int, callbacks=None):
   """Ray's TensorflowTrainer of `workers` CPU workers over train_loop."""
   from ray import train  # pylint: disable=import-outside-toplevel
   from ray.train.tensorflow import TensorflowTrainer  # pylint: disable=import-outside-toplevel
   return TensorflowTrainer(
       train_loop_per_worker,
-      train_loop_config={"workdir": os.path.abspath(workdir), "steps": steps},
+      train_loop_config={"workdir": os.path.abspath(workdir), "steps": steps,
+                         "callbacks": callbacks},
       scaling_config=train.ScalingConfig(num_workers=workers),
       run_config=train.RunConfig(
           name=os.path.basename(os.path.abspath(workdir)),

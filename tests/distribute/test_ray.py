@@ -10,9 +10,11 @@ group -> the final weights equal the uninterrupted run's bitwise.
 """
 import json
 import os
+import signal
 import sys
 import types
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -130,3 +132,111 @@ def test_other_workers_report_as_often_without_a_checkpoint():
   assert [s for s, _ in calls[True]] == [s for s, _ in calls[False]] == [
       4, 8, 12]
   assert all(c is None for _, c in calls[False])
+
+
+# The slow set: a local Ray cluster of 2 CPUs, examples/ray_train.py's
+# TensorflowTrainer of 2 workers (MultiWorkerMirroredStrategy).
+STEPS = 300  # Checkpoints at 100, 200, 300; evals at 200 and 300.
+
+
+def _example():
+  """examples/ray_train.py as a module Ray pickles by value (its workers
+  cannot import it by name)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(
+      "ray_train_example", os.path.join(helpers.REPO, "examples",
+                                        "ray_train.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+class KillOnce(keras.callbacks.Callback):
+  """Writes "RANK STEP" where each attempt starts; on Ray rank `victim`,
+  SIGKILLs its own process at step `at` unless `marker` exists (so only
+  the first attempt dies)."""
+
+  def __init__(self, folder: str, victim: int | None, at: int):
+    super().__init__()
+    self.folder, self.victim, self.at = folder, victim, at
+
+  def _rank(self):
+    import ray.train  # pylint: disable=g-import-not-at-top
+    return ray.train.get_context().get_world_rank()
+
+  def on_train_begin(self, logs=None):
+    with open(os.path.join(self.folder, "starts"), "a",
+              encoding="utf-8") as f:
+      f.write(f"{self._rank()} {int(self.model.optimizer.iterations.numpy())}\n")
+
+  def on_train_batch_end(self, batch, logs=None):
+    marker = os.path.join(self.folder, "killed")
+    if (self._rank() == self.victim and batch + 1 >= self.at
+        and not os.path.exists(marker)):
+      open(marker, "w", encoding="utf-8").close()
+      os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def ray_runs(tmp_path_factory):
+  """An uninterrupted run and one whose worker 1 is killed at step 150
+  (max_failures=1): {name: (result, folder)}."""
+  ray = pytest.importorskip("ray")
+  pytest.importorskip("ray.train.tensorflow")
+  example = _example()
+  ray.cloudpickle.register_pickle_by_value(example)
+  ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+  root = tmp_path_factory.mktemp("ray")
+  ray.init(num_cpus=2, include_dashboard=False)
+  try:
+    runs = {}
+    for name, victim in (("whole", None), ("cut", 1)):
+      folder = root / name
+      folder.mkdir()
+      result = example.trainer(
+          str(folder / "workdir"), str(root / "storage" / name), 2, STEPS,
+          max_failures=1, callbacks=[KillOnce(str(folder), victim, 150)]).fit()
+      runs[name] = (result, folder)
+    yield runs
+  finally:
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_sees_the_metrics_and_checkpoints(ray_runs):
+  result, folder = ray_runs["whole"]
+  summary = json.loads((folder / "workdir" / "summary.json").read_text())
+  assert summary["strategy"] == "MultiWorkerMirroredStrategy"
+  assert summary["replicas"] == 2
+  metrics = result.metrics
+  assert metrics["step"] == STEPS
+  for name in ("train_loss", "train_accuracy", "eval_loss", "eval_accuracy"):
+    assert metrics[name] == pytest.approx(summary[name], rel=1e-6), name
+  assert metrics["examples_per_sec"] > 0
+  assert metrics["eval_accuracy"] > 0.61  # Better than always 'outside'.
+  with result.checkpoint.as_directory() as kept:
+    assert tf.train.latest_checkpoint(kept).endswith(f"ckpt-{STEPS}")
+
+
+@pytest.mark.slow
+def test_a_killed_worker_restarts_and_ends_bitwise_equal(ray_runs):
+  (whole, whole_folder), (cut, cut_folder) = ray_runs["whole"], ray_runs["cut"]
+  assert (cut_folder / "killed").exists()
+  starts = sorted((cut_folder / "starts").read_text().split("\n")[:-1])
+  assert starts == ["0 0", "0 100", "1 0", "1 100"]  # Resumed at ckpt-100.
+  assert cut.metrics["step"] == whole.metrics["step"] == STEPS
+  expected = _final_weights(whole_folder / "workdir")
+  got = _final_weights(cut_folder / "workdir")
+  assert expected.keys() == got.keys()
+  for name, value in expected.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def _final_weights(workdir):
+  """Every model and optimizer variable of the last checkpoint."""
+  reader = tf.train.load_checkpoint(str(workdir / "checkpoints"))
+  names = [n for n in reader.get_variable_to_shape_map()
+           if n.startswith(("model_variables/", "optimizer_variables/"))]
+  assert names
+  return {n: reader.get_tensor(n) for n in names}
