@@ -6,8 +6,9 @@ Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy
 one device, N local replicas, N workers and TPU cores. It reads like fit's:
 epochs (one per eval interval) of calls of steps, the model's metrics reset
 when an epoch begins, an eval when it ends, and everything else (logging,
-profiling, calibration, the users' callbacks, stopping, checkpoints,
-preemption) as callbacks in one keras.callbacks.CallbackList (actions.py).
+profiling, calibration, the users' callbacks, stopping, checkpoints, the
+reports to a Ray Train session (ray_report.py), preemption) as callbacks in
+one keras.callbacks.CallbackList (actions.py).
 """
 import contextlib
 import dataclasses
