@@ -53,6 +53,9 @@ setuptools.setup(
         # installs the tools extra (docs/testing.md).
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "nbclient", "nbformat",
                  "ipykernel"],
+        # dist_keras.fit as Ray Train's train_loop_per_worker reports to Ray
+        # (docs/ray.md); not in [test]: only the slow set runs Ray.
+        "ray": ["ray[train]"],
         # TensorBoard's Profile tab, for traces from log.profile_steps.
         "profile": ["tensorboard-plugin-profile"],
         # tools/scaling.py's figure (scaling.png).

@@ -1,7 +1,8 @@
 """What happens at a step boundary, as Keras callbacks: the built-in actions
 run in one keras.callbacks.CallbackList with the users' callbacks, in order
 (loop.hooks_for): log the window, profile, calibrate, the users' callbacks,
-History, agree to stop, checkpoint, answer a SIGTERM. A boundary that ends
+History, agree to stop, checkpoint, report to Ray Train (ray_report.py,
+only inside its session), answer a SIGTERM. A boundary that ends
 an epoch is an epoch end (after the eval); any other is a batch end.
 """
 import dataclasses
@@ -28,6 +29,7 @@ class RunState:
   call_limit: int = 1  # Steps per call under train.steps_per_loop=0.
   skipped_steps: int = 0  # float16 loss scaling: overflowed, not applied.
   logged: dict = dataclasses.field(default_factory=dict)  # Last window's.
+  perf: dict = dataclasses.field(default_factory=dict)  # Its perf/, sync/.
   retries_left: int = 0  # train.divergence_retries not yet used.
   skipped: list = dataclasses.field(default_factory=list)  # [first, last].
   final_eval: dict | None = None
@@ -74,7 +76,7 @@ class LogWindow(keras.callbacks.Callback):
     train = self.trainer.train_values(self.trainer.train_metrics.window(step))
     perf, seconds = self.trainer.meters.close_window()
     self.run.call_limit = auto_steps_per_call(seconds, self.run.multi_worker)
-    self.run.logged = train
+    self.run.logged, self.run.perf = train, perf
     self.trainer.tensorboard.scalars(step, {**train, **self._extra(train),
                                           **perf})
     self.trainer.say(report.progress_line(

@@ -6,8 +6,9 @@ Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy
 one device, N local replicas, N workers and TPU cores. It reads like fit's:
 epochs (one per eval interval) of calls of steps, the model's metrics reset
 when an epoch begins, an eval when it ends, and everything else (logging,
-profiling, calibration, the users' callbacks, stopping, checkpoints,
-preemption) as callbacks in one keras.callbacks.CallbackList (actions.py).
+profiling, calibration, the users' callbacks, stopping, checkpoints, the
+reports to a Ray Train session (ray_report.py), preemption) as callbacks in
+one keras.callbacks.CallbackList (actions.py).
 """
 import contextlib
 import dataclasses
@@ -23,7 +24,8 @@ from dist_keras.measure.meters import RunMeters
 from dist_keras import tensorboard_events
 from dist_keras.training import actions, allreduce, calls, divergence
 from dist_keras.training import evaluation, lr, metrics, model_step
-from dist_keras.training import preemption, report, run_files, steps
+from dist_keras.training import preemption, ray_report, report, run_files
+from dist_keras.training import steps
 from dist_keras.training import user_callbacks
 from dist_keras.training.checkpoints import Checkpoints
 from dist_keras.training.settings import Settings, auto_steps_per_call
@@ -182,6 +184,8 @@ class Trainer:
                 actions.Calibrate(run, self, iterator)]
       after = [actions.SaveCheckpoints(run, self.parts.checkpoints,
                                        self.meters),
+               *ray_report.for_session(run, self.parts.checkpoints,
+                                       self.chief),
                actions.AnswerSigterm(run, stop, self.parts.checkpoints)]
       if users:
         after.insert(0, actions.AgreeToStop(run, self.strategy, batch_logs))
