@@ -40,7 +40,7 @@ class RunState:
     return self.stopping or self.step >= self.schedule.steps
 
 
-class _Boundary(keras.callbacks.Callback):
+class Boundary(keras.callbacks.Callback):
   """An action at every step boundary: `at(step, epoch_end)` once per
   boundary, from the batch end, or from the epoch end when the step ends
   an epoch (then after the eval and the users' epoch-end hooks)."""
@@ -139,7 +139,7 @@ class Calibrate(keras.callbacks.Callback):
       trainer.say(line)
 
 
-class AgreeToStop(_Boundary):
+class AgreeToStop(Boundary):
   """Every worker stops at the same step when a callback sets
   `model.stop_training` (EarlyStopping, TerminateOnNaN, your own): one
   tiny all-reduce per epoch end (and per call when a callback has batch
@@ -161,7 +161,7 @@ class AgreeToStop(_Boundary):
     self.model.stop_training = wanted
 
 
-class SaveCheckpoints(_Boundary):
+class SaveCheckpoints(Boundary):
   """Every train.checkpoint_every steps, and where training ends."""
 
   def __init__(self, run: RunState, checkpoints, meters):
@@ -176,7 +176,7 @@ class SaveCheckpoints(_Boundary):
       self.meters.resume()
 
 
-class AnswerSigterm(_Boundary):
+class AnswerSigterm(Boundary):
   """A SIGTERM (preemption): checkpoint this step and exit, retryable."""
 
   def __init__(self, run: RunState, stop_request, checkpoints):

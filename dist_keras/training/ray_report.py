@@ -91,7 +91,7 @@ def copy_checkpoint(prefix: str, folder: str) -> None:
             f'all_model_checkpoint_paths: "{name}"\n')
 
 
-class ReportToRay(actions._Boundary):  # pylint: disable=protected-access
+class ReportToRay(actions.Boundary):
   """At every log step and epoch end (after its eval and checkpoint): the
   values to `report`, with the checkpoint saved at this step from the
   chief."""
