@@ -77,15 +77,15 @@ def build(job: Job) -> loop.Trainer:
   strategy = job.strategy or strategies.get_strategy(config.runtime)
   model_fn, dataset_fn = registry.resolve(config, *job.functions)
   callbacks = _callbacks(config.train, job.callbacks)
-  start_step = checkpoints.latest_step(workdir)  # Where the data resumes.
+  resume = checkpoints.find_resume(workdir)  # Where the data resumes.
   keras.utils.set_random_seed(config.runtime.seed)
   model = checks.call_model_fn(model_fn, strategy, config.train.precision)
   notes = compiled.take(model, strategy, config.train)
   train_ds, eval_ds, batch_spec = _datasets(config, strategy, dataset_fn,
-                                            start_step)
+                                            resume.step)
   checks.build_state(model, strategy, batch_spec)  # Loss and metrics state.
   rate = _prepare_optimizers(model, strategy, config.train)
-  saved = _restored(config, workdir, strategy, model, start_step)
+  saved = _restored(config, workdir, strategy, model, resume)
   on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
   parts = loop.Parts(strategy, model, train_ds, eval_ds, saved.checkpoints,
                      rate, callbacks)
@@ -112,14 +112,14 @@ class _Restored:
 
 
 def _restored(config, workdir: str, strategy, model,
-              start_step: int) -> _Restored:
+              resume: checkpoints.Resume) -> _Restored:
   """The run's checkpoints, the latest restored; every worker agreeing."""
   saved = checkpoints.Checkpoints(
       workdir, model, list(model_step.optimizers_of(model).values()),
       strategies.is_chief(strategy), config.train.max_checkpoints)
   try:
-    line = saved.restore(start_step)
-    checkpoints.check_workers_agree(strategy, start_step,
+    line = saved.restore(resume)
+    checkpoints.check_workers_agree(strategy, resume.step,
                                     strategies.num_workers(strategy), workdir)
   except Exception:
     saved.close()

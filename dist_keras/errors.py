@@ -10,6 +10,8 @@ Exit codes (documented in the README):
   200 a peer worker was lost: RETRYABLE (>= 128, as Kubernetes' ExitCode
       restart policy and tools/launch_local.py --max_restarts read it);
       rerunning the same command resumes from the last checkpoint.
+  201 no checkpoint in the workdir reads back (all damaged): RETRYABLE, a
+      copy still arriving or a flaky read heals; else restore the folder.
 """
 import re
 
@@ -18,10 +20,11 @@ EXIT_DIVERGED = 3
 EXIT_UNEXPECTED = 1
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would return.
 EXIT_PEER_LOST = 200
+EXIT_NO_INTACT_CHECKPOINT = 201
 # What a launcher or Kubernetes should do with each: a permanent failure
 # fails alike when rerun; a retryable one resumes from a checkpoint.
 PERMANENT = (EXIT_UNEXPECTED, EXIT_CONFIG_ERROR, EXIT_DIVERGED)
-RETRYABLE = (EXIT_PREEMPTED, EXIT_PEER_LOST)
+RETRYABLE = (EXIT_PREEMPTED, EXIT_PEER_LOST, EXIT_NO_INTACT_CHECKPOINT)
 
 
 class UserError(ValueError):
@@ -46,6 +49,18 @@ class Preempted(RuntimeError):
   """SIGTERM arrived; the current step was checkpointed: retry to resume."""
 
   exit_code = EXIT_PREEMPTED
+
+
+class NoIntactCheckpoint(RuntimeError):
+  """Checkpoints are in the workdir but none reads back: retry (a copy may
+  still be arriving), or restore them from a backup."""
+
+  exit_code = EXIT_NO_INTACT_CHECKPOINT
+
+
+# Errors with their own exit code (the rest exit 1, or 200 when a peer is
+# lost).
+KNOWN = (UserError, Preempted, NoIntactCheckpoint)
 
 
 # Lines of a TensorFlow runtime error that say where, not what.

@@ -55,7 +55,7 @@ def main(argv) -> None:
                              "are --config, --workdir, --config.KEY=VALUE.")
     config = configs.from_command_line(_CONFIG.value, _OVERRIDES)
     sys.exit(_train(config, _WORKDIR.value or default_workdir()))
-  except (errors.UserError, errors.Preempted) as e:
+  except errors.KNOWN as e:
     _fail(e, e.exit_code)
   except Exception as e:  # pylint: disable=broad-except
     lost = peer_lost(e)

@@ -190,6 +190,6 @@ class AnswerSigterm(Boundary):
       self.checkpoints.save(step, stopped=self.run.stopping)
     raise errors.Preempted(
         f"stopped by SIGTERM after step {step}; checkpoint "
-        f"{os.path.basename(self.checkpoints.latest())} saved in "
+        f"{os.path.basename(self.checkpoints.last_saved())} saved in "
         f"{self.checkpoints.folder}; rerun the same command to resume "
         "from it.")

@@ -5,28 +5,104 @@ Every worker takes part in a save (TF's multi-worker pattern), but only the
 chief's lands in the workdir; the others write to a private temporary
 folder, deleted by close(). Keras' BackupAndRestore is not worker-aware.
 """
+import dataclasses
 import os
+import re
 import shutil
 import tempfile
 
 import tensorflow as tf
 
+from dist_keras import errors
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, run_files
 
 
-def latest_step(workdir: str) -> int:
-  """The step of the latest checkpoint in `workdir` (0: none).
-
-  Checkpoints are numbered by step (ckpt-STEP), so the step is known before
-  the model exists: the train stream is built to resume there.
-  """
-  latest = tf.train.latest_checkpoint(_folder(workdir))
-  return int(latest.rsplit("-", 1)[1]) if latest else 0
-
-
 def _folder(workdir: str) -> str:
   return os.path.join(workdir, run_files.CHECKPOINTS)
+
+
+# ckpt-STEP.index, ckpt-STEP.data-00000-of-00001 (not ckpt-STEP_temp/).
+_NUMBERED = re.compile(r"ckpt-(\d+)\.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+  """Where a run resumes: the newest intact checkpoint (None: none saved),
+  its step (0: from the start), and the newer ones found damaged."""
+
+  path: str | None
+  step: int
+  damaged: tuple[str, ...] = ()
+
+  def line(self) -> str | None:
+    """'ckpt-30 is damaged (why): resuming from ckpt-20', if any was."""
+    if not self.damaged:
+      return None
+    return (f"{'; '.join(self.damaged)}: resuming from "
+            f"{os.path.basename(self.path)}")
+
+
+def find_resume(workdir: str) -> Resume:
+  """The newest checkpoint in `workdir` whose every tensor reads back.
+
+  Checkpoints are numbered by step (ckpt-STEP), so the step is known before
+  the model exists: the train stream is built to resume there. A damaged
+  one (truncated, overwritten, a file missing: a node lost mid-copy, a full
+  disk) is passed over for the one before; every worker reads the same
+  files, so all resume from the same one. Reading every tensor is what
+  catches a damaged data file: TF checks each tensor's checksum as it reads.
+
+  Raises:
+    NoIntactCheckpoint: checkpoints are there but none reads back.
+  """
+  folder, damaged = _folder(workdir), []
+  for step in _steps_saved(folder):
+    path = os.path.join(folder, f"ckpt-{step}")
+    problem = _damage(path)
+    if problem is None:
+      return Resume(path, step, tuple(damaged))
+    damaged.append(f"ckpt-{step} is damaged ({problem})")
+  if damaged:
+    raise errors.NoIntactCheckpoint(
+        f"--workdir={workdir}: no checkpoint reads back: "
+        f"{'; '.join(damaged)}; retrying may find a copy still arriving, "
+        "else restore checkpoints/ from a backup or pass a new --workdir.")
+  return Resume(None, 0)
+
+
+def _steps_saved(folder: str) -> list[int]:
+  """The steps of the checkpoints in `folder`, newest first: those whose
+  files are there and those the state file lists (a damaged or lost state
+  file must not hide them, nor a listed one with a file missing)."""
+  steps = set()
+  for path in tf.io.gfile.glob(os.path.join(folder, "ckpt-*")):
+    found = _NUMBERED.match(os.path.basename(path))
+    if found:
+      steps.add(int(found.group(1)))
+  try:
+    state = tf.train.get_checkpoint_state(folder)
+  except (tf.errors.OpError, ValueError):  # A damaged state file.
+    state = None
+  for path in state.all_model_checkpoint_paths if state else ():
+    found = _NUMBERED.match(os.path.basename(path) + ".")
+    if found:
+      steps.add(int(found.group(1)))
+  return sorted(steps, reverse=True)
+
+
+def _damage(path: str) -> str | None:
+  """Why the checkpoint at `path` does not read back, or None."""
+  try:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  except (tf.errors.OpError, IndexError, ValueError) as e:
+    # IndexError: TF's reader of a truncated data file raises it.
+    # The folder is in the one line already: say only the file's name.
+    folder = os.path.dirname(path) + os.sep
+    return errors.first_line(e, limit=400).replace(folder, "")[:160]
+  return None
 
 
 class Checkpoints:
@@ -59,31 +135,34 @@ class Checkpoints:
         max_to_keep=1 if self._scratch else max_to_keep)
     self.saved_at = None  # The step of the last save of this run.
 
-  def restore(self, expected_step: int) -> str | None:
-    """Restores the latest checkpoint, if any; returns a line saying so.
+  def restore(self, resume: Resume) -> str | None:
+    """Restores the checkpoint `resume` names, if any; returns the line
+    that says so (and which newer ones were damaged).
 
     Every worker reads the CHIEF's folder, so a multi-worker resume needs a
     workdir all workers see (shared disk or gs://).
     """
-    latest = tf.train.latest_checkpoint(self.folder)
-    if not latest:
+    if resume.path is None:
       return None
+    name = os.path.basename(resume.path)
     try:
-      self.checkpoint.restore(latest).assert_consumed()
+      self.checkpoint.restore(resume.path).assert_consumed()
     except (AssertionError, ValueError, tf.errors.OpError) as e:
+      # Its tensors read back (find_resume): they are another model's.
       raise UserError(
-          f"--workdir={self.workdir} holds a checkpoint ({latest}) made by a "
+          f"--workdir={self.workdir} holds a checkpoint ({name}) made by a "
           "different model or optimizer; resume it with the config.json "
           "saved there, or pass a new --workdir.") from e
     step = int(self.step.numpy())
-    if step != expected_step:
-      raise UserError(f"checkpoint {latest} holds step {step}, not "
-                      f"{expected_step}; it was renamed: pass a new --workdir.")
+    if step != resume.step:
+      raise UserError(f"checkpoint {resume.path} holds step {step}, not "
+                      f"{resume.step}; it was renamed: pass a new --workdir.")
     self.saved_at = step
+    said = f"{resume.line() or f'resumed from {name}'} at step {step}"
     if bool(self.stopped.numpy()):
-      return (f"resumed from {latest} at step {step}, where a callback "
-              "stopped the run (model.stop_training): nothing left to train")
-    return f"resumed from {latest} at step {step}"
+      said += (", where a callback stopped the run (model.stop_training): "
+               "nothing left to train")
+    return said
 
   def save(self, step: int, stopped: bool = False) -> str:
     self.step.assign(step)
@@ -96,16 +175,17 @@ class Checkpoints:
     """A non-chief worker's private folder (deleted by close), else None."""
     return self._scratch
 
-  def latest(self) -> str | None:
-    """The newest checkpoint in the workdir (the chief's), if any."""
-    return tf.train.latest_checkpoint(self.folder)
+  def last_saved(self) -> str:
+    """The checkpoint this run last saved or resumed from, in the workdir
+    (not the folder's newest: that one may be damaged)."""
+    return os.path.join(self.folder, f"ckpt-{self.saved_at}")
 
   def go_back(self) -> str:
-    """Restores the newest checkpoint into the running model and optimizer
-    (after a divergence); returns its path."""
-    latest = self.latest()
-    self.checkpoint.restore(latest).assert_consumed()
-    return latest
+    """Restores the last checkpoint this run saved or resumed from into the
+    running model and optimizer (after a divergence); returns its path."""
+    path = self.last_saved()
+    self.checkpoint.restore(path).assert_consumed()
+    return path
 
   def close(self) -> None:
     if self._scratch:

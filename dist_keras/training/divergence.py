@@ -32,9 +32,10 @@ def check(run, out: dict, optimizer, checkpoints) -> None:
     if np.isfinite(loss) and np.isfinite(norm):
       return
     what = f"loss {loss} and gradient norm {norm}"
-  latest = checkpoints.latest()
-  kept = (f"the last good checkpoint ({os.path.basename(latest)}) is kept"
-          if latest else "no checkpoint was saved before it")
+  kept = (f"the last good checkpoint "
+          f"({os.path.basename(checkpoints.last_saved())}) is kept"
+          if checkpoints.saved_at is not None
+          else "no checkpoint was saved before it")
   raise errors.Diverged(
       f"{what} at step {run.step}: training diverged; {kept}. Lower the "
       "learning rate or clip the gradient norm (train.global_clipnorm, or "

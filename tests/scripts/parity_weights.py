@@ -147,7 +147,7 @@ def with_dist_keras(name: str, args, workdir: str, interrupt: int) -> dict:
                      workdir=workdir, config=settings,
                      callbacks=[interrupt_at(interrupt)])
     except Interrupted:
-      out[f"resumed_from/{name}"] = checkpoints.latest_step(workdir)
+      out[f"resumed_from/{name}"] = checkpoints.find_resume(workdir).step
   result = dist_keras.fit(
       f"parity_task:{name}", f"parity_task:{MODELS[name]}",
       workdir=workdir, config=settings, callbacks=callbacks or None)

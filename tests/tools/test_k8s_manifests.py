@@ -357,3 +357,29 @@ def test_network_policy_covers_the_workers_and_their_port():
   for pod in pods:
     labels = pod["metadata"]["labels"]
     assert selector.items() <= labels.items(), labels
+
+
+def _exit_table(path):
+  """{code: retry column} of the exit-code table in a markdown file."""
+  with open(os.path.join(REPO, path), encoding="utf-8") as f:
+    rows = re.findall(r"^\| (\d+) \|.*\|([^|]*)\|$", f.read(), re.MULTILINE)
+  return {int(code): retry.strip() for code, retry in rows}
+
+
+@pytest.mark.parametrize("path", ["README.md", "docs/errors.md"])
+def test_exit_code_tables_list_every_code_and_its_retry(path):
+  table = _exit_table(path)
+  assert set(table) == {0, *errors.PERMANENT, *errors.RETRYABLE}, table
+  for code in errors.PERMANENT:
+    assert table[code].startswith("no"), (code, table[code])
+  for code in errors.RETRYABLE:
+    assert table[code].startswith("yes"), (code, table[code])
+
+
+def test_kubernetes_doc_says_what_each_exit_code_does_to_a_pod():
+  table = _exit_table("docs/kubernetes.md")
+  assert {0, *errors.PERMANENT, *errors.RETRYABLE} <= set(table), table
+  for code in errors.PERMANENT:
+    assert table[code] == "FailJob", (code, table[code])
+  for code in errors.RETRYABLE:
+    assert table[code].startswith("pod replaced"), (code, table[code])
