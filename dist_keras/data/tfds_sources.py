@@ -8,10 +8,9 @@ sharded by input pipeline, like dist_keras.data.generated.
 
 Preparing. A dataset must be prepared in `data.data_dir` ("" means TFDS's
 default, ~/tensorflow_datasets; gs:// works). `check` looks for the prepared
-files before anything else and fails at once with the command that prepares
-them: `tfds.load` would instead try to download, and with no network it
-retries for ~205 s before failing. Only `data.download=True` downloads
-(TFDS's usual download_and_prepare); tools/prepare_data.py does it explicitly.
+files first and fails at once with the command that prepares them: `tfds.load`
+would try to download, and with no network retries for ~205 s before failing.
+Only `data.download=True` downloads (so does tools/prepare_data.py).
 
 Splits. "train" is TFDS's "train". "eval" is the held-out split meant for use
 during training: "validation" if the dataset has one (imagenet2012, whose
@@ -53,8 +52,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from dist_keras.data import preprocess
 from dist_keras import validate
+from dist_keras.data import preprocess
 from dist_keras.errors import UserError
 
 PREFIX = validate.TFDS_PREFIX  # One spelling, checked before TensorFlow too.
