@@ -4,6 +4,7 @@ Only the chief writes. Files appear whole or not at all (write to a
 temporary name, then rename), so a crash never leaves half a summary.json.
 Paths go through tf.io.gfile so a gs:// workdir works too.
 """
+import contextlib
 import json
 import os
 
@@ -33,10 +34,11 @@ def prepare(workdir: str) -> None:
 def write_json(workdir: str, name: str, data: dict) -> str:
   """Writes `data` as `workdir/name`, atomically; returns the path."""
   path = os.path.join(workdir, name)
+  text = json.dumps(data, indent=2, sort_keys=True) + "\n"  # Fails first.
   tmp = path + ".tmp"
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  with _replacing(tmp, path):
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      f.write(text)
   return path
 
 
@@ -44,6 +46,19 @@ def save_model(workdir: str, model) -> str:
   """Saves `model` as `workdir/model.keras`, atomically; returns the path."""
   path = os.path.join(workdir, MODEL_FILE)
   tmp = os.path.join(workdir, "model.tmp.keras")  # Keras wants .keras.
-  model.save(tmp)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
+  with _replacing(tmp, path):
+    model.save(tmp)
   return path
+
+
+@contextlib.contextmanager
+def _replacing(tmp: str, path: str):
+  """Renames `tmp` over `path` once the block has written it whole; a block
+  that fails leaves `path` as it was and removes what it wrote of `tmp`."""
+  try:
+    yield
+  except BaseException:
+    if tf.io.gfile.exists(tmp):
+      tf.io.gfile.remove(tmp)
+    raise
+  tf.io.gfile.rename(tmp, path, overwrite=True)

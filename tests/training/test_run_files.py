@@ -1,0 +1,61 @@
+"""The run's own files appear whole or not at all: a run that dies in the
+middle of rewriting summary.json or model.keras leaves the old file (the
+new one goes to a temporary name, then is renamed over it)."""
+import json
+import os
+
+import keras
+import pytest
+import tensorflow as tf
+
+from dist_keras.training import run_files
+
+
+class _Died(Exception):
+  pass
+
+
+class _DiesMidWrite(tf.io.gfile.GFile):
+  """A file whose write puts down half of its text, then the process
+  'dies' (as a kill or a full disk would cut it)."""
+
+  def write(self, text):
+    super().write(text[:len(text) // 2])
+    self.flush()
+    raise _Died()
+
+
+def test_a_death_mid_write_leaves_the_old_summary(tmp_path, monkeypatch):
+  run_files.write_json(str(tmp_path), run_files.SUMMARY_JSON, {"steps": 10})
+  monkeypatch.setattr(tf.io.gfile, "GFile", _DiesMidWrite)
+  with pytest.raises(_Died):
+    run_files.write_json(str(tmp_path), run_files.SUMMARY_JSON,
+                         {"steps": 20, "values": list(range(1000))})
+  with open(tmp_path / run_files.SUMMARY_JSON, encoding="utf-8") as f:
+    assert json.load(f) == {"steps": 10}
+  assert sorted(os.listdir(tmp_path)) == [run_files.SUMMARY_JSON]
+
+
+def test_a_value_that_cannot_be_written_leaves_the_old_file(tmp_path):
+  run_files.write_json(str(tmp_path), "x.json", {"a": 1})
+  with pytest.raises(TypeError):
+    run_files.write_json(str(tmp_path), "x.json", {"a": object()})
+  assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1}
+  assert sorted(os.listdir(tmp_path)) == ["x.json"]  # No half-written tmp.
+
+
+def test_a_failed_model_save_leaves_the_old_model(tmp_path, monkeypatch):
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  path = run_files.save_model(str(tmp_path), model)
+  before = (tmp_path / run_files.MODEL_FILE).read_bytes()
+
+  def dies(self, filepath, *args, **kwargs):
+    with open(filepath, "wb") as f:
+      f.write(b"PK\x03\x04half a zip")
+    raise _Died()
+  monkeypatch.setattr(keras.Model, "save", dies)
+  with pytest.raises(_Died):
+    run_files.save_model(str(tmp_path), model)
+  assert (tmp_path / run_files.MODEL_FILE).read_bytes() == before
+  assert keras.models.load_model(path).count_params() == 8
+  assert sorted(os.listdir(tmp_path)) == [run_files.MODEL_FILE]
