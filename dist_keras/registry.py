@@ -47,29 +47,23 @@ def resolve(config, model_fn=None, dataset_fn=None):
     dataset_fn = dataset_fn or imports.load("data.name", config.data.name)
   if user_model:
     model_fn = model_fn or imports.load("model.name", config.model.name)
-  spec = _input_spec(config, user_model, user_data)
+  if user_model and user_data:
+    return model_fn, dataset_fn
+  inputs = "" if user_model else models.inputs(config.model)
+  if user_data:  # A built-in model reads the shape the config declares.
+    spec = data.specs.declared(config.data, inputs)
+  else:
+    if user_model and config.data.name == data.SYNTHETIC:
+      raise UserError(
+          "data.name='synthetic' builds batches for a built-in model's "
+          "inputs; with your own model, give it a dataset_fn of constant "
+          "batches (tf.data.Dataset.from_tensors(batch).repeat()).")
+    source = data.source(config.data, inputs)
+    spec = source.spec
+    dataset_fn = data.dataset_fn(source, data.Batching.from_config(config))
   if not user_model:
     model_fn = models.model_fn(config, spec)
-  if not user_data:
-    dataset_fn = data.dataset_fn(config, spec)
   return model_fn, dataset_fn
-
-
-def _input_spec(config, user_model: bool, user_data: bool):
-  """The InputSpec the built-in side needs (None if both are the user's):
-  the built-in data's own, or the shape the config declares for a user's
-  data; checks the built-in side's settings, once."""
-  if user_model and user_data:
-    return None
-  if user_model and config.data.name == data.SYNTHETIC:
-    raise UserError(
-        "data.name='synthetic' builds batches for a built-in model's "
-        "inputs; with your own model, give it a dataset_fn of constant "
-        "batches (tf.data.Dataset.from_tensors(batch).repeat()).")
-  inputs = "" if user_model else models.inputs(config.model)
-  if user_data:
-    return data.declared_spec(config.data, inputs)
-  return data.input_spec(config.data, inputs)
 
 
 def _refuse_unread_keys(config, user_model: bool, user_data: bool) -> None:

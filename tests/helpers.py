@@ -30,6 +30,14 @@ def tiny_config(name: str = "lstm_longmem"):
   return c
 
 
+def builtin_dataset_fn(config, with_ids: bool = False):
+  """The built-in dataset_fn of `config.data.name`, as registry.resolve
+  makes it (the model's inputs for data.name=synthetic)."""
+  from dist_keras import data, models  # pylint: disable=g-import-not-at-top
+  source = data.source(config.data, models.inputs(config.model))
+  return data.dataset_fn(source, data.Batching.from_config(config), with_ids)
+
+
 def train(config, workdir, strategy) -> dict:
   """Trains `config` (its model.name and data.name) through the public
   `dist_keras.fit`, as the command line does; returns summary.json."""

@@ -12,12 +12,26 @@ timed is the one the real data would train:
     the arithmetic);
   * tokens: uniform in [0, vocab_size);
   * labels: uniform in [0, num_classes), one per token for language models.
-The model learns nothing real from it: accuracy is meaningless (NOTE).
+The model learns nothing real from it: accuracy is meaningless (the run
+says so: training/settings.py's SYNTHETIC_NOTE).
 """
 import tensorflow as tf
 
-NOTE = ("data.name=synthetic: random constant batches; accuracy is "
-        "meaningless, throughput is compute + sync only")
+
+class Source:
+  """data.name=synthetic: batches of InputSpec `spec`, the config's declared
+  data, and an eval split of `eval_size` examples of them."""
+  cache = False
+
+  def __init__(self, spec, eval_size: int):
+    self.spec, self._eval_size = spec, eval_size
+
+  def train_batches(self, batch_size: int, seed: int, input_context=None):
+    return train(self.spec, batch_size, seed, input_context)
+
+  def eval_examples(self, batch_size: int, seed: int, input_context=None):
+    return eval_examples(self.spec, self._eval_size, batch_size, seed,
+                         input_context)
 
 
 def batch(spec, size: int, seed: int, pipeline: int = 0):

@@ -8,6 +8,8 @@ import functools
 
 import tensorflow as tf
 
+from dist_keras import validate
+from dist_keras.data.specs import InputSpec
 from dist_keras.errors import UserError
 
 # Eval indices start here, far past any train index: disjoint seeds.
@@ -85,8 +87,27 @@ def shapes(data_cfg, split, seed, input_context=None,
       num_classes=data_cfg.num_classes, noise=data_cfg.noise))
 
 
-def num_examples(data_cfg, split: str) -> int:
-  return data_cfg.train_size if split == "train" else data_cfg.eval_size
+class Source:
+  """data.name=longmem or shapes, its settings checked: examples made on
+  the fly, small enough to cache after the first epoch."""
+  cache = True
+
+  def __init__(self, data_cfg):
+    if data_cfg.name not in validate.GENERATED:
+      raise ValueError(f"data.name={data_cfg.name!r} is not generated here.")
+    check(data_cfg, data_cfg.name)
+    self._cfg = data_cfg
+    if data_cfg.name == "longmem":
+      self.spec = InputSpec((data_cfg.seq_len,), "int32",
+                            data_cfg.num_classes, data_cfg.vocab_size)
+    else:
+      size = data_cfg.image_size
+      self.spec = InputSpec((size, size, 1), "float32", data_cfg.num_classes)
+
+  def examples(self, split, seed, input_context=None, with_ids=False):
+    """Unbatched (features, label[, id]) of `split`, this pipeline's shard."""
+    make = longmem if self._cfg.name == "longmem" else shapes
+    return make(self._cfg, split, seed, input_context, with_ids)
 
 
 def _generate(data_cfg, split, input_context, with_ids, make_example):

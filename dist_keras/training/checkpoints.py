@@ -14,6 +14,7 @@ import tempfile
 import tensorflow as tf
 
 from dist_keras import errors
+from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, run_files
 
@@ -190,6 +191,22 @@ class Checkpoints:
   def close(self) -> None:
     if self._scratch:
       shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def restored(workdir: str, model, optimizers, strategy, max_to_keep: int,
+             resume: Resume):
+  """(the run's Checkpoints, its "resumed from ..." line or None): the
+  checkpoint `resume` names restored, every worker agreeing on it."""
+  saved = Checkpoints(workdir, model, optimizers,
+                      strategies.is_chief(strategy), max_to_keep)
+  try:
+    line = saved.restore(resume)
+    check_workers_agree(strategy, resume.step,
+                        strategies.num_workers(strategy), workdir)
+  except Exception:
+    saved.close()
+    raise
+  return saved, line
 
 
 def check_workers_agree(strategy, step: int, workers: int,

@@ -42,16 +42,17 @@ def optimizers_of(model) -> dict:
   return found
 
 
-def prepare_optimizers(model, strategy, reduce_in_apply: bool) -> None:
+def prepare_optimizers(model, strategy) -> list:
   """Builds the compiled optimizer in scope (a replica function may not
   create its slots) and checks every other one is built; then routes the
   gradient all-reduce: in `apply` for a model's own step, else off (the
-  compiled step reduces itself).
+  compiled step reduces itself). Returns the model's optimizers.
 
   Raises:
     UserError: an optimizer attribute that is not built.
   """
   optimizers = optimizers_of(model)
+  reduce_in_apply = overrides(model, "train_step")
   with strategy.scope():
     model.optimizer.build(model.trainable_variables)
   for name, optimizer in optimizers.items():
@@ -67,6 +68,7 @@ def prepare_optimizers(model, strategy, reduce_in_apply: bool) -> None:
       keras_internals.disable_optimizer_allreduce(optimizer)
     if strategy.num_replicas_in_sync > 1:
       keras_internals.update_without_merge_call(optimizer)
+  return list(optimizers.values())
 
 
 def _all_reduce(grads):

@@ -130,6 +130,25 @@ class Settings:
         progress=log.progress, tensorboard=log.tensorboard)
 
 
+def notes(config, on_tpu: bool) -> list[str]:
+  """What the settings turn off or slow down, said before the first step."""
+  said = []
+  if on_tpu and (config.log.sync_timing or config.log.calibration_steps):
+    said.append("TPU: log.sync_timing and log.calibration_steps are off "
+                "(tf.timestamp has no TPU kernel)")
+  if on_tpu and config.train.steps_per_loop == 1:
+    said.append("TPU: train.steps_per_loop=1 returns to the host after "
+                "every step, the usual TPU slowdown; use e.g. "
+                "--config.train.steps_per_loop=50 (docs/tpu_colab.md)")
+  if config.data.name == validate.SYNTHETIC:
+    said.append(SYNTHETIC_NOTE)
+  return said
+
+
+SYNTHETIC_NOTE = ("data.name=synthetic: random constant batches; accuracy is "
+                  "meaningless, throughput is compute + sync only")
+
+
 # train.steps_per_loop=0 on one host: a call lasts about this long at most,
 # so a SIGTERM or Ctrl-C (seen between calls) is answered within about a
 # second, while steps of tens of ms still run ~50 to a call.

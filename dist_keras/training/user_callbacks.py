@@ -13,6 +13,7 @@ import os
 
 import keras
 
+from dist_keras.contract import imports
 from dist_keras.errors import UserError
 
 # Attributes naming the files of Keras' file-writing callbacks
@@ -20,6 +21,18 @@ from dist_keras.errors import UserError
 _FILE_ATTRIBUTES = ("filepath", "filename", "log_dir")
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end",
                 "on_batch_begin", "on_batch_end")
+
+
+def collect(factory: str, given) -> list:
+  """The callbacks passed to fit (`given`), or those the callbacks factory
+  train.callbacks (`factory`, PKG.MODULE:FN) returns, checked."""
+  if factory and given is not None:
+    raise UserError(
+        f"callbacks were passed to fit and train.callbacks={factory!r} "
+        "names more; pass them one way.")
+  if factory:
+    given = imports.load("train.callbacks", factory)()
+  return check(given)
 
 
 def check(callbacks) -> list:

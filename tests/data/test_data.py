@@ -78,7 +78,7 @@ def test_per_replica_batches_have_static_shape():
                                    input_pipeline_id=0,
                                    num_replicas_in_sync=4)
   c.train.global_batch_size = 32
-  ds = data.dataset_fn(c)("train", ctx)
+  ds = helpers.builtin_dataset_fn(c)("train", ctx)
   assert ds.element_spec[0].shape.as_list() == [8, c.data.seq_len]
   assert ds.element_spec[1].shape.as_list() == [8]
 
@@ -86,7 +86,7 @@ def test_per_replica_batches_have_static_shape():
 def test_eval_steps_limits_global_batches(mirrored):
   c = helpers.tiny_config("lstm_longmem")
   c.eval.steps = 2
-  ds, _ = helpers.distribute(mirrored, data.dataset_fn(c), "eval", c)
+  ds, _ = helpers.distribute(mirrored, helpers.builtin_dataset_fn(c), "eval", c)
   assert sum(1 for _ in ds) == 2
 
 
@@ -98,7 +98,7 @@ def test_pipeline_options_change_how_not_what_is_read():
     c = helpers.tiny_config("lstm_longmem")
     c.data.prefetch, c.data.threads = prefetch, threads
     c.train.global_batch_size = 32
-    ds = data.dataset_fn(c)("train", ctx)
+    ds = helpers.builtin_dataset_fn(c)("train", ctx)
     assert ds.options().threading.private_threadpool_size == (threads or None)
     streams.append(np.concatenate([x for x, _ in ds.take(5)]))
   np.testing.assert_array_equal(streams[0], streams[1])
@@ -115,10 +115,11 @@ def test_batch_not_divisible_by_replicas_names_both_numbers():
     ("num_classes", 7, "data.num_classes=7 for shapes must be 1..4"),
 ])
 def test_bad_data_settings_are_refused(key, value, message):
-  c = helpers.tiny_config("cnn_shapes").data
-  setattr(c, key, value)
-  with pytest.raises(UserError, match=message):
-    data.input_spec(c)
+  c = helpers.tiny_config("cnn_shapes")
+  setattr(c.data, key, value)
+  with pytest.raises(UserError, match=message):  # At the door, else here.
+    validate.config(c)
+    data.source(c.data)
 
 
 def test_bad_pipeline_settings_are_refused_before_tensorflow_starts():
@@ -143,7 +144,7 @@ def test_a_per_replica_distribution_leaves_the_strategy_per_worker(mirrored):
   PER_REPLICA distribution (input._input_devices_kept undoes it): afterwards
   a per-worker run must still build ONE pipeline for the 2 replicas."""
   c = helpers.tiny_config()
-  fn, seen = data.dataset_fn(c), []
+  fn, seen = helpers.builtin_dataset_fn(c), []
 
   def counting(split, ctx):
     seen.append(ctx.num_input_pipelines)
@@ -164,7 +165,7 @@ def test_one_replica_on_the_host_reads_the_dataset_itself(mirrored):
   device it is on); more replicas, or a device elsewhere, get a
   distributed dataset."""
   c = helpers.tiny_config()
-  fn = data.dataset_fn(c)
+  fn = helpers.builtin_dataset_fn(c)
   one = tf.distribute.OneDeviceStrategy("/cpu:0")
   ds, spec = helpers.distribute(one, fn, "train", c)
   assert isinstance(ds, tf.data.Dataset)

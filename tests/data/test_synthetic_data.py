@@ -10,7 +10,7 @@ import tensorflow as tf
 import helpers
 from dist_keras import configs, data, models
 from dist_keras.measure import timing
-from dist_keras.data import constant_batch
+from dist_keras.training import settings
 from dist_keras.errors import UserError
 from tools import mock_tfds
 
@@ -18,7 +18,7 @@ SYNTHETIC = "synthetic"
 
 
 def _spec(c):
-  return data.input_spec(c.data, models.inputs(c.model))
+  return data.source(c.data, models.inputs(c.model)).spec
 
 
 def _synthetic(name):
@@ -67,7 +67,7 @@ def _batches(c, n, start_step=0, ctx=None):
   (as the loop resumes a stream: skipping the batches trained on)."""
   c.train.global_batch_size = 32
   ctx = ctx or _ctx()
-  ds = data.dataset_fn(c, spec=_spec(c))("train", ctx)
+  ds = helpers.builtin_dataset_fn(c)("train", ctx)
   per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
   return list(ds.skip(start_step * per_pipeline).take(n).as_numpy_iterator())
 
@@ -105,7 +105,7 @@ def test_eval_split_counts_every_example_once():
   c = _synthetic("cnn_mnist")
   c.data.eval_size = 45  # 2 pipelines of 23 and 22: batches 8, 8, 7 / 6.
   c.train.global_batch_size = 16
-  fn, seen, sizes = data.dataset_fn(c, spec=_spec(c), with_ids=True), [], []
+  fn, seen, sizes = helpers.builtin_dataset_fn(c, with_ids=True), [], []
   for index in range(2):
     for x, y, ids in fn("eval", _ctx(2, index)).as_numpy_iterator():
       assert x.shape[1:] == (28, 28, 1) and y.shape == ids.shape
@@ -120,8 +120,8 @@ def test_synthetic_refuses_sizes_it_cannot_build():
   c.data.image_size = 0  # TFDS's "native size": synthetic has none.
   with pytest.raises(UserError, match=r"data.image_size=0 must be >= 1"):
     _spec(c)
-  with pytest.raises(ValueError, match="InputSpec"):
-    data.dataset_fn(c)
+  with pytest.raises(ValueError, match="needs the model's inputs"):
+    data.source(c.data)
 
 
 def _tiny_synthetic(name):
@@ -163,7 +163,7 @@ def test_every_config_trains_on_synthetic_data(tmp_path, mirrored, capsys,
   assert 0 < on_disk["step_ms_median"] <= on_disk["step_ms_p90"]
   assert on_disk["step_ms_jitter"] >= 0
   out = capsys.readouterr().out
-  assert out.count(constant_batch.NOTE) == 1
+  assert out.count(settings.SYNTHETIC_NOTE) == 1
   assert re.search(r"throughput [\d,]+ ex/s \(step [\d.]+ ms median, p90 "
                    r"[\d.]+ ms, jitter [\d.]+%\)", out), out
 

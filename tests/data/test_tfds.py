@@ -19,7 +19,7 @@ import tensorflow_datasets as tfds
 
 import helpers
 from dist_keras import data, models
-from dist_keras.data import preprocess, tfds_sources
+from dist_keras.data import preprocess, tfds_reading, tfds_sources
 from dist_keras.errors import UserError
 from tools import mock_tfds
 
@@ -123,14 +123,14 @@ def test_unprepared_dataset_fails_in_seconds_with_the_fix(
 
 def test_unknown_dataset_is_a_user_error(tmp_path, no_network):
   with pytest.raises(UserError, match="TFDS has no dataset 'mnist_typo'"):
-    data.input_spec(_cfg("mnist_typo", str(tmp_path)).data)
+    data.source(_cfg("mnist_typo", str(tmp_path)).data)
 
 
 def test_download_true_prepares_the_dataset(tmp_path):
   c = _cfg("dk_tiny_images", str(tmp_path)).data
   c.unlock()  # data.download is not in base.py yet.
   c.download = True
-  assert data.input_spec(c).shape == (16, 16, 1)
+  assert data.source(c).spec.shape == (16, 16, 1)
   assert (tmp_path / "dk_tiny_images" / "1.0.0" / "dataset_info.json").exists()
 
 
@@ -147,11 +147,11 @@ def test_each_dataset_yields_its_spec(meta_dir, no_network, name, shape, dtype,
   c = _cfg(name, meta_dir).data
   c.image_size = 32 if name == "imagenet2012" else 16
   with tfds.testing.mock_data(num_examples=8, data_dir=meta_dir):
-    spec = data.input_spec(c)
+    spec = data.source(c).spec
     assert (spec.shape, spec.num_classes) == (shape, classes)
     assert spec.per_token == (name == "tiny_shakespeare")
     for split in ("train", "eval"):
-      examples = _take(tfds_sources.build(c, split, seed=0), 8)
+      examples = _take(tfds_sources.Source(c).examples(split, seed=0), 8)
       x = np.stack([e[0] for e in examples])
       y = np.stack([e[1] for e in examples])
       assert x.shape[1:] == shape and x.dtype == dtype, split
@@ -209,7 +209,7 @@ def test_lm_targets_are_the_inputs_shifted_by_one_byte(meta_dir):
   np.testing.assert_array_equal(targets.ravel(), raw[1:inputs.size + 1])
   c = _cfg("tiny_shakespeare", meta_dir).data
   with tfds.testing.mock_data(num_examples=8, data_dir=meta_dir):
-    for x, y in _take(tfds_sources.build(c, "train", seed=0)):
+    for x, y in _take(tfds_sources.Source(c).examples("train", seed=0)):
       np.testing.assert_array_equal(x[1:], y[:-1])
 
 
@@ -220,7 +220,7 @@ def _read(c, split, pipelines=1):
     ctx = _ctx(pipelines, i) if pipelines > 1 else None
     shard = []
     for x, y, example_id in _take(
-        tfds_sources.build(c, split, seed=0, input_context=ctx, with_ids=True)):
+        tfds_sources.Source(c).examples(split, seed=0, input_context=ctx, with_ids=True)):
       pixel = round(float(x[0, 0, 0]) * 255)  # The generator's example number.
       assert y == pixel % 3
       shard.append((int(example_id), pixel))
@@ -235,7 +235,7 @@ def test_pipelines_read_disjoint_shards_that_cover_the_split(
     tiny_dir, no_network, split, size, pipelines, policy):
   c = _cfg("dk_tiny_images", tiny_dir).data
   c.image_size = 8
-  assert tfds_sources.sharding_policy(NUM_FILES, pipelines) == policy
+  assert tfds_reading.sharding_policy(NUM_FILES, pipelines) == policy
   [whole] = _read(c, split)
   shards = _read(c, split, pipelines)
   seen = [example for shard in shards for example in shard]
@@ -263,8 +263,8 @@ def test_lm_windows_are_sharded_disjointly(meta_dir):
   c = _cfg("tiny_shakespeare", meta_dir).data
   c.seq_len = 3
   with tfds.testing.mock_data(num_examples=4, data_dir=meta_dir):
-    whole = _take(tfds_sources.build(c, "eval", seed=0, with_ids=True))
-    shards = [_take(tfds_sources.build(c, "eval", 0, _ctx(2, i), True))
+    whole = _take(tfds_sources.Source(c).examples("eval", seed=0, with_ids=True))
+    shards = [_take(tfds_sources.Source(c).examples("eval", 0, _ctx(2, i), True))
               for i in range(2)]
   ids = sorted(int(e[2]) for shard in shards for e in shard)
   assert ids == [int(e[2]) for e in whole] == list(range(len(whole)))
@@ -272,7 +272,7 @@ def test_lm_windows_are_sharded_disjointly(meta_dir):
 
 def test_tensorflow_does_not_auto_shard(tiny_dir):
   c = _cfg("dk_tiny_images", tiny_dir).data
-  ds = tfds_sources.build(c, "train", seed=0, input_context=_ctx(2, 0))
+  ds = tfds_sources.Source(c).examples("train", seed=0, input_context=_ctx(2, 0))
   assert ds.options().experimental_distribute.auto_shard_policy == (
       tf.data.experimental.AutoShardPolicy.OFF)
 

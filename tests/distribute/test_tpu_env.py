@@ -141,11 +141,11 @@ def test_tpu_env_is_what_the_tpu_module_detects_with():
 
 
 def test_a_tpu_run_at_one_step_per_call_gets_a_hint():
-  from dist_keras import api  # pylint: disable=g-import-not-at-top
+  from dist_keras.training import settings  # pylint: disable=g-import-not-at-top
   c = helpers.tiny_config()
   c.train.steps_per_loop = 1
   hint = "TPU: train.steps_per_loop=1 returns to the host after every step"
-  assert any(n.startswith(hint) for n in api._notes(c, True, None))  # pylint: disable=protected-access
-  assert not any(n.startswith(hint) for n in api._notes(c, False, None))  # pylint: disable=protected-access
+  assert any(n.startswith(hint) for n in settings.notes(c, True))
+  assert not any(n.startswith(hint) for n in settings.notes(c, False))
   c.train.steps_per_loop = 50
-  assert not any(n.startswith(hint) for n in api._notes(c, True, None))  # pylint: disable=protected-access
+  assert not any(n.startswith(hint) for n in settings.notes(c, True))

@@ -139,7 +139,7 @@ def test_unknown_sequence_length_is_listed():
 def test_profiler_agrees_with_the_analytic_count_for_the_cnn():
   config = helpers.tiny_config("cnn_shapes")
   config.data.image_size, config.model.filters = 32, (16, 32, 64)
-  model = models.build(config.model, data.input_spec(config.data))
+  model = models.build(config.model, data.source(config.data).spec)
   analytic = flops.count(model)
   assert not analytic.uncounted
   # The profiler also counts biases and pooling: a little more.

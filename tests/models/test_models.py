@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import helpers
-from dist_keras import data, models
+from dist_keras import data, models, validate
 from dist_keras.errors import UserError
 
 
@@ -14,7 +14,7 @@ def _build(config_name, **model_overrides):
   c = helpers.tiny_config(config_name)
   for key, value in model_overrides.items():
     setattr(c.model, key, value)
-  spec = data.input_spec(c.data)
+  spec = data.source(c.data).spec
   return models.build(c.model, spec), c
 
 
@@ -73,5 +73,8 @@ def test_model_keras_file_round_trips(tmp_path):
     ("cnn_shapes", "name", "sequence_classifier", "needs token inputs"),
 ])
 def test_bad_model_settings_are_refused(config_name, key, value, message):
-  with pytest.raises(UserError, match=message):
-    _build(config_name, **{key: value})
+  c = helpers.tiny_config(config_name)
+  setattr(c.model, key, value)
+  with pytest.raises(UserError, match=message):  # At the door, else here.
+    validate.config(c)
+    models.build(c.model, data.source(c.data).spec)

@@ -16,7 +16,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 import helpers  # pylint: disable=g-import-not-at-top
-from dist_keras import data  # pylint: disable=g-import-not-at-top
 from dist_keras.distribute import pipelines
 from dist_keras.distribute import strategies
 from dist_keras.distribute import tfconfig
@@ -27,7 +26,7 @@ def evaluated_ids(strategy, config):
   the loop's own distribution of the built-in eval split (replicas that run
   out of data get empty batches)."""
   ids = []
-  fn = data.dataset_fn(config, with_ids=True)
+  fn = helpers.builtin_dataset_fn(config, with_ids=True)
   dataset, _ = pipelines.distribute(
       strategy, fn, "eval", pipelines.Feed(config.train.global_batch_size,
                                            config.data.pipeline_per_replica),

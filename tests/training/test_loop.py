@@ -27,12 +27,13 @@ def tiny_run(tmp_path_factory, mirrored):
   tests that only read what it wrote or start from a copy of its workdir:
   each run costs ~10 CPU-s, mostly tracing, and CI has 15 minutes.
   helpers.fit's result plus `stdout` (what it printed) and `validations`
-  (how often the config, data and model settings were checked)."""
+  (how often the config, data and model settings were checked: the
+  data's when its source opens)."""
   c = helpers.tiny_config()
   c.log.progress = True
   printed = io.StringIO()
   with pytest.MonkeyPatch.context() as patch:
-    calls = _count_calls(patch, (validate, "config"), (data, "_check"),
+    calls = _count_calls(patch, (validate, "config"), (data, "source"),
                          (models, "check"))
     with contextlib.redirect_stdout(printed):
       result = helpers.fit(c, tmp_path_factory.mktemp("tiny_run"), mirrored)
@@ -152,7 +153,7 @@ def test_only_the_chief_writes(tmp_path, mirrored, monkeypatch):
 
 def test_progress_lines_show_step_loss_throughput_and_eta(tiny_run):
   # Validated once: the config, the built-in data's and model's settings.
-  assert tiny_run.validations == {"config": 1, "_check": 1, "check": 1}
+  assert tiny_run.validations == {"config": 1, "source": 1, "check": 1}
   lines = tiny_run.stdout.splitlines()
   step_lines = [l for l in lines if l.startswith("step")]
   assert len(step_lines) == 2
