@@ -1,16 +1,13 @@
 """A chaos run's report: a row per fault, then the totals.
 
-  fault   worker  at step  exit  exit after s  restarts  resumed from          retrained  time lost s
-  damage       2       74   137           1.0         1  60 (ckpt-70 damaged)         14         16.1
-
 Columns: the fault and the worker it was done to; the step the job had
 printed when it was done; the exit code the launcher reported and the
 seconds from the fault to that report; the cluster restarts until the job
-was back; the step the restarted job resumed from
-(and the checkpoints it passed over as damaged); the steps trained again
-(the furthest step printed before the restart minus the step resumed from);
-the wall seconds from the fault until the job was back at that furthest
-step.
+was back; the step the restarted job resumed from (and the checkpoints it
+passed over as damaged); the steps trained again (the furthest step printed
+before the restart minus the step resumed from); the wall seconds from the
+fault until the job was back at that furthest step. docs/tools.md shows a
+report.
 """
 
 HEADER = ("fault", "worker", "at step", "exit", "exit after s", "restarts",
@@ -26,9 +23,6 @@ def row(outcome) -> tuple:
   resumed = _cell(outcome.resumed)
   if outcome.damaged:
     resumed += f" ({', '.join(outcome.damaged)} damaged)"
-  if not outcome.injected:
-    return (outcome.fault.kind, str(outcome.fault.worker),
-            str(outcome.at_step), outcome.done, "", "", "", "", "")
   return (outcome.fault.kind, str(outcome.fault.worker), str(outcome.at_step),
           _cell(outcome.exit), _cell(outcome.exit_after, "{:.1f}"),
           str(outcome.restarts), resumed,
@@ -36,13 +30,16 @@ def row(outcome) -> tuple:
 
 
 def table(outcomes) -> list[str]:
-  """The rows under a header, columns aligned (text left, numbers right)."""
+  """The rows under a header, columns aligned (text left, numbers right);
+  then a line for each fault that could not be done, saying why."""
   rows = [HEADER, *(row(o) for o in outcomes)]
   widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
   left = (0, 6)  # fault, resumed from
   return ["  ".join(cell.ljust(w) if i in left else cell.rjust(w)
                     for i, (cell, w) in enumerate(zip(r, widths))).rstrip()
-          for r in rows]
+          for r in rows] + [f"fault {i}: {o.done}"
+                            for i, o in enumerate(outcomes, 1)
+                            if not o.injected]
 
 
 def totals(result, reference_seconds: float, planned: int,
