@@ -58,12 +58,7 @@ def parser() -> common.Parser:
 
 def check(args) -> list:
   """Checks the arguments; returns the plan. Raises BadInput."""
-  for override in args.override:
-    key = override.split("=", 1)[0]
-    if key in RUN_KEYS:
-      raise BadInput(
-          f"--override={override}: the tool sets {key}"
-          + (f"; use {RUN_KEYS[key]} instead." if RUN_KEYS[key] else "."))
+  common.refuse_run_keys(args.override, RUN_KEYS)
   config = common.load_config(args.config, args.override)
   for flag, value, least in (("--faults", args.faults, 1),
                              ("--num_workers", args.num_workers, 2),

@@ -26,9 +26,9 @@ import threading
 import time
 
 import common
+import launch_local
 
-LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        "launch_local.py")
+LAUNCHER = os.path.abspath(launch_local.__file__)  # It runs with cwd=REPO.
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM,
            "hang": signal.SIGSTOP, "damage": signal.SIGKILL}
 # A damage of the "overwrite" cut inverts this many bytes mid-file.
@@ -71,15 +71,16 @@ def is_restart(line: str) -> bool:
 def worker_pids(parent: int) -> dict[int, int]:
   """{task index: pid} of `parent`'s live children that have a TF_CONFIG."""
   pids = {}
-  for pid in filter(str.isdigit, os.listdir("/proc")):
+  for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
     try:
-      with open(f"/proc/{pid}/stat") as f:
-        state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+      state, ppid, _ = launch_local.process_stat(pid)
+      if ppid != parent or state == "Z":
+        continue
       with open(f"/proc/{pid}/environ", "rb") as f:
         environ = dict(item.partition(b"=")[::2]
                        for item in f.read().split(b"\0"))
-      if int(ppid) == parent and state != "Z" and b"TF_CONFIG" in environ:
-        pids[json.loads(environ[b"TF_CONFIG"])["task"]["index"]] = int(pid)
+      if b"TF_CONFIG" in environ:
+        pids[json.loads(environ[b"TF_CONFIG"])["task"]["index"]] = pid
     except (OSError, ValueError, KeyError):
       continue  # Ended while we looked, or not ours to read.
   return pids

@@ -143,7 +143,8 @@ def test_a_kill_is_followed_to_the_step_reached_again():
              "code 137"),
             (9.0, "[w0] resumed from ckpt-20 at step 20"),
             (10.0, "[w0] step 21/80  loss 1"),
-            (12.5, "[w0] step 25/80  loss 1"), (13.0, "[w0] step 40/80  loss 1")])
+            (12.5, "[w0] step 25/80  loss 1"),
+            (13.0, "[w0] step 40/80  loss 1")])
   (outcome,) = c.outcomes
   assert c.injector.done == plan[:1] and c.pending == plan[1:]
   assert (outcome.at_step, outcome.reached, outcome.exit, outcome.resumed,
@@ -304,7 +305,9 @@ def test_the_report_is_a_table_and_totals():
     (["--steps=40"], "--steps=40 with --checkpoint_every=10 leaves 2 "
      "checkpoint interval(s) for --faults=4"),
     (["--override=train.steps=5"], "--override=train.steps=5: the tool sets "
-     "train.steps; use --steps instead."),
+     "train.steps for each run; use --steps instead."),
+    (["--override=train.log_every=5"], "--override=train.log_every=5: the "
+     "tool sets train.log_every for each run."),
     (["--override=model.unitz=3"], "--override=model.unitz names no config "
      "key (did you mean 'units'?)"),
     (["--faults=x"], "argument --faults: invalid int value: 'x'; see --help."),
