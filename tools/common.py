@@ -100,6 +100,24 @@ def load_config(spec: str, overrides=(), flag: str = "--override="):
   return config
 
 
+def refuse_run_keys(overrides, run_keys: dict) -> None:
+  """Refuses an override of a key the tool sets for each of its runs.
+
+  Args:
+    overrides: --override's "section.key=value" texts.
+    run_keys: {key: the tool's flag that sets it, or None}.
+
+  Raises:
+    BadInput: naming the override and the flag to use instead.
+  """
+  for override in overrides:
+    key = override.split("=", 1)[0]
+    if key in run_keys:
+      raise BadInput(
+          f"--override={override}: the tool sets {key} for each run"
+          + (f"; use {run_keys[key]} instead." if run_keys[key] else "."))
+
+
 def child_spec(spec: str) -> str:
   """--config's text as a run in another directory reads it: a config
   file's path made absolute, a built-in name as it is."""

@@ -78,12 +78,7 @@ def plan(args) -> dict:
   Raises:
     BadInput: an argument that cannot run.
   """
-  for override in args.override:
-    key = override.split("=", 1)[0]
-    if key in RUN_KEYS:
-      raise BadInput(
-          f"--override={override}: the tool sets {key} for each run"
-          + (f"; use {RUN_KEYS[key]} instead." if RUN_KEYS[key] else "."))
+  common.refuse_run_keys(args.override, RUN_KEYS)
   config = common.load_config(args.config, args.override)
   if args.k < 2:
     raise BadInput(f"--k={args.k} must be >= 2 (the large batch is k x the "

@@ -213,14 +213,24 @@ def group_running(pgid: int) -> bool:
     return True  # Not Linux: trust kill().
   for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
-      with open(f"/proc/{pid}/stat") as f:
-        # After the ")" closing the command name: state, ppid, pgrp, ...
-        state, _, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+      state, _, pgrp = process_stat(int(pid))
     except (OSError, ValueError):
       continue  # Ended while we looked.
-    if int(pgrp) == pgid and state not in ("Z", "X"):
+    if pgrp == pgid and state not in ("Z", "X"):
       return True
   return False
+
+
+def process_stat(pid: int) -> tuple[str, int, int]:
+  """(state, parent pid, process group) of a Linux process, from /proc.
+
+  Raises:
+    OSError: the process has ended (or this is not Linux).
+  """
+  with open(f"/proc/{pid}/stat") as f:
+    # After the ")" closing the command name: state, ppid, pgrp, ...
+    state, ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+  return state, int(ppid), int(pgrp)
 
 
 def _relay(pipe, out, prefix: bytes) -> None:

@@ -3,9 +3,9 @@
 Every tool refuses a bad --config or override the same way, before any run
 and any TensorFlow start-up: one line `PROG: error: ...` and exit 2. Each
 tool's own behaviour, and a brief real run of it, is in its own test file
-(test_*_tool.py, test_launch_local.py, test_costmodel.py for
-scaling_model.py, test_trace.py for profile_collectives.py, test_tfds.py
-for prepare_data.py).
+(test_*_tool.py, test_launch_local.py, test_chaos.py, test_costmodel.py
+for scaling_model.py, test_trace.py for profile_collectives.py,
+test_tfds.py for prepare_data.py).
 """
 import glob
 import json
@@ -28,7 +28,7 @@ SCRIPTS = sorted(
 
 def test_every_script_is_listed():
   assert SCRIPTS == [
-      "bench.py", "features.py", "grid.py", "large_batch.py",
+      "bench.py", "chaos.py", "features.py", "grid.py", "large_batch.py",
       "launch_local.py", "pin_cores.py", "prepare_data.py",
       "profile_collectives.py", "scaling.py", "scaling_model.py"]
 
