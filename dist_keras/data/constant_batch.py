@@ -27,11 +27,31 @@ class Source:
     self.spec, self._eval_size = spec, eval_size
 
   def train_batches(self, batch_size: int, seed: int, input_context=None):
-    return train(self.spec, batch_size, seed, input_context)
+    """This pipeline's batch, built once and repeated forever.
+
+    The stream is the same from any step, so a resumed run needs no skip.
+    """
+    return tf.data.Dataset.from_tensors(batch(
+        self.spec, batch_size, seed, _pipeline(input_context))).repeat()
 
   def eval_examples(self, batch_size: int, seed: int, input_context=None):
-    return eval_examples(self.spec, self._eval_size, batch_size, seed,
-                         input_context)
+    """Unbatched (features, label, id) of the eval split.
+
+    Example i is row i mod batch_size of this pipeline's batch; ids are
+    sharded by input pipeline like the built-in data's, for the exact eval.
+    """
+    ids = tf.data.Dataset.range(self._eval_size)
+    if input_context and input_context.num_input_pipelines > 1:
+      ids = ids.shard(input_context.num_input_pipelines,
+                      input_context.input_pipeline_id)
+    features, labels = batch(self.spec, batch_size, seed,
+                             _pipeline(input_context))
+
+    def example(i):
+      row = i % batch_size
+      return tf.gather(features, row), tf.gather(labels, row), i
+
+    return ids.map(example)
 
 
 def batch(spec, size: int, seed: int, pipeline: int = 0):
@@ -57,32 +77,3 @@ def batch(spec, size: int, seed: int, pipeline: int = 0):
 
 def _pipeline(input_context) -> int:
   return input_context.input_pipeline_id if input_context else 0
-
-
-def train(spec, batch_size: int, seed: int, input_context=None):
-  """This pipeline's batch, built once and repeated forever.
-
-  The stream is the same from any step, so a resumed run needs no skip.
-  """
-  return tf.data.Dataset.from_tensors(
-      batch(spec, batch_size, seed, _pipeline(input_context))).repeat()
-
-
-def eval_examples(spec, size: int, batch_size: int, seed: int,
-                  input_context=None):
-  """Unbatched (features, label, id) of an eval split of `size` examples.
-
-  Example i is row i mod batch_size of this pipeline's batch; ids are sharded
-  by input pipeline like the built-in data's, for the exact eval path.
-  """
-  ids = tf.data.Dataset.range(size)
-  if input_context and input_context.num_input_pipelines > 1:
-    ids = ids.shard(input_context.num_input_pipelines,
-                    input_context.input_pipeline_id)
-  features, labels = batch(spec, batch_size, seed, _pipeline(input_context))
-
-  def example(i):
-    row = i % batch_size
-    return tf.gather(features, row), tf.gather(labels, row), i
-
-  return ids.map(example)

@@ -21,7 +21,7 @@ import time
 
 import tensorflow as tf
 
-from dist_keras.measure import flops as flops_lib
+from dist_keras.measure import flops
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per GPU, from NVIDIA's datasheets:
 # A100 (nvidia.com/en-us/data-center/a100, 2021), H100 SXM and PCIe
@@ -209,7 +209,7 @@ def _gpu_name() -> str:
 @dataclasses.dataclass
 class Utilisation:
   """FLOPs per example and peak of a run; turns examples/s into MFU."""
-  flops: flops_lib.FlopCount
+  flops: flops.FlopCount
   peak: Peak
   precision: str
 
@@ -273,4 +273,4 @@ def for_run(model, strategy, precision: str, peak_tflops: float, hosts: int,
   Only the chief times a matmul (it alone reports); the others skip it.
   """
   peak = find_peak(strategy, precision, peak_tflops, hosts, measure=chief)
-  return Utilisation(flops_lib.count(model), peak, precision)
+  return Utilisation(flops.count(model), peak, precision)
