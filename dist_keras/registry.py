@@ -1,9 +1,10 @@
 """What trains: config.model.name and config.data.name -> the model_fn and
 dataset_fn of the contract (contract/checks.py).
 
-A built-in name (models.NAMES; longmem, shapes, synthetic, tfds:NAME) picks
-a built-in pair, which reads its settings from the config. `PKG.MODULE:FN`
-names a user's own function (contract/imports.py). Either side may be the user's:
+A built-in name (validate.MODELS; validate.DATASETS or tfds:NAME) picks a
+built-in, which reads its settings from the config; built-in data is a
+source opened and checked once (data.source). `PKG.MODULE:FN` names a
+user's own function (contract/imports.py). Either side may be the user's:
 a built-in model on a user's data reads the data's shape from the config
 (data.seq_len, vocab_size, num_classes; data.image_size, channels).
 """
