@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from dist_keras import validate
 from dist_keras.data import constant_batch, generated, specs, tfds_sources
-from dist_keras.data.specs import InputSpec  # noqa: F401  (the package's API)
+from dist_keras.data.specs import InputSpec  # Also the package's: data.InputSpec.
 
 SYNTHETIC = validate.SYNTHETIC  # Constant batches (constant_batch).
 

@@ -2,7 +2,7 @@
 config declares for data that is not built in (a user's dataset_fn, or
 data.name=synthetic, which builds batches of the declared shape).
 
-No TensorFlow here: sources, registry and validation all read it.
+No TensorFlow here: the sources, registry.py and models/ read it.
 """
 import dataclasses
 

@@ -11,7 +11,7 @@ Sharding by input pipeline (never TensorFlow's AutoShard, turned off here):
   window, and windows are sharded with `ds.shard`.
 In both cases the shards are disjoint and their union is the split.
 
-Ids. With `with_ids=True`, a builder yields `(features, label, id)`: id is the
+Ids. With `with_ids=True`, tfds_sources.Source.examples yields `(features, label, id)`: id is the
 example's int64 index in the split (from TFDS's tfds_id: file offset + record
 index; the window index for tiny_shakespeare), for exact evaluation.
 """
