@@ -106,7 +106,7 @@ def workdir(path: str) -> None:
   it, or the nearest part of it that exists, is a file or is not writable.
   Creates nothing (a bad value found later must leave nothing behind); the
   chief makes the folder, and checks a gs:// one, when it first writes
-  (training/workdir.py)."""
+  (training/run_files.py)."""
   if "://" in path:
     return
   existing = os.path.abspath(path)

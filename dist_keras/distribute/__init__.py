@@ -1,4 +1,4 @@
-"""The distribution layer: which strategy (strategy.py), the cluster from
-TF_CONFIG (tfconfig.py), TPU start-up (tpu.py) and the TPU runtime's
+"""The distribution layer: which strategy (strategies.py), the cluster from
+TF_CONFIG (tfconfig.py), TPU start-up (tpus.py) and the TPU runtime's
 environment set before TensorFlow starts (tpu_env.py), and the per-replica
-input pipelines handed to the strategy (input.py)."""
+input pipelines handed to the strategy (pipelines.py)."""

@@ -36,7 +36,7 @@ class Parts:
   """What the loop trains: built and checked by api.build."""
   strategy: tf.distribute.Strategy
   model: object  # keras.Model, compiled, its variables in the scope.
-  train_ds: object  # Distributed datasets (distribute/input.py).
+  train_ds: object  # Distributed datasets (distribute/pipelines.py).
   eval_ds: object
   checkpoints: Checkpoints
   rate: lr.Rate

@@ -73,7 +73,7 @@ def _kill_at(proc, step, victim_pid=None):
 
 # The user's dropout model (its random state must resume too: the harder
 # case) on one device, bitwise, and on 2 workers in CI: one device reads the
-# dataset_fn's own dataset, workers a distributed one (distribute/input.py).
+# dataset_fn's own dataset, workers a distributed one (distribute/pipelines.py).
 # In the slow set: 2 replicas in one process (the distributed path the
 # workers take; test_loop.py and test_cli.py resume Mirrored runs in CI)
 # and the built-in LSTM on one device (the same code as the user's model).
