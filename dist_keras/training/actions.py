@@ -1,9 +1,10 @@
 """What happens at a step boundary, as Keras callbacks: the built-in actions
 run in one keras.callbacks.CallbackList with the users' callbacks, in order
-(loop.hooks_for): log the window, profile, calibrate, the users' callbacks,
-History, agree to stop, checkpoint, report to Ray Train (ray_report.py,
-only inside its session), answer a SIGTERM. A boundary that ends
-an epoch is an epoch end (after the eval); any other is a batch end.
+(Trainer._actions in loop.py): log the window, profile, calibrate, the
+users' callbacks, History, agree to stop, checkpoint, report to Ray Train
+(ray_report.py, only inside its session), answer a SIGTERM. A boundary
+that ends an epoch is an epoch end (after the eval); any other is a batch
+end.
 """
 import dataclasses
 import os

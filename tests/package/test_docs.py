@@ -1,5 +1,6 @@
 """README.md and docs/*.md: every relative link resolves, and the README
-stays a page.
+stays a page; every file the code's docstrings and comments (and README's
+Layout) name exists, so a rename cannot leave them pointing nowhere.
 
 A relative link `[text](path)` or `![alt](path)` must name an existing file
 or folder (relative to the page that holds it), and an anchor `#anchor`,
@@ -150,3 +151,67 @@ def test_a_broken_link_or_anchor_is_reported(tmp_path):
   assert len(problems) == 4, problems
   assert [p.split(": ", 1)[1].split(" ")[0] for p in problems] == [
       "nowhere.md", "other.md#thrice", "#there", "missing.png"]
+
+
+# A file named in the package's docstrings and comments, in the tools' and
+# configs', or in README's Layout block: `name.py` or `folder/name.py`. A
+# placeholder (PATH.py, NAME.py) and TensorFlow's or Keras' own sources are
+# not this repository's files.
+_NAMED_FILE = re.compile(r"(?<![\w./-])((?:[\w-]+/)*[A-Za-z_]\w*\.py)\b")
+_NOT_OURS = re.compile(r"^(?:tensorflow|keras)/|(?:^|/)[A-Z_]+\.py$")
+_NAMING_SOURCES = ("dist_keras", "tools", "configs", "examples")
+
+
+def _repo_files() -> set:
+  """Every path in the repository's source folders and its top-level
+  files (setup.py), relative to it."""
+  found = {name for name in os.listdir(REPO)
+           if os.path.isfile(os.path.join(REPO, name))}
+  for folder in (*_NAMING_SOURCES, "tests"):
+    for root, dirs, files in os.walk(os.path.join(REPO, folder)):
+      dirs[:] = [d for d in dirs if not d.startswith((".", "__pycache__"))]
+      for name in files:
+        found.add(os.path.relpath(os.path.join(root, name), REPO))
+  return found
+
+
+def _layout_block(text: str) -> str:
+  """The fenced block under README's `## Layout` heading."""
+  section = text.split("\n## Layout", 1)[-1]
+  return section.split("```")[1] if "```" in section else ""
+
+
+def unknown_file_names(text: str, files: set) -> list:
+  """The `*.py` names in `text` that are no file in `files`: a bare name
+  must be some file's name, a name with folders must end some file's path."""
+  missing = []
+  for name in _NAMED_FILE.findall(text):
+    if _NOT_OURS.search(name):
+      continue
+    if not any(path == name or path.endswith("/" + name) for path in files):
+      missing.append(name)
+  return missing
+
+
+def test_every_file_named_in_code_and_readme_layout_exists():
+  files = _repo_files()
+  problems = []
+  sources = [os.path.join(REPO, path) for path in sorted(files)
+             if path.endswith(".py") and path.startswith(_NAMING_SOURCES)]
+  for path in sources:
+    with open(path, encoding="utf-8") as f:
+      for name in unknown_file_names(f.read(), files):
+        problems.append(f"{os.path.relpath(path, REPO)}: {name}")
+  with open(README, encoding="utf-8") as f:
+    for name in unknown_file_names(_layout_block(f.read()), files):
+      problems.append(f"README.md (Layout): {name}")
+  assert not problems, "files named that do not exist (renamed?):\n" + (
+      "\n".join(problems))
+
+
+def test_a_renamed_file_is_reported():
+  files = {"dist_keras/training/steps.py", "dist_keras/api.py"}
+  text = ("steps.py, training/steps.py and api.py exist; step.py and "
+          "distribute/input.py do not; PATH.py and tensorflow/python/x.py "
+          "are not ours; training/steps.pyc is no .py name")
+  assert unknown_file_names(text, files) == ["step.py", "distribute/input.py"]
