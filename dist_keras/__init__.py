@@ -64,6 +64,8 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
     dist_keras.UserError: a bad setting, model or dataset (one line naming
       the value and the fix), before anything is written.
     dist_keras.errors.Diverged, Preempted, PeerLost: see errors.py.
+    dist_keras.errors.Interrupted (a KeyboardInterrupt): Ctrl-C; the step
+      it stopped at was checkpointed (a second Ctrl-C stops at once).
   """
   # The door: every argument resolved once, here.
   config = _resolve_config(config)

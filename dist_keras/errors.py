@@ -5,6 +5,8 @@ Exit codes (documented in the README):
   3   training diverged (non-finite loss or gradients): permanent at this
       learning rate; the last good checkpoint is kept.
   1   an unexpected error (a bug): rerun with --verbose for the traceback.
+  130 interrupted (Ctrl-C, SIGINT): as 143, at the user's request; a
+      second Ctrl-C stops at once, without the checkpoint.
   143 preempted (SIGTERM): a checkpoint of the current step was saved;
       RETRYABLE, rerunning the same command resumes from it.
   200 a peer worker was lost: RETRYABLE (>= 128, as Kubernetes' ExitCode
@@ -18,13 +20,15 @@ import re
 EXIT_CONFIG_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_UNEXPECTED = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C.
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a killed process would return.
 EXIT_PEER_LOST = 200
 EXIT_NO_INTACT_CHECKPOINT = 201
 # What a launcher or Kubernetes should do with each: a permanent failure
 # fails alike when rerun; a retryable one resumes from a checkpoint.
 PERMANENT = (EXIT_UNEXPECTED, EXIT_CONFIG_ERROR, EXIT_DIVERGED)
-RETRYABLE = (EXIT_PREEMPTED, EXIT_PEER_LOST, EXIT_NO_INTACT_CHECKPOINT)
+RETRYABLE = (EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_PEER_LOST,
+             EXIT_NO_INTACT_CHECKPOINT)
 
 
 class UserError(ValueError):
@@ -49,6 +53,15 @@ class Preempted(RuntimeError):
   """SIGTERM arrived; the current step was checkpointed: retry to resume."""
 
   exit_code = EXIT_PREEMPTED
+
+
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C (SIGINT): the current step was checkpointed, or (a second
+  Ctrl-C, or one before training began) nothing was: rerun to resume. A
+  KeyboardInterrupt, so that a script's or notebook's handling of Ctrl-C
+  still sees one."""
+
+  exit_code = EXIT_INTERRUPTED
 
 
 class NoIntactCheckpoint(RuntimeError):

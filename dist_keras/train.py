@@ -8,7 +8,8 @@ configs/NAME.py in the repository) or a config file's path. With no flags:
 the default config (lstm_longmem) into a fresh runs/<timestamp> folder.
 Exit codes (errors.py): 0 done, 1 an unexpected error (rerun with --verbose
 for the traceback), 2 a bad value (fix the command), 3 training diverged,
-143 preempted by SIGTERM (rerun to resume), 200 a peer worker was lost
+130 stopped by Ctrl-C and 143 preempted by SIGTERM (rerun to resume: the
+step it stopped at was checkpointed), 200 a peer worker was lost
 (rerun every worker to resume).
 """
 import os
@@ -57,11 +58,23 @@ def main(argv) -> None:
     sys.exit(_train(config, _WORKDIR.value or default_workdir()))
   except errors.KNOWN as e:
     _fail(e, e.exit_code)
+  except KeyboardInterrupt as e:  # Not an Exception: Ctrl-C.
+    _fail(_interrupted(e), errors.EXIT_INTERRUPTED)
   except Exception as e:  # pylint: disable=broad-except
     lost = peer_lost(e)
     if lost:
       _fail(lost, lost.exit_code)
     _fail(e, errors.EXIT_UNEXPECTED)
+
+
+def _interrupted(error: KeyboardInterrupt) -> errors.Interrupted:
+  """The loop's own (this step checkpointed), or a bare Ctrl-C's: one
+  before training began, or a second one that stopped it at once."""
+  if isinstance(error, errors.Interrupted):
+    return error
+  return errors.Interrupted(
+      "stopped by Ctrl-C without a checkpoint of the step it was at; rerun "
+      "the same command to resume from the last one, if any.")
 
 
 def _train(config, workdir: str) -> int:

@@ -2,12 +2,13 @@
 run in one keras.callbacks.CallbackList with the users' callbacks, in order
 (Trainer._actions in loop.py): log the window, profile, calibrate, the
 users' callbacks, History, agree to stop, checkpoint, report to Ray Train
-(ray_report.py, only inside its session), answer a SIGTERM. A boundary
-that ends an epoch is an epoch end (after the eval); any other is a batch
-end.
+(ray_report.py, only inside its session), answer a SIGTERM or Ctrl-C. A
+boundary that ends an epoch is an epoch end (after the eval); any other is a
+batch end.
 """
 import dataclasses
 import os
+import signal
 
 import keras
 
@@ -177,8 +178,9 @@ class SaveCheckpoints(Boundary):
       self.meters.resume()
 
 
-class AnswerSigterm(Boundary):
-  """A SIGTERM (preemption): checkpoint this step and exit, retryable."""
+class AnswerStopRequest(Boundary):
+  """A SIGTERM (preemption) or a Ctrl-C: checkpoint this step and exit,
+  retryable (Preempted, or Interrupted for the Ctrl-C)."""
 
   def __init__(self, run: RunState, stop_request, checkpoints):
     super().__init__(run)
@@ -189,8 +191,10 @@ class AnswerSigterm(Boundary):
       return
     if self.checkpoints.saved_at != step:
       self.checkpoints.save(step, stopped=self.run.stopping)
-    raise errors.Preempted(
-        f"stopped by SIGTERM after step {step}; checkpoint "
-        f"{os.path.basename(self.checkpoints.last_saved())} saved in "
-        f"{self.checkpoints.folder}; rerun the same command to resume "
+    error = (errors.Interrupted if self.stop_request.signal == signal.SIGINT
+             else errors.Preempted)
+    raise error(
+        f"stopped by {self.stop_request.describe()} after step {step}; "
+        f"checkpoint {os.path.basename(self.checkpoints.last_saved())} saved "
+        f"in {self.checkpoints.folder}; rerun the same command to resume "
         "from it.")

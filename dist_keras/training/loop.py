@@ -170,7 +170,7 @@ class Trainer:
   @contextlib.contextmanager
   def _actions(self, run, iterator):
     """The CallbackList of one run (its order is the order of actions at a
-    boundary), with the profiler and the SIGTERM handler around it."""
+    boundary), with the profiler and the SIGTERM/Ctrl-C handler around it."""
     users = user_callbacks.for_worker(
         self.parts.callbacks, self.chief,
         os.path.join(self.parts.checkpoints.scratch or "", "callbacks"))
@@ -186,7 +186,7 @@ class Trainer:
                                        self.meters),
                *ray_report.for_session(run, self.parts.checkpoints,
                                        self.chief),
-               actions.AnswerSigterm(run, stop, self.parts.checkpoints)]
+               actions.AnswerStopRequest(run, stop, self.parts.checkpoints)]
       if users:
         after.insert(0, actions.AgreeToStop(run, self.strategy, batch_logs))
       self.history = keras.callbacks.History()

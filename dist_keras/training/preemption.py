@@ -1,42 +1,75 @@
-"""Preemption: SIGTERM means "checkpoint now and exit so I can be retried".
+"""Stop requests: SIGTERM means "checkpoint now and exit so I can be
+retried"; Ctrl-C (SIGINT) means the same, asked by the user at the terminal.
 
-Kubernetes, Slurm and spot VMs send SIGTERM before they kill a job. The loop
-asks `should_stop(step)` after every step; on one host the signal's flag
-answers at once. Under multi-worker training every worker must stop at the
-SAME step (a worker that leaves early strands the others in a collective),
-and the signal may reach only one of them, so the workers agree with one
-tiny all-reduce every `agree_every` steps instead of every step.
+Kubernetes, Slurm and spot VMs send SIGTERM before they kill a job; a user
+presses Ctrl-C. Either way the loop checkpoints the step it is at rather
+than losing the work since the last scheduled checkpoint; a second Ctrl-C
+stops at once, without it (Python's own KeyboardInterrupt). The loop asks
+`should_stop(step)` after every step; on one host the signal's flag answers
+at once. Under multi-worker training every worker must stop at the SAME step
+(a worker that leaves early strands the others in a collective), and the
+signal may reach only one of them, so the workers agree with one tiny
+all-reduce every `agree_every` steps instead of every step.
 """
 import signal
+import sys
 import threading
 
 from dist_keras.training import allreduce
 
+_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
+
 
 class StopRequest:
-  """Catches SIGTERM while training; tells the loop when to stop."""
+  """Catches SIGTERM and SIGINT while training; tells the loop when to stop.
+
+  Attributes:
+    signal: the first signal this process received (signal.SIGTERM or
+      signal.SIGINT), or None (none, or only a peer worker got one).
+  """
 
   def __init__(self, strategy, multi_worker: bool, agree_every: int):
     self.strategy, self.multi_worker = strategy, multi_worker
     self.agree_every = agree_every
-    self.requested = False
-    self._previous = None
+    self.signal = None
+    self._previous = {}
     self._agree = None
+
+  @property
+  def requested(self) -> bool:
+    return self.signal is not None
 
   def __enter__(self):
     # Python runs signal handlers in the main thread only; elsewhere (e.g. a
-    # notebook's worker thread) SIGTERM keeps its default action.
-    if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+    # notebook's worker thread, a Ray Train worker) both keep their own.
+    if threading.current_thread() is not threading.main_thread():
+      return self
+    for signum in _NAMES:
+      # An ignored SIGINT stays ignored: a job started in the background
+      # (`cmd &`, nohup) is not the terminal's to stop.
+      if signal.getsignal(signum) is not signal.SIG_IGN:
+        self._previous[signum] = signal.signal(signum, self._on_signal)
     return self
 
   def __exit__(self, *exc_info):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-      self._previous = None
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
+    self._previous = {}
 
-  def _on_sigterm(self, signum, frame):  # pylint: disable=unused-argument
-    self.requested = True
+  def _on_signal(self, signum, frame):  # pylint: disable=unused-argument
+    if signum == signal.SIGINT and self.signal == signal.SIGINT:
+      raise KeyboardInterrupt  # The second Ctrl-C: stop now.
+    self.signal = self.signal or signum
+    if signum == signal.SIGINT:
+      print("dist_keras: Ctrl-C: stopping after this step with a checkpoint "
+            "(Ctrl-C again stops at once, without one)", file=sys.stderr,
+            flush=True)
+
+  def describe(self) -> str:
+    """What asked this process to stop, for its last line."""
+    if self.signal is None:
+      return "a peer worker's stop request (SIGTERM or Ctrl-C)"
+    return _NAMES[self.signal]
 
   def should_stop(self, step: int) -> bool:
     """Whether every worker stops after `step` (same answer on all)."""

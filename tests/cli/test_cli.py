@@ -1,12 +1,15 @@
 """`python -m dist_keras.train` as a user runs it: output, files, errors."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 import helpers
+from dist_keras import errors
 
 TINY = ["--config.data.train_size=256", "--config.data.eval_size=64",
         "--config.data.seq_len=8", "--config.model.units=8",
@@ -157,11 +160,13 @@ def test_a_tf_errors_cause_is_its_line_that_says_what_happened():
   assert errors.cause("  just indented\n") == "just indented"
 
 
-def test_sigterm_checkpoints_the_current_step_exits_retryably_and_resumes(
-    tmp_path):
-  import signal  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
-  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+@pytest.mark.parametrize("signum,said,code", [
+    (signal.SIGTERM, "SIGTERM", errors.EXIT_PREEMPTED),
+    (signal.SIGINT, "Ctrl-C (SIGINT)", errors.EXIT_INTERRUPTED)])
+def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
+    tmp_path, signum, said, code):
+  """SIGTERM (preemption) and Ctrl-C: the step the run is at is saved, one
+  line says so (after Ctrl-C's notice), the same command resumes."""
   workdir = tmp_path / "run"
   args = ["-m", "dist_keras.train", f"--workdir={workdir}",
           "--config.train.steps=100000", "--config.train.log_every=5",
@@ -172,16 +177,20 @@ def test_sigterm_checkpoints_the_current_step_exits_retryably_and_resumes(
       [sys.executable, *args], cwd=helpers.REPO, text=True,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=helpers.REPO,
-               PYTHONUNBUFFERED="1"))
+               PYTHONUNBUFFERED="1"),
+      # As a terminal's foreground job has it (a test runner may ignore it).
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   for line in proc.stdout:
     if line.startswith("step"):
       break
-  proc.send_signal(signal.SIGTERM)
+  proc.send_signal(signum)
   start = time.monotonic()
   _, stderr = proc.communicate(timeout=60)
   assert time.monotonic() - start < 10
-  assert proc.returncode == errors.EXIT_PREEMPTED, stderr[-2000:]
+  assert proc.returncode == code, stderr[-2000:]
+  assert "Traceback" not in stderr, stderr[-2000:]
   last = stderr.strip().splitlines()[-1]
+  assert last.startswith(f"dist_keras: error: stopped by {said} after step ")
   step = int(last.split("after step ")[1].split(";")[0])
   assert f"checkpoint ckpt-{step} saved" in last
   assert os.path.exists(f"{workdir}/checkpoints/ckpt-{step}.index")
@@ -193,6 +202,27 @@ def test_sigterm_checkpoints_the_current_step_exits_retryably_and_resumes(
   assert f"at step {step}" in resumed.stdout
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["steps"] == step + 5
+
+
+def test_a_ctrl_c_outside_the_loop_is_one_line_and_exit_130(monkeypatch,
+                                                           capsys):
+  """Before training (TensorFlow's start, building) or a second Ctrl-C: no
+  traceback, exit 130, and the line says nothing of this step was saved."""
+  from dist_keras import train  # pylint: disable=g-import-not-at-top
+  if not train.flags.FLAGS.is_parsed():
+    train.flags.FLAGS(["dist_keras.train"])
+
+  def pressed(*args):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(train, "_train", pressed)
+  with pytest.raises(SystemExit) as exited:
+    train.main(["dist_keras.train"])
+  assert exited.value.code == errors.EXIT_INTERRUPTED
+  assert capsys.readouterr().err.splitlines() == [
+      "dist_keras: error: stopped by Ctrl-C without a checkpoint of the step "
+      "it was at; rerun the same command to resume from the last one, if "
+      "any."]
 
 
 def test_a_bad_value_prints_no_header_before_its_error(tmp_path):

@@ -324,7 +324,8 @@ def test_two_workers_evaluate_every_example_exactly_once(tmp_path):
 def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(
     tmp_path):
   """The signal reaches worker 1 only; the workers agree at the next
-  log_every step, both save that step's checkpoint and exit 143 (a rerun
+  log_every step, both save that step's checkpoint and exit 143, worker 0
+  naming its peer's request (a rerun
   resumes from a checkpoint: test_resume.py restarts a 2-worker run,
   test_cli.py reruns a SIGTERM-stopped one)."""
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
@@ -352,10 +353,11 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(
     for p in procs:
       p.kill()
   steps = []
-  for p, (_, stderr) in zip(procs, results):
+  asked = ["a peer worker's stop request (SIGTERM or Ctrl-C)", "SIGTERM"]
+  for p, (_, stderr), by in zip(procs, results, asked):
     assert p.returncode == errors.EXIT_PREEMPTED, stderr[-2000:]
-    stopped = re.match(r"dist_keras: error: stopped by SIGTERM after step "
-                       r"(\d+);", _our_error(stderr))
+    stopped = re.match(rf"dist_keras: error: stopped by {re.escape(by)} "
+                       r"after step (\d+);", _our_error(stderr))
     assert stopped, stderr[-2000:]
     steps.append(int(stopped.group(1)))
   assert steps[0] == steps[1] and steps[0] % 5 == 0, steps
