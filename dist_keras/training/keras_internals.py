@@ -1,9 +1,15 @@
-"""Every use of a private part of Keras, in one place.
+"""Every private part of Keras (and TensorFlow) the training uses, in one
+place.
 
 dist_keras trains compiled Keras models with its own loop, which needs a few
-things Keras has no public API for. Each is reached only here, and
-tests/training/test_keras_internals.py fails loudly when a Keras release
-moves one (rather than training silently wrong).
+things Keras has no public API for. Training reaches each only here
+(measure/flops.py reads Keras' `_nodes_by_depth` to count FLOPs), and
+tests/training/test_keras_internals.py checks each directly, in seconds,
+so a Keras release that moves or changes one fails there, naming it
+(rather than training silently wrong). At run time `_require` refuses a
+Keras without a name it needs; `_compile_loss` and `_learning_rate` are
+read with a default (no compiled loss, no schedule), so a move of those
+only the tests catch.
 
 - `_all_reduce_sum_gradients`: Keras 3 optimizers SUM-all-reduce gradients
   inside `apply_gradients`, after clipping them, i.e. clipping each
@@ -18,10 +24,11 @@ moves one (rather than training silently wrong).
   accumulation `iterations` counts updates), which its schedule reads.
 - `_learning_rate`: whether the rate is a schedule.
 - `_backend_apply_gradients` and TensorFlow's `_use_merge_call`: gradient
-  accumulation and EMA put the update inside a tf.cond whose branches
-  merge_call (Keras' TF optimizer), which TensorFlow refuses in the replica
-  context of more than one replica, so Keras' own fit cannot train them
-  under MirroredStrategy (update_without_merge_call).
+  accumulation and EMA's overwrite of the weights (ema_overwrite_frequency)
+  put the update inside a tf.cond whose branches merge_call (Keras' TF
+  optimizer), which TensorFlow refuses in the replica context of more than
+  one replica, so Keras' own fit cannot train them under MirroredStrategy
+  (update_without_merge_call).
 """
 import keras
 import tensorflow as tf
@@ -75,12 +82,13 @@ def update_without_merge_call(optimizer) -> None:
   """Lets an optimizer with gradient accumulation or EMA update under a
   strategy of several replicas (see the module's docstring).
 
-  Keras puts those updates inside a tf.cond whose branches merge_call, which
-  TensorFlow refuses in a replica context. While the update runs, the
-  strategy is asked to update each replica's own copy of every variable in
-  the replica context instead (`_use_merge_call` False: TensorFlow's own
-  path for XLA-compiled steps on GPUs). The gradients are all-reduced
-  before, so every replica applies the same update.
+  Keras puts those updates (EMA's: its overwrite of the weights) inside a
+  tf.cond whose branches merge_call, which TensorFlow refuses in a replica
+  context. While the update runs, the strategy is asked to update each
+  replica's own copy of every variable in the replica context instead
+  (`_use_merge_call` False: TensorFlow's own path for XLA-compiled steps on
+  GPUs). The gradients are all-reduced before, so every replica applies
+  the same update.
   """
   for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
     if opt is None or not (opt.gradient_accumulation_steps or opt.use_ema):

@@ -1,0 +1,314 @@
+"""training/keras_internals.py: every private part of Keras and TensorFlow
+dist_keras relies on, each checked directly, in seconds.
+
+None of these names is API: a Keras (or TensorFlow) release may move,
+rename or change any of them without notice. dist_keras then trains
+silently wrong (gradients reduced twice, a schedule read at the wrong step,
+per-output eval losses weighed wrong) or fails deep inside a traced step,
+which the end-to-end tests (test_fit_parity.py, test_equivalence.py) show
+only minutes later and without naming the cause. Each test here fails on
+its own, naming the private name it guards; run this file first after
+upgrading Keras or TensorFlow.
+"""
+import types
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dist_keras import models, validate
+from dist_keras.training import allreduce, keras_internals
+
+MODULE = "dist_keras/training/keras_internals.py"
+
+
+def _replica_grad():
+  """Replica r's gradient: r + 1 everywhere, so 2 replicas sum to 3 (a mean
+  would be 1.5, a sum taken twice 6)."""
+  r = tf.distribute.get_replica_context().replica_id_in_sync_group
+  return tf.fill([3], tf.cast(r, tf.float32) + 1.0)
+
+
+def _built(scope, make_optimizer):
+  """A 3-float variable at zero and an optimizer built on it, in `scope`."""
+  with scope:
+    var = keras.Variable(np.zeros(3, np.float32))
+    optimizer = make_optimizer()
+    optimizer.build([var])
+  return var, optimizer
+
+
+def _one_device(make_optimizer, grad: float, steps: int = 1):
+  """The variable and optimizer after `steps` applies of `grad` on one
+  device: what 2 replicas must end with."""
+  var, optimizer = _built(tf.name_scope("one_device"), make_optimizer)
+  for _ in range(steps):
+    optimizer.apply_gradients([(tf.fill([3], grad), var)])
+  return var, optimizer
+
+
+def _assert_replicas_equal(strategy, pairs):
+  """Every replica's copy of each distributed variable equals its one-device
+  counterpart."""
+  for got, want in pairs:
+    for value in strategy.experimental_local_results(got.value):
+      np.testing.assert_allclose(value, want.numpy(), rtol=1e-6,
+                                 err_msg=got.path)
+
+
+@pytest.mark.parametrize("name", validate.OPTIMIZERS)
+def test_each_optimizer_applies_the_reduced_gradient_once(name, mirrored):
+  """Fails if a Keras release moves the optimizer's own all-reduce out of
+  the hook dist_keras disables (`_all_reduce_sum_gradients`): under
+  Mirrored, 2 replicas' all-reduced ones must update the weights AND the
+  optimizer's slots exactly as one device applying the sum (2) does. Summed
+  again by Keras, they would see 4 (Adam's first step hides that in the
+  weights, not in its moments)."""
+  def make(scope):
+    with scope:
+      var = keras.Variable(np.zeros(3, np.float32))
+      optimizer = models.make(name, learning_rate=0.1)
+      optimizer.build([var])
+    return var, optimizer
+
+  var_ref, ref = make(tf.name_scope("one_device"))
+  ref.apply_gradients([(tf.fill([3], 2.0), var_ref)])
+  var, optimizer = make(mirrored.scope())
+  keras_internals.disable_optimizer_allreduce(optimizer)
+
+  @tf.function
+  def step():
+    def replica_fn():
+      grads = allreduce.all_reduce_gradients([tf.ones([3])])
+      optimizer.apply_gradients(zip(grads, [var]))
+    mirrored.run(replica_fn)
+
+  step()
+  pairs = [(var, var_ref)] + list(zip(optimizer.variables, ref.variables))
+  _assert_replicas_equal(mirrored, pairs)
+
+
+def test_a_keras_without_the_hook_is_refused():
+  class NoHook:
+    pass
+  with pytest.raises(RuntimeError, match="dist_keras needs updating"):
+    keras_internals.disable_optimizer_allreduce(NoHook())
+
+
+def _clipped_sgd():
+  return keras.optimizers.SGD(1.0, clipvalue=2.5)
+
+
+def _clipped_sgd_loss_scaled():
+  # Scale 1: the replicas' gradients are already "scaled", by 1.
+  return keras.optimizers.LossScaleOptimizer(_clipped_sgd(), initial_scale=1.0)
+
+
+@pytest.mark.parametrize("make_optimizer", [_clipped_sgd,
+                                            _clipped_sgd_loss_scaled])
+def test_reduce_in_apply_clips_the_summed_gradient_once(make_optimizer,
+                                                        mirrored):
+  """A model's own train_step hands `apply_gradients` its replica's gradient
+  (model_step.py): the wrapped `apply` must SUM it over the replicas (1 + 2
+  = 3), then clip (2.5) and apply it once, as one device applying 3. Keras'
+  own reduction clips each replica's first (1 + 2 = 3 applied); reduced
+  twice, 2.5 + 2.5 = 5 would be. A LossScaleOptimizer's `apply` is wrapped,
+  its inner one's reduction must be off too."""
+  var_ref, ref = _one_device(make_optimizer, 3.0)
+  np.testing.assert_allclose(var_ref.numpy(), [-2.5] * 3)  # Clipped.
+  var, optimizer = _built(mirrored.scope(), make_optimizer)
+  keras_internals.reduce_in_apply(optimizer, allreduce.all_reduce_gradients)
+
+  @tf.function
+  def step():
+    mirrored.run(
+        lambda: optimizer.apply_gradients([(_replica_grad(), var)]))
+
+  step()
+  _assert_replicas_equal(mirrored, [(var, var_ref)] + list(
+      zip(optimizer.variables, ref.variables)))
+
+
+def _sgd_ema_overwrite():
+  # The overwrite is the tf.cond whose branch merge_calls; EMA alone has none.
+  return keras.optimizers.SGD(0.1, use_ema=True, ema_overwrite_frequency=1)
+
+
+def _sgd_accumulating():
+  return keras.optimizers.SGD(0.1, gradient_accumulation_steps=2)
+
+
+def _sgd_accumulating_loss_scaled():
+  return keras.optimizers.LossScaleOptimizer(_sgd_accumulating(),
+                                             initial_scale=1.0)
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    _sgd_ema_overwrite, _sgd_accumulating, _sgd_accumulating_loss_scaled])
+def test_update_without_merge_call_updates_as_one_device(make_optimizer,
+                                                         mirrored):
+  """EMA's overwrite and gradient accumulation update inside a tf.cond whose
+  branches merge_call, which TensorFlow refuses in a replica context of 2
+  ("`merge_call` called while defining a new graph"). Patched, the update
+  runs (`_backend_apply_gradients` wrapped, TensorFlow's `_use_merge_call`
+  switched off meanwhile) and 2 steps of all-reduced gradients leave every
+  replica's weights and slots as one device's; then the strategy's own
+  `_use_merge_call` is back (the instance's override deleted), or every
+  later step on this strategy would skip merge_call too."""
+  var_ref, ref = _one_device(make_optimizer, 3.0, steps=2)
+  var, optimizer = _built(mirrored.scope(), make_optimizer)
+  keras_internals.disable_optimizer_allreduce(optimizer)
+  keras_internals.update_without_merge_call(optimizer)
+
+  @tf.function
+  def step():
+    def replica_fn():
+      grads = allreduce.all_reduce_gradients([_replica_grad()])
+      optimizer.apply_gradients(zip(grads, [var]))
+    mirrored.run(replica_fn)
+
+  step()
+  step()
+  _assert_replicas_equal(mirrored, [(var, var_ref)] + list(
+      zip(optimizer.variables, ref.variables)))
+  extended = mirrored.extended
+  assert "_use_merge_call" not in vars(extended)
+  # The class's own: on CPUs, merge_call.
+  assert extended._use_merge_call()  # pylint: disable=protected-access
+
+
+def _two_output_model(losses):
+  inputs = keras.Input((2,))
+  outputs = [keras.layers.Dense(1, name="a")(inputs),
+             keras.layers.Dense(1, name="b")(inputs)]
+  model = keras.Model(inputs, outputs)
+  model.compile(optimizer="sgd", loss=losses)
+  return model
+
+
+def test_output_loss_trackers_are_the_per_output_means():
+  """Two losses: one Mean per output (`_compile_loss.metrics`), named
+  NAME_loss, whose `total` / `count` is that output's loss; a batch of 4
+  with a static shape counts 4 (the weight the eval pass re-weighs)."""
+  model = _two_output_model(["mse", "mae"])
+  x = np.ones((4, 2), np.float32)
+  y_a, y_b = np.full((4, 1), 1.0, np.float32), np.full((4, 1), -2.0, np.float32)
+  pred_a, pred_b = model.predict_on_batch(x)
+  model.test_on_batch(x, [y_a, y_b])  # Builds the compiled loss.
+  trackers = keras_internals.output_loss_trackers(model)
+  assert [t.name for t in trackers] == ["a_loss", "b_loss"]
+  expected = [np.mean((pred_a - y_a) ** 2), np.mean(np.abs(pred_b - y_b))]
+  for tracker, want in zip(trackers, expected):
+    assert float(tracker.count.value) == 4.0
+    assert float(tracker.total.value) / 4.0 == pytest.approx(want, rel=1e-5)
+    assert float(tracker.result()) == pytest.approx(want, rel=1e-5)
+
+
+def test_one_loss_or_none_has_no_output_loss_trackers():
+  one = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  one.compile(optimizer="sgd", loss="mse")
+  one.test_on_batch(np.ones((4, 2)), np.ones((4, 1)))
+  assert keras_internals.output_loss_trackers(one) == []
+  gan = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  gan.compile(optimizer="sgd")  # No compiled loss at all.
+  assert keras_internals.output_loss_trackers(gan) == []
+
+
+def test_a_tracker_without_its_total_is_refused():
+  tracker = types.SimpleNamespace(count=1.0)  # A Mean whose state moved.
+  model = types.SimpleNamespace(
+      _compile_loss=types.SimpleNamespace(metrics=[tracker]))
+  with pytest.raises(RuntimeError, match=r"no total \(.*dist_keras needs "
+                     r"updating"):
+    keras_internals.output_loss_trackers(model)
+
+
+def test_applied_batches_is_what_the_schedule_reads():
+  """`_iterations` counts applied batches; with gradient accumulation the
+  public `iterations` counts updates (batches // 2), and the schedule is
+  evaluated at the batches, so lr.last_applied reads `_iterations`."""
+  schedule = keras.optimizers.schedules.PolynomialDecay(0.1, decay_steps=10,
+                                                        end_learning_rate=0.0)
+  plain = keras.optimizers.SGD(schedule)
+  accumulating = keras.optimizers.SGD(schedule, gradient_accumulation_steps=2)
+  for optimizer in (plain, accumulating):
+    var = keras.Variable(np.zeros(3, np.float32))
+    for _ in range(4):
+      optimizer.apply_gradients([(tf.ones([3]), var)])
+    assert int(keras_internals.applied_batches(optimizer)) == 4
+    assert float(optimizer.learning_rate) == pytest.approx(
+        float(schedule(4)))  # 0.06; at the updates (2) it would be 0.08.
+  assert int(plain.iterations) == 4
+  assert int(accumulating.iterations) == 2
+  # Its 2 updates (batches 2 and 4) ran at batches 1 and 3: 0.09, 0.07.
+  np.testing.assert_allclose(var.numpy(), [-0.09 - 0.07] * 3)
+
+
+def test_applied_batches_of_a_loss_scale_optimizer_are_its_inner_ones():
+  inner = keras.optimizers.SGD(0.1)
+  optimizer = keras.optimizers.LossScaleOptimizer(inner)
+  var = keras.Variable(np.zeros(3, np.float32))
+  for _ in range(3):
+    optimizer.apply_gradients([(tf.ones([3]), var)])
+  assert int(keras_internals.applied_batches(optimizer)) == 3
+  # The wrapper's own counter never moves: reading it would say 0.
+  assert int(optimizer._iterations) == 0  # pylint: disable=protected-access
+
+
+def test_rate_schedule_finds_a_schedule_and_only_a_schedule():
+  schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)
+  wrap = keras.optimizers.LossScaleOptimizer
+  assert keras_internals.rate_schedule(keras.optimizers.SGD(schedule)) is (
+      schedule)
+  assert keras_internals.rate_schedule(
+      wrap(keras.optimizers.SGD(schedule))) is schedule
+  assert keras_internals.rate_schedule(keras.optimizers.SGD(0.1)) is None
+  assert keras_internals.rate_schedule(
+      wrap(keras.optimizers.SGD(0.1))) is None
+  # A plain callable is no schedule: lr.py reads it as a rate, not a step's.
+  assert keras_internals.rate_schedule(
+      keras.optimizers.SGD(lambda: 0.1)) is None
+
+
+def test_unscaled_loss_undoes_keras_distribution_scaling(mirrored):
+  """Keras' losses divide a replica's loss by the replica count (so SUMmed
+  gradients are one device's); unscaled_loss gives back the replica's own
+  loss, as Keras' train_step feeds its loss tracker. One replica: as is."""
+  y_true = tf.zeros([4, 1])
+  y_pred = tf.fill([4, 1], 3.0)  # MSE 9.
+
+  def replica_fn():
+    scaled = keras.losses.MeanSquaredError()(y_true, y_pred)
+    return scaled, keras_internals.unscaled_loss(scaled)
+
+  scaled, unscaled = mirrored.run(tf.function(replica_fn))
+  for value in mirrored.experimental_local_results(scaled):
+    assert float(value) == pytest.approx(4.5)
+  for value in mirrored.experimental_local_results(unscaled):
+    assert float(value) == pytest.approx(9.0)
+  loss = keras.losses.MeanSquaredError()(y_true, y_pred)
+  assert float(loss) == pytest.approx(9.0)
+  assert keras_internals.unscaled_loss(loss) is loss
+
+
+def test_require_names_the_type_the_attribute_and_this_module():
+  require = keras_internals._require  # pylint: disable=protected-access
+  with pytest.raises(RuntimeError) as raised:
+    require(keras.optimizers.SGD(0.1), "_moved", "its thing")
+  message = str(raised.value)
+  assert "\n" not in message
+  for part in ("SGD has no _moved (its thing)", "dist_keras needs updating",
+               MODULE):
+    assert part in message
+
+
+@pytest.mark.parametrize("use, name", [
+    (keras_internals.applied_batches, "_iterations"),
+    (keras_internals.update_without_merge_call, "_backend_apply_gradients"),
+])
+def test_an_optimizer_without_a_private_name_is_refused(use, name):
+  """What dist_keras reads of an optimizer, missing: an error naming it."""
+  bare = types.SimpleNamespace(gradient_accumulation_steps=2, use_ema=False)
+  with pytest.raises(RuntimeError, match=f"SimpleNamespace has no {name} "):
+    use(bare)
