@@ -7,9 +7,9 @@ things Keras has no public API for. Training reaches each only here
 tests/training/test_keras_internals.py checks each directly, in seconds,
 so a Keras release that moves or changes one fails there, naming it
 (rather than training silently wrong). At run time `_require` refuses a
-Keras without a name it needs; `_compile_loss` and `_learning_rate` are
-read with a default (no compiled loss, no schedule), so a move of those
-only the tests catch.
+Keras without a name it needs; `_compile_loss` alone is read with a default
+(a model compiled without a loss has none), so a move of it only the tests
+catch.
 
 - `_all_reduce_sum_gradients`: Keras 3 optimizers SUM-all-reduce gradients
   inside `apply_gradients`, after clipping them, i.e. clipping each
@@ -128,7 +128,9 @@ def applied_batches(optimizer):
 def rate_schedule(optimizer):
   """The updating optimizer's LearningRateSchedule, or None."""
   optimizer = getattr(optimizer, "inner_optimizer", optimizer)
-  rate = getattr(optimizer, "_learning_rate", None)
+  # Required: read with a default, a moved name would make a schedule look
+  # like a constant rate, which lr.apply would then overwrite.
+  rate = _require(optimizer, "_learning_rate", "its rate or schedule")
   if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
     return rate
   return None

@@ -306,6 +306,7 @@ def test_require_names_the_type_the_attribute_and_this_module():
 @pytest.mark.parametrize("use, name", [
     (keras_internals.applied_batches, "_iterations"),
     (keras_internals.update_without_merge_call, "_backend_apply_gradients"),
+    (keras_internals.rate_schedule, "_learning_rate"),
 ])
 def test_an_optimizer_without_a_private_name_is_refused(use, name):
   """What dist_keras reads of an optimizer, missing: an error naming it."""
