@@ -7,10 +7,12 @@ that rate by a linear ramp from the unscaled rate over the first steps
 network. dist_keras applies the rule to the COMPILED optimizer, a user's as
 a built-in's: its constant rate is the base. The ramp is Keras' own
 CosineDecay with alpha=1 (a linear warmup to `warmup_target`, then no decay),
-a schedule of the optimizer's `iterations`: it runs inside tf.function under
-any strategy and steps_per_loop, a resumed run continues it exactly
-(`iterations` is checkpointed, the schedule holds no state), and the saved
-model.keras names only Keras classes.
+a schedule of the batches the optimizer has applied (Keras evaluates it at
+`_iterations`: with gradient accumulation, batches, not updates; see
+keras_internals.applied_batches): it runs inside tf.function under any
+strategy and steps_per_loop, a resumed run continues it exactly (the count
+is checkpointed, the schedule holds no state), and the saved model.keras
+names only Keras classes.
 """
 import dataclasses
 
@@ -19,7 +21,6 @@ import keras
 from dist_keras import validate
 from dist_keras.errors import UserError
 from dist_keras.training import keras_internals
-
 
 
 def factor(train_cfg) -> float:
