@@ -137,7 +137,9 @@ class Trainer:
 
   def _start(self) -> actions.RunState:
     """The run's notes, config, TensorBoard layout and meters."""
-    for note in [*self.notes, self.parts.rate.line]:
+    changed = (run_files.config_changes(self.workdir, self.config_dict)
+               if self.chief else "")
+    for note in [*self.notes, changed, self.parts.rate.line]:
       if note:
         self.say(note)
     if self.chief:

@@ -42,6 +42,41 @@ def write_json(workdir: str, name: str, data: dict) -> str:
   return path
 
 
+def config_changes(workdir: str, config: dict, shown: int = 6) -> str:
+  """One line naming each key whose value differs from the workdir's
+  config.json (the run that wrote it last), "" for none or no readable
+  file: a rerun in the same folder resumes whatever was trained there, so
+  a changed batch size, task or rate must not pass unsaid."""
+  try:
+    with tf.io.gfile.GFile(os.path.join(workdir, CONFIG_JSON)) as f:
+      before = _flat(json.load(f))
+  except (tf.errors.OpError, OSError, ValueError):
+    return ""
+  now = _flat(json.loads(json.dumps(config)))  # Tuples as JSON has them.
+  changed = [f"{key} {json.dumps(before.get(key))} -> "
+             f"{json.dumps(now.get(key))}"
+             for key in sorted(before.keys() | now.keys())
+             if before.get(key) != now.get(key)]
+  if not changed:
+    return ""
+  more = (f" and {len(changed) - shown} more" if len(changed) > shown
+          else "")
+  return (f"config changed since this workdir's last run: "
+          f"{', '.join(changed[:shown])}{more} (config.json now holds this "
+          "run's)")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  """{"section.key": value} of a nested dict."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flat(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
 def save_model(workdir: str, model) -> str:
   """Saves `model` as `workdir/model.keras`, atomically; returns the path."""
   path = os.path.join(workdir, MODEL_FILE)

@@ -59,3 +59,26 @@ def test_a_failed_model_save_leaves_the_old_model(tmp_path, monkeypatch):
   assert (tmp_path / run_files.MODEL_FILE).read_bytes() == before
   assert keras.models.load_model(path).count_params() == 8
   assert sorted(os.listdir(tmp_path)) == [run_files.MODEL_FILE]
+
+
+def test_config_changes_name_each_changed_key_once(tmp_path):
+  workdir = str(tmp_path)
+  assert run_files.config_changes(workdir, {"a": 1}) == ""  # No file yet.
+  before = {"data": {"seq_len": 50, "name": "longmem"},
+            "train": {"steps": 100, "shape": (1, 2)}, "gone": 1}
+  run_files.write_json(workdir, run_files.CONFIG_JSON, before)
+  assert run_files.config_changes(workdir, before) == ""  # Tuples as lists.
+  now = {"data": {"seq_len": 30, "name": "longmem"},
+         "train": {"steps": 200, "shape": (1, 2)}, "new": "x"}
+  assert run_files.config_changes(workdir, now) == (
+      "config changed since this workdir's last run: data.seq_len 50 -> 30, "
+      "gone 1 -> null, new null -> \"x\", train.steps 100 -> 200 "
+      "(config.json now holds this run's)")
+  line = run_files.config_changes(workdir, now, shown=2)
+  assert line.endswith("gone 1 -> null and 2 more (config.json now holds "
+                       "this run's)")
+
+
+def test_an_unreadable_config_json_is_no_change(tmp_path):
+  (tmp_path / run_files.CONFIG_JSON).write_text("{not json")
+  assert run_files.config_changes(str(tmp_path), {"a": 1}) == ""
