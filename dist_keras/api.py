@@ -12,7 +12,7 @@ import tensorflow as tf
 from dist_keras import registry
 from dist_keras.contract import checks
 from dist_keras.distribute import pipelines, strategies
-from dist_keras.training import checkpoints, compiled, loop, lr, model_step
+from dist_keras.training import checkpoints, compiled, loop, lr
 from dist_keras.training import report, settings, user_callbacks
 
 
@@ -89,9 +89,9 @@ def build(job: Job) -> loop.Trainer:
   checks.build_state(model, strategy, batch_spec)  # Loss and metrics state.
   # The batch-size rule, then every optimizer built in scope (a replica
   # function may not create slots), with the gradient all-reduce where the
-  # step needs it (model_step.py).
+  # step needs it (compiled.py).
   rate = lr.apply(model.optimizer, config.train)
-  optimizers = model_step.prepare_optimizers(model, strategy)
+  optimizers = compiled.prepare_optimizers(model, strategy)
   saved, resumed = checkpoints.restored(
       workdir, model, optimizers, strategy, config.train.max_checkpoints,
       resume)

@@ -1,11 +1,15 @@
-"""What the user's model was compiled with that the loop honours, or
-refuses: run_eagerly, steps_per_execution, jit_compile, its own train_step
-and test_step. Keras' fit is the reference meaning of each
-(docs/own_models.md has the table)."""
+"""The compiled model as the loop takes it, a user's or a built-in: what it
+was compiled with that the loop honours or refuses (run_eagerly,
+steps_per_execution, jit_compile), which of Keras' steps it overrides
+(train_step, test_step: model_step.py runs an own train_step), and its
+optimizers, built in scope with the gradient all-reduce where its step
+needs it. Keras' fit is the reference meaning of each (docs/own_models.md
+has the table)."""
+import keras
 import tensorflow as tf
 
 from dist_keras.errors import UserError
-from dist_keras.training import model_step
+from dist_keras.training import allreduce, keras_internals
 
 
 def take(model, strategy, train_cfg) -> list[str]:
@@ -28,9 +32,9 @@ def take(model, strategy, train_cfg) -> list[str]:
     train_cfg.jit_compile = True
     notes.append("XLA: the model was compiled with jit_compile=True "
                  "(train.jit_compile=true)")
-  if model_step.overrides(model, "train_step"):
+  if overrides(model, "train_step"):
     notes.append(_own_step_note(model, strategy, train_cfg))
-  if not model_step.evaluates(model):
+  if not evaluates(model):
     notes.append(f"no eval: {type(model).__name__} has no compiled loss and "
                  "no test_step of its own")
   return [note for note in notes if note]
@@ -65,3 +69,62 @@ def _own_step_note(model, strategy, train_cfg) -> str:
           "as written on every replica (gradients all-reduced in its "
           "optimizer's apply); the sync breakdown splits its steps into "
           "input wait and model step only, and there is no calibration")
+
+
+def overrides(model, method: str) -> bool:
+  """Whether the model's class overrides keras.Model's `method`."""
+  return getattr(type(model), method) is not getattr(keras.Model, method)
+
+
+def evaluates(model) -> bool:
+  """Whether the model can be evaluated: Keras' test_step needs a compiled
+  loss (a GAN compiles none), a model's own test_step knows."""
+  return overrides(model, "test_step") or model.loss is not None
+
+
+def optimizers_of(model) -> dict:
+  """{attribute: optimizer} of every Keras optimizer the model holds: the
+  compiled one and those a custom step uses (a GAN's two)."""
+  found = {"optimizer": model.optimizer}
+  for name, value in vars(model).items():
+    if (isinstance(value, keras.optimizers.Optimizer)
+        and not any(value is o for o in found.values())):
+      found[name] = value
+  return found
+
+
+def prepare_optimizers(model, strategy) -> list:
+  """Builds the compiled optimizer in scope (a replica function may not
+  create its slots) and checks every other one is built; then routes the
+  gradient all-reduce: in `apply` for a model's own step, else off (the
+  compiled step reduces itself). Returns the model's optimizers.
+
+  Raises:
+    UserError: an optimizer attribute that is not built.
+  """
+  optimizers = optimizers_of(model)
+  reduce_in_apply = overrides(model, "train_step")
+  with strategy.scope():
+    model.optimizer.build(model.trainable_variables)
+  for name, optimizer in optimizers.items():
+    if not optimizer.built:
+      raise UserError(
+          f"the model's {name} ({type(optimizer).__name__}) is not built, so "
+          "its variables would be created inside a replica's step, where "
+          f"TensorFlow cannot; call {name}.build(<the variables it updates>)"
+          " in model_fn, after building the model.")
+    if reduce_in_apply:
+      keras_internals.reduce_in_apply(optimizer, _all_reduce)
+    else:
+      keras_internals.disable_optimizer_allreduce(optimizer)
+    if strategy.num_replicas_in_sync > 1:
+      keras_internals.update_without_merge_call(optimizer)
+  return list(optimizers.values())
+
+
+def _all_reduce(grads):
+  """A replica's gradients summed over the replicas (an own step's
+  optimizers apply them as one device would)."""
+  if tf.distribute.get_replica_context().num_replicas_in_sync == 1:
+    return grads
+  return allreduce.all_reduce_gradients(grads)

@@ -23,7 +23,7 @@ from dist_keras.measure import mfu, profiler
 from dist_keras.measure.meters import RunMeters
 from dist_keras import tensorboard_events
 from dist_keras.training import actions, allreduce, calls, divergence
-from dist_keras.training import evaluation, lr, metrics, model_step
+from dist_keras.training import compiled, evaluation, lr, metrics
 from dist_keras.training import preemption, ray_report, report, run_files
 from dist_keras.training import steps
 from dist_keras.training import user_callbacks
@@ -53,7 +53,7 @@ class Trainer:
     self.replicas = self.strategy.num_replicas_in_sync
     self.workers = strategies.num_workers(self.strategy)
     self.chief = strategies.is_chief(self.strategy)
-    self.custom_step = model_step.overrides(self.model, "train_step")
+    self.custom_step = compiled.overrides(self.model, "train_step")
     self.config_dict = config_dict
     self.notes = list(notes)  # Said when run() starts, after the header.
     if self.chief:  # Every check has passed: the first write.
@@ -250,7 +250,7 @@ class Trainer:
   def evaluate(self, hooks=None) -> dict:
     """One pass of the eval split, logged; the callbacks' test hooks around
     it (the pass is one call: one test batch hook)."""
-    if not model_step.evaluates(self.model):
+    if not compiled.evaluates(self.model):
       return {}
     hooks = hooks or keras.callbacks.CallbackList([], model=self.model)
     hooks.on_test_begin()

@@ -110,7 +110,8 @@ def _clipped_sgd_loss_scaled():
 def test_reduce_in_apply_clips_the_summed_gradient_once(make_optimizer,
                                                         mirrored):
   """A model's own train_step hands `apply_gradients` its replica's gradient
-  (model_step.py): the wrapped `apply` must SUM it over the replicas (1 + 2
+  (model_step.py; compiled.prepare_optimizers wraps `apply` with a SUM): the
+  wrapped `apply` must SUM it over the replicas (1 + 2
   = 3), then clip (2.5) and apply it once, as one device applying 3. Keras'
   own reduction clips each replica's first (1 + 2 = 3 applied); reduced
   twice, 2.5 + 2.5 = 5 would be. A LossScaleOptimizer's `apply` is wrapped,
