@@ -78,9 +78,15 @@ KNOWN = (UserError, Preempted, NoIntactCheckpoint)
 
 # Lines of a TensorFlow runtime error that say where, not what.
 _BOILERPLATE = ("Graph execution error", "Detected at node", "[[",
-                "The error could be", "Additional GRPC", ":UNKNOWN")
+                "The error could be", "Additional GRPC", ":UNKNOWN",
+                "<stack traces unavailable>")
 # "  (0) INVALID_ARGUMENT:  what happened", under "N root error(s) found."
 _ROOT_ERROR = re.compile(r"^\s+\(0\) [A-Z_]+:\s*(\S.*)$")
+# tf.data's wrapping of what a dataset's own function raised: the iterator's
+# path (Iterator::Root::Prefetch::...) would fill the line.
+_IN_DATASET_FN = re.compile(r"Error in user-defined function passed to "
+                            r"(\w+?)(?::\d+)? transformation with iterator: "
+                            r"\S+: ")
 
 
 def first_line(error: Exception, limit: int = 240) -> str:
@@ -94,13 +100,30 @@ def first_line(error: Exception, limit: int = 240) -> str:
 
 
 def cause(text: str) -> str:
-  """The line of a TF runtime error's text that says what happened."""
-  for line in text.splitlines():
+  """The line of a TF runtime error's text that says what happened: the
+  first root error's, else its first line that is not boilerplate."""
+  lines = text.splitlines()
+  for line in lines:
     first_root = _ROOT_ERROR.match(line)
     if first_root:
-      return first_root.group(1).strip()[:160]
+      return _short(first_root.group(1))
+  for line in lines:
     if (line.strip() and not line[0].isspace()
         and not line.startswith(_BOILERPLATE)
         and not line.endswith("root error(s) found.")):
-      return line.strip()[:160]
-  return " ".join(text.split())[:160]
+      return _short(line)
+  return _short(" ".join(text.split()))
+
+
+def _short(line: str) -> str:
+  return _IN_DATASET_FN.sub(r"in a tf.data function (\1): ",
+                            line.strip())[:160]
+
+
+def unexpected(error: Exception) -> str:
+  """One line for an error no check anticipated: its type and what
+  happened (a TF runtime error's cause, not its "Graph execution error:")."""
+  line = first_line(error)
+  if line.startswith(_BOILERPLATE):
+    line = cause(str(error))
+  return f"{type(error).__name__}: {line}"

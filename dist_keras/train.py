@@ -137,7 +137,7 @@ def _fail(error: Exception, code: int) -> None:
     traceback.print_exc()
   message = str(error).splitlines()[0] if str(error) else type(error).__name__
   if code == errors.EXIT_UNEXPECTED:
-    message = (f"{type(error).__name__}: {message} (unexpected; rerun with "
+    message = (f"{errors.unexpected(error)} (unexpected; rerun with "
                "--verbose for the traceback)")
   print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
   sys.exit(code)

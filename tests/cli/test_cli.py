@@ -160,6 +160,33 @@ def test_a_tf_errors_cause_is_its_line_that_says_what_happened():
   assert errors.cause("  just indented\n") == "just indented"
 
 
+# What TF 2.21 raised (str of the error, trimmed) when a user's dataset map
+# failed its own assertion mid-run, 2026-12-03.
+_DATASET_FN_FAILED = """Graph execution error:
+
+Detected at node assert_less/Assert/AssertGuard/Assert defined at (most recent call last):
+<stack traces unavailable>
+2 root error(s) found.
+  (0) INVALID_ARGUMENT:  Error in user-defined function passed to MapDataset:1 transformation with iterator: Iterator::Root::Prefetch::BatchV2::ForeverRepeat[0]::ParallelMapV2: assertion failed: [feature out of range in my data] [Condition x < y did not hold element-wise:]
+\t [[{{node assert_less/Assert/AssertGuard/Assert}}]]
+  (1) INVALID_ARGUMENT:  Error in user-defined function passed to MapDataset:1 transformation with iterator: Iterator::Root::Prefetch::BatchV2::ForeverRepeat[0]::ParallelMapV2: assertion failed: [feature out of range in my data]
+0 successful operations.
+0 derived errors ignored. [Op:__inference_one_step_1119]"""
+
+
+def test_an_unexpected_tf_error_is_one_line_saying_what_happened():
+  """Not "Graph execution error:" (every TF runtime error's first line),
+  nor "<stack traces unavailable>": the root error, with the user's own
+  message in it even behind tf.data's iterator path."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  error = tf.errors.InvalidArgumentError(None, None, _DATASET_FN_FAILED)
+  assert errors.unexpected(error) == (
+      "InvalidArgumentError: in a tf.data function (MapDataset): assertion "
+      "failed: [feature out of range in my data] [Condition x < y did not "
+      "hold element-wise:]")
+  assert errors.unexpected(ValueError("plain\nsecond")) == "ValueError: plain"
+
+
 @pytest.mark.parametrize("signum,said,code", [
     (signal.SIGTERM, "SIGTERM", errors.EXIT_PREEMPTED),
     (signal.SIGINT, "Ctrl-C (SIGINT)", errors.EXIT_INTERRUPTED)])
