@@ -38,7 +38,7 @@ import re
 
 import tensorflow as tf
 
-from dist_keras import validate
+from dist_keras import errors, validate
 from dist_keras.data import preprocess, tfds_reading
 from dist_keras.data.specs import InputSpec
 from dist_keras.errors import UserError
@@ -134,7 +134,7 @@ def check(data_cfg, b) -> None:
   # The file test first: is_prepared() alone logs a warning when it is absent.
   if not ((b.data_path / "dataset_info.json").exists() and b.is_prepared()):
     if data_cfg.download:
-      b.download_and_prepare()
+      _download(data_cfg, b)
     else:
       name, data_dir = data_cfg.name[len(PREFIX):], b.data_dir_root
       hint = _PREPARE_HINT.get(dataset_name(data_cfg.name), "")
@@ -148,6 +148,22 @@ def check(data_cfg, b) -> None:
   if "train" not in b.info.splits:
     raise UserError(f"data.name={data_cfg.name!r} has no 'train' split (it "
                     f"has {', '.join(b.info.splits)}); pick another dataset.")
+
+
+def _download(data_cfg, b) -> None:
+  """TFDS's download_and_prepare, a failure of which (no network, after
+  TFDS's own retries) is one line with the offline way to prepare it."""
+  tfds = tfds_reading.tfds_module()
+  try:
+    b.download_and_prepare()
+  except (OSError, tfds.download.DownloadError) as e:
+    name, data_dir = data_cfg.name[len(PREFIX):], b.data_dir_root
+    raise UserError(
+        f"data.download=True could not prepare {data_cfg.name!r} in "
+        f"{data_dir} ({type(e).__name__}: {errors.cause(str(e))}); check "
+        "this machine's network, or prepare it where there is one "
+        f"(`{prepare_command(name, data_dir)}`) and copy {data_dir} here."
+    ) from e
 
 
 def _check_features(data_cfg, features):

@@ -134,6 +134,21 @@ def test_download_true_prepares_the_dataset(tmp_path):
   assert (tmp_path / "dk_tiny_images" / "1.0.0" / "dataset_info.json").exists()
 
 
+def test_a_download_that_fails_is_one_line_with_the_offline_way(tmp_path):
+  c = _cfg("dk_offline", str(tmp_path)).data
+  c.unlock()
+  c.download = True
+  with pytest.raises(UserError) as e:
+    data.source(c)
+  message = str(e.value)
+  assert "\n" not in message
+  assert message.startswith(
+      f"data.download=True could not prepare 'tfds:dk_offline' in {tmp_path} "
+      "(ConnectionError: no network); check this machine's network, or "
+      "prepare it where there is one (`python tools/prepare_data.py "
+      f"dk_offline --data_dir {tmp_path}`)"), message
+
+
 @pytest.mark.parametrize("name,shape,dtype,classes", [
     ("mnist", (16, 16, 1), np.float32, 10),
     ("fashion_mnist", (16, 16, 1), np.float32, 10),
