@@ -26,7 +26,7 @@ if _importlib_util.find_spec("tensorflow") is None:
   raise ImportError(_MESSAGE)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from dist_keras import validate
+from dist_keras import quiet, validate
 from dist_keras.configs import resolve as _resolve_config
 from dist_keras.contract import imports
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -77,9 +77,10 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
   if not _is_strategy(strategy):  # Too late to set up once TF has started.
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)
   from dist_keras import api  # pylint: disable=g-import-not-at-top
-  return api.run(api.Job(config, workdir,
-                         strategy if _is_strategy(strategy) else None,
-                         functions, callbacks))
+  with quiet.tf_info_lines_off():
+    return api.run(api.Job(config, workdir,
+                           strategy if _is_strategy(strategy) else None,
+                           functions, callbacks))
 
 
 def _is_strategy(strategy) -> bool:

@@ -1,12 +1,15 @@
-"""Keeps TensorFlow's start-up chatter off the user's terminal.
+"""Keeps TensorFlow's chatter off the user's terminal.
 
 TensorFlow's C++ runtime prints INFO lines (oneDNN, CPU features) to fd 2
 while it is imported, before TF_CPP_MIN_LOG_LEVEL can take effect. oneDNN
 must stay on (off makes the CNN 1.5-3.6x slower here), so instead the
 known start-up lines are filtered; anything else written meanwhile is
-passed through unchanged.
+passed through unchanged. tf.distribute logs a line per collective it sets
+up at INFO, which TensorFlow itself shows in an interactive session (a
+notebook's kernel: it sets its logger to INFO there).
 """
 import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -40,3 +43,21 @@ def startup_lines_filtered(enabled: bool = True):
         if not any(pattern in line for pattern in NOISE):
           sys.stderr.write(line)
       sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def tf_info_lines_off():
+  """TensorFlow's Python logger at WARNING in the block, as a plain script
+  and the command line have it, where it is at its default (unset, or the
+  INFO TensorFlow sets in an interactive session); a level set to DEBUG or
+  WARNING and above is kept."""
+  logger = logging.getLogger("tensorflow")
+  level = logger.level
+  if level not in (logging.NOTSET, logging.INFO):
+    yield
+    return
+  logger.setLevel(logging.WARNING)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
