@@ -179,7 +179,21 @@ def _exit_bad_command_line(message: str) -> None:
 
 def run() -> None:
   """Console-script entry point (`dist-keras-train`)."""
-  app.run(main, flags_parser=_parse_flags)
+  try:
+    app.run(main, flags_parser=_parse_flags)
+  except SystemExit as e:
+    if not e.code:
+      raise
+    # A failed or stopped run has written and closed all it writes (the
+    # checkpoint, the one line). Python's own exit would then destroy a
+    # training iterator stopped mid-run, which waits for tf.data's autotune
+    # thread to end its sleep: 7-30 s here (TF 2.21), past what a user
+    # pressing Ctrl-C, or a pod's 30 s grace period after SIGTERM, waits.
+    if not isinstance(e.code, int):
+      print(e.code, file=sys.stderr)  # What sys.exit("...") prints.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(e.code if isinstance(e.code, int) else 1)
 
 
 if __name__ == "__main__":
