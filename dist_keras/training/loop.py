@@ -71,7 +71,10 @@ class Trainer:
 
   def say(self, message: str) -> None:
     if self.chief and self.settings.progress:
-      print(message, flush=True)
+      try:
+        print(message, flush=True)
+      except OSError:  # Its terminal closed (SIGHUP follows) or its pipe.
+        preemption.stdout_lost()
 
   def close(self) -> None:
     """Closes the summaries and deletes a non-chief's scratch files."""

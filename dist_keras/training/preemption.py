@@ -1,5 +1,6 @@
 """Stop requests: SIGTERM means "checkpoint now and exit so I can be
-retried"; Ctrl-C (SIGINT) means the same, asked by the user at the terminal.
+retried"; Ctrl-C (SIGINT) means the same, asked by the user at the terminal;
+SIGHUP, the terminal (an ssh session) gone.
 
 Kubernetes, Slurm and spot VMs send SIGTERM before they kill a job; a user
 presses Ctrl-C. Either way the loop checkpoints the step it is at rather
@@ -11,21 +12,45 @@ at once. Under multi-worker training every worker must stop at the SAME step
 signal may reach only one of them, so the workers agree with one tiny
 all-reduce every `agree_every` steps instead of every step.
 """
+import os
 import signal
+import stat
 import sys
 import threading
 
 from dist_keras.training import allreduce
 
-_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
+_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
+          signal.SIGHUP: "SIGHUP (the terminal closed)"}
+
+
+def silence(fds=(1, 2), only_terminals: bool = False) -> None:
+  """Points file descriptors at /dev/null: a closed terminal fails every
+  write (EIO), a closed pipe too (EPIPE), and a progress line must not end
+  a run that can still save its work. With `only_terminals`, files and
+  pipes keep their output (a terminal is a character device: isatty()
+  itself fails on one that has hung up)."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  for fd in fds:
+    if not only_terminals or stat.S_ISCHR(os.fstat(fd).st_mode):
+      os.dup2(devnull, fd)
+  os.close(devnull)
+
+
+def stdout_lost() -> None:
+  """After a failed write to stdout: it, and a terminal on stderr (the same
+  closed one), go to /dev/null; training goes on (a SIGHUP stops it)."""
+  silence(only_terminals=True)
+  silence(fds=(1,))
 
 
 class StopRequest:
-  """Catches SIGTERM and SIGINT while training; tells the loop when to stop.
+  """Catches SIGTERM, SIGINT and SIGHUP while training; tells the loop when
+  to stop.
 
   Attributes:
-    signal: the first signal this process received (signal.SIGTERM or
-      signal.SIGINT), or None (none, or only a peer worker got one).
+    signal: the first signal this process received (signal.SIGTERM,
+      SIGINT or SIGHUP), or None (none, or only a peer worker got one).
   """
 
   def __init__(self, strategy, multi_worker: bool, agree_every: int):
@@ -45,9 +70,10 @@ class StopRequest:
     if threading.current_thread() is not threading.main_thread():
       return self
     for signum in _NAMES:
-      # An ignored SIGINT stays ignored: a job started in the background
-      # (`cmd &`, nohup) is not the terminal's to stop.
-      if signal.getsignal(signum) is not signal.SIG_IGN:
+      # An ignored SIGINT or SIGHUP stays ignored: a job started in the
+      # background (`cmd &`, nohup) is not the terminal's to stop.
+      if (signum == signal.SIGTERM
+          or signal.getsignal(signum) is not signal.SIG_IGN):
         self._previous[signum] = signal.signal(signum, self._on_signal)
     return self
 
@@ -60,6 +86,8 @@ class StopRequest:
     if signum == signal.SIGINT and self.signal == signal.SIGINT:
       raise KeyboardInterrupt  # The second Ctrl-C: stop now.
     self.signal = self.signal or signum
+    if signum == signal.SIGHUP:
+      silence(only_terminals=True)
     if signum == signal.SIGINT:
       print("dist_keras: Ctrl-C: stopping after this step with a checkpoint "
             "(Ctrl-C again stops at once, without one)", file=sys.stderr,
@@ -68,7 +96,7 @@ class StopRequest:
   def describe(self) -> str:
     """What asked this process to stop, for its last line."""
     if self.signal is None:
-      return "a peer worker's stop request (SIGTERM or Ctrl-C)"
+      return "a peer worker's stop request (SIGTERM, Ctrl-C or SIGHUP)"
     return _NAMES[self.signal]
 
   def should_stop(self, step: int) -> bool:

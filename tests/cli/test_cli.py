@@ -243,6 +243,39 @@ def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
   assert summary["steps"] == step + 5
 
 
+def test_a_closed_terminal_checkpoints_the_step_and_exits_143(tmp_path):
+  """An ssh session that drops: the run's terminal (a pty here) is gone
+  and SIGHUP arrives; every progress line from then on would fail (EIO),
+  so the run stops writing to it, saves the step it is at and exits 143
+  (retryable); the rerun resumes there."""
+  workdir = tmp_path / "run"
+  args = ["-m", "dist_keras.train", f"--workdir={workdir}",
+          "--config.train.steps=100000", "--config.train.log_every=1",
+          "--config.train.checkpoint_every=100000",
+          "--config.data.seq_len=12", "--config.model.units=16",
+          "--config.log.calibration_steps=0"]
+  terminal, its_end = os.openpty()
+  proc = subprocess.Popen(
+      [sys.executable, *args], cwd=helpers.REPO, stdin=its_end,
+      stdout=its_end, stderr=its_end,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=helpers.REPO),
+      preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+  os.close(its_end)
+  seen = b""
+  while b"\nstep" not in seen:
+    seen += os.read(terminal, 4096)
+  os.close(terminal)  # The session is gone, then the kernel's SIGHUP.
+  proc.send_signal(signal.SIGHUP)
+  assert proc.wait(timeout=60) == errors.EXIT_PREEMPTED
+  saved = sorted(int(name.split("-")[1].split(".")[0]) for name in
+                 os.listdir(workdir / "checkpoints") if name.endswith(".index"))
+  assert saved and saved[-1] > 0, saved
+  resumed = helpers.run_module([*args[:3], f"--config.train.steps={saved[-1] + 2}",
+                                *args[4:]])
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert f"resumed from ckpt-{saved[-1]} at step {saved[-1]}" in resumed.stdout
+
+
 def test_a_ctrl_c_outside_the_loop_is_one_line_and_exit_130(monkeypatch,
                                                            capsys):
   """Before training (TensorFlow's start, building) or a second Ctrl-C: no

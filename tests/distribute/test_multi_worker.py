@@ -353,7 +353,8 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(
     for p in procs:
       p.kill()
   steps = []
-  asked = ["a peer worker's stop request (SIGTERM or Ctrl-C)", "SIGTERM"]
+  asked = ["a peer worker's stop request (SIGTERM, Ctrl-C or SIGHUP)",
+           "SIGTERM"]
   for p, (_, stderr), by in zip(procs, results, asked):
     assert p.returncode == errors.EXIT_PREEMPTED, stderr[-2000:]
     stopped = re.match(rf"dist_keras: error: stopped by {re.escape(by)} "

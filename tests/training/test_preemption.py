@@ -23,11 +23,14 @@ CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
 
 @pytest.fixture
 def ctrl_c_raises():
-  """SIGINT as an interactive Python has it (pytest's workers may have it
-  ignored), restored afterwards."""
-  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  """SIGINT and SIGHUP as an interactive Python has them (pytest's workers
+  may have them ignored), restored afterwards."""
+  previous = {signal.SIGINT: signal.signal(signal.SIGINT,
+                                           signal.default_int_handler),
+              signal.SIGHUP: signal.signal(signal.SIGHUP, signal.SIG_DFL)}
   yield
-  signal.signal(signal.SIGINT, previous)
+  for signum, handler in previous.items():
+    signal.signal(signum, handler)
 
 
 def _raise_in_handler(request, signum):
@@ -38,7 +41,8 @@ def _raise_in_handler(request, signum):
 
 
 @pytest.mark.parametrize("signum,said", [
-    (signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C (SIGINT)")])
+    (signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C (SIGINT)"),
+    (signal.SIGHUP, "SIGHUP (the terminal closed)")])
 def test_a_signal_is_a_request_to_stop_and_the_handler_goes_after(
     ctrl_c_raises, signum, said):
   before = signal.getsignal(signum)
@@ -65,18 +69,19 @@ def test_a_sigterm_after_ctrl_c_is_still_the_ctrl_c(ctrl_c_raises):
   assert request.signal == signal.SIGINT
 
 
-def test_an_ignored_ctrl_c_stays_ignored():
-  """A job started in the background (`cmd &`) has SIGINT ignored: the
-  terminal's Ctrl-C is not for it."""
-  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_an_ignored_ctrl_c_or_hangup_stays_ignored(signum):
+  """A job started in the background (`cmd &`) has SIGINT ignored, one
+  under nohup SIGHUP: the terminal's Ctrl-C or hangup is not for it."""
+  previous = signal.signal(signum, signal.SIG_IGN)
   try:
     with preemption.StopRequest(None, False, 5) as request:
-      assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-      signal.raise_signal(signal.SIGINT)
+      assert signal.getsignal(signum) == signal.SIG_IGN
+      signal.raise_signal(signum)
       assert not request.requested
-    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    assert signal.getsignal(signum) == signal.SIG_IGN
   finally:
-    signal.signal(signal.SIGINT, previous)
+    signal.signal(signum, previous)
 
 
 def test_only_a_peer_asked_describes_the_peer():
