@@ -24,24 +24,26 @@ _NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
           signal.SIGHUP: "SIGHUP (the terminal closed)"}
 
 
-def silence(fds=(1, 2), only_terminals: bool = False) -> None:
+def _silence(fds) -> None:
   """Points file descriptors at /dev/null: a closed terminal fails every
   write (EIO), a closed pipe too (EPIPE), and a progress line must not end
-  a run that can still save its work. With `only_terminals`, files and
-  pipes keep their output (a terminal is a character device: isatty()
-  itself fails on one that has hung up)."""
+  a run that can still save its work."""
   devnull = os.open(os.devnull, os.O_WRONLY)
   for fd in fds:
-    if not only_terminals or stat.S_ISCHR(os.fstat(fd).st_mode):
-      os.dup2(devnull, fd)
+    os.dup2(devnull, fd)
   os.close(devnull)
+
+
+def _terminals(fds) -> set:
+  """Those of `fds` that are terminals (character devices: isatty() itself
+  fails on one that has hung up); files and pipes keep their output."""
+  return {fd for fd in fds if stat.S_ISCHR(os.fstat(fd).st_mode)}
 
 
 def stdout_lost() -> None:
   """After a failed write to stdout: it, and a terminal on stderr (the same
   closed one), go to /dev/null; training goes on (a SIGHUP stops it)."""
-  silence(only_terminals=True)
-  silence(fds=(1,))
+  _silence({1, *_terminals((2,))})
 
 
 class StopRequest:
@@ -87,7 +89,7 @@ class StopRequest:
       raise KeyboardInterrupt  # The second Ctrl-C: stop now.
     self.signal = self.signal or signum
     if signum == signal.SIGHUP:
-      silence(only_terminals=True)
+      _silence(_terminals((1, 2)))
     if signum == signal.SIGINT:
       print("dist_keras: Ctrl-C: stopping after this step with a checkpoint "
             "(Ctrl-C again stops at once, without one)", file=sys.stderr,
