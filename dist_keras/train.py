@@ -189,11 +189,12 @@ def run() -> None:
     # training iterator stopped mid-run, which waits for tf.data's autotune
     # thread to end its sleep: 7-30 s here (TF 2.21), past what a user
     # pressing Ctrl-C, or a pod's 30 s grace period after SIGTERM, waits.
-    if not isinstance(e.code, int):
+    code = e.code if isinstance(e.code, int) else 1
+    if code != e.code:
       print(e.code, file=sys.stderr)  # What sys.exit("...") prints.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(e.code if isinstance(e.code, int) else 1)
+    os._exit(code)
 
 
 if __name__ == "__main__":
