@@ -133,10 +133,10 @@ def check(data_cfg, b) -> None:
   """
   # The file test first: is_prepared() alone logs a warning when it is absent.
   if not ((b.data_path / "dataset_info.json").exists() and b.is_prepared()):
+    name, data_dir = data_cfg.name[len(PREFIX):], b.data_dir_root
     if data_cfg.download:
-      _download(data_cfg, b)
+      _download(b, data_cfg.name, prepare_command(name, data_dir))
     else:
-      name, data_dir = data_cfg.name[len(PREFIX):], b.data_dir_root
       hint = _PREPARE_HINT.get(dataset_name(data_cfg.name), "")
       raise UserError(
           f"data.name={data_cfg.name!r} is not prepared in {data_dir} (no "
@@ -150,20 +150,19 @@ def check(data_cfg, b) -> None:
                     f"has {', '.join(b.info.splits)}); pick another dataset.")
 
 
-def _download(data_cfg, b) -> None:
+def _download(b, data_name: str, offline_command: str) -> None:
   """TFDS's download_and_prepare, a failure of which (no network, after
   TFDS's own retries) is one line with the offline way to prepare it."""
   tfds = tfds_reading.tfds_module()
   try:
     b.download_and_prepare()
   except (OSError, tfds.download.DownloadError) as e:
-    name, data_dir = data_cfg.name[len(PREFIX):], b.data_dir_root
+    data_dir = b.data_dir_root
     raise UserError(
-        f"data.download=True could not prepare {data_cfg.name!r} in "
-        f"{data_dir} ({type(e).__name__}: {errors.cause(str(e))}); check "
-        "this machine's network, or prepare it where there is one "
-        f"(`{prepare_command(name, data_dir)}`) and copy {data_dir} here."
-    ) from e
+        f"data.download=True could not prepare {data_name!r} in {data_dir} "
+        f"({type(e).__name__}: {errors.cause(str(e))}); check this "
+        "machine's network, or prepare it where there is one "
+        f"(`{offline_command}`) and copy {data_dir} here.") from e
 
 
 def _check_features(data_cfg, features):
