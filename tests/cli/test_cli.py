@@ -187,6 +187,24 @@ def test_an_unexpected_tf_error_is_one_line_saying_what_happened():
   assert errors.unexpected(ValueError("plain\nsecond")) == "ValueError: plain"
 
 
+def _until_stopped(workdir, log_every: int) -> list:
+  """The arguments of a tiny run only a signal ends (no checkpoint before
+  it); `_resumed` reruns them to a given step."""
+  return ["-m", "dist_keras.train", f"--workdir={workdir}",
+          "--config.train.steps=100000",
+          f"--config.train.log_every={log_every}",
+          "--config.train.checkpoint_every=100000",
+          "--config.data.seq_len=12", "--config.model.units=16",
+          "--config.log.calibration_steps=0"]
+
+
+def _resumed(args: list, steps: int):
+  """`args` (from _until_stopped) rerun with train.steps=`steps`."""
+  return helpers.run_module(
+      [arg if not arg.startswith("--config.train.steps=")
+       else f"--config.train.steps={steps}" for arg in args])
+
+
 @pytest.mark.parametrize("signum,said,code", [
     (signal.SIGTERM, "SIGTERM", errors.EXIT_PREEMPTED),
     (signal.SIGINT, "Ctrl-C (SIGINT)", errors.EXIT_INTERRUPTED)])
@@ -195,11 +213,7 @@ def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
   """SIGTERM (preemption) and Ctrl-C: the step the run is at is saved, one
   line says so (after Ctrl-C's notice), the same command resumes."""
   workdir = tmp_path / "run"
-  args = ["-m", "dist_keras.train", f"--workdir={workdir}",
-          "--config.train.steps=100000", "--config.train.log_every=5",
-          "--config.train.checkpoint_every=100000",
-          "--config.data.seq_len=12", "--config.model.units=16",
-          "--config.log.calibration_steps=0"]
+  args = _until_stopped(workdir, log_every=5)
   proc = subprocess.Popen(
       [sys.executable, *args], cwd=helpers.REPO, text=True,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -232,8 +246,7 @@ def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
   assert os.path.exists(f"{workdir}/checkpoints/ckpt-{step}.index")
   assert not (workdir / "summary.json").exists()
   # The same command (fewer steps, to finish) resumes at that step.
-  resumed = helpers.run_module(
-      [*args[:3], f"--config.train.steps={step + 5}", *args[4:]])
+  resumed = _resumed(args, step + 5)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert f"at step {step}" in resumed.stdout
   assert ("config changed since this workdir's last run: train.steps "
@@ -249,11 +262,7 @@ def test_a_closed_terminal_checkpoints_the_step_and_exits_143(tmp_path):
   so the run stops writing to it, saves the step it is at and exits 143
   (retryable); the rerun resumes there."""
   workdir = tmp_path / "run"
-  args = ["-m", "dist_keras.train", f"--workdir={workdir}",
-          "--config.train.steps=100000", "--config.train.log_every=1",
-          "--config.train.checkpoint_every=100000",
-          "--config.data.seq_len=12", "--config.model.units=16",
-          "--config.log.calibration_steps=0"]
+  args = _until_stopped(workdir, log_every=1)
   terminal, its_end = os.openpty()
   proc = subprocess.Popen(
       [sys.executable, *args], cwd=helpers.REPO, stdin=its_end,
@@ -270,8 +279,7 @@ def test_a_closed_terminal_checkpoints_the_step_and_exits_143(tmp_path):
   saved = sorted(int(name.split("-")[1].split(".")[0]) for name in
                  os.listdir(workdir / "checkpoints") if name.endswith(".index"))
   assert saved and saved[-1] > 0, saved
-  resumed = helpers.run_module([*args[:3], f"--config.train.steps={saved[-1] + 2}",
-                                *args[4:]])
+  resumed = _resumed(args, saved[-1] + 2)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert f"resumed from ckpt-{saved[-1]} at step {saved[-1]}" in resumed.stdout
 
