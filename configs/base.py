@@ -149,6 +149,9 @@ def _log() -> ml_collections.ConfigDict:
   s = ml_collections.ConfigDict()
   s.tensorboard = True
   s.progress = True  # One line per train.log_every steps on the chief.
+  # Also a line (step, s/step, ETA) whenever this many seconds pass without
+  # one: a slow model's train.log_every steps can take minutes. 0: never.
+  s.progress_seconds = 30.0
   # Split logged steps into input wait / compute / straggler / all-reduce.
   s.sync_timing = True
   # "START,STOP": TF profiler trace of those train steps into the workdir

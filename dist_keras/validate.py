@@ -99,6 +99,8 @@ def config(c) -> None:
   profile_steps(c.log.profile_steps)
   _at_least("log.peak_tflops", c.log.peak_tflops, 0,
             "0: the table of known accelerators, or a measured matmul on CPU")
+  _at_least("log.progress_seconds", c.log.progress_seconds, 0,
+            "0: progress lines at train.log_every steps only")
 
 
 def workdir(path: str) -> None:

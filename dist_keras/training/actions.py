@@ -1,6 +1,7 @@
 """What happens at a step boundary, as Keras callbacks: the built-in actions
 run in one keras.callbacks.CallbackList with the users' callbacks, in order
-(Trainer._actions in loop.py): log the window, profile, calibrate, the
+(Trainer._actions in loop.py): say how the run is going between log
+lines, log the window, profile, calibrate, the
 users' callbacks, History, agree to stop, checkpoint, report to Ray Train
 (ray_report.py, only inside its session), answer a SIGTERM or Ctrl-C. A
 boundary that ends an epoch is an epoch end (after the eval); any other is a
@@ -9,6 +10,7 @@ batch end.
 import dataclasses
 import os
 import signal
+import time
 
 import keras
 
@@ -35,6 +37,7 @@ class RunState:
   retries_left: int = 0  # train.divergence_retries not yet used.
   skipped: list = dataclasses.field(default_factory=list)  # [first, last].
   final_eval: dict | None = None
+  tracing_seconds: float = 0.0  # Of the calls that traced a function.
   calibrated: dict = dataclasses.field(default_factory=dict)
 
   @property
@@ -61,6 +64,46 @@ class Boundary(keras.callbacks.Callback):
 
   def at(self, step: int, epoch_end: bool) -> None:
     raise NotImplementedError
+
+
+class Progress(keras.callbacks.Callback):
+  """The lines between log lines: a call that traced and compiled a step
+  function (the first timed and the first plain call: seconds to minutes
+  for a large model, or under XLA), and a heartbeat whenever
+  `every_seconds` pass without a line, as train.log_every steps of a slow
+  model can take minutes. Only the host's clock and step count are read:
+  no collective."""
+
+  def __init__(self, run: RunState, trainer, every_seconds: float):
+    super().__init__()
+    self.run, self.trainer, self.every = run, trainer, every_seconds
+    self._call = (0.0, 0)  # (clock, step) when the current call began.
+    self._since = None  # (clock, step) after the last tracing call.
+    self._last_line = time.monotonic()
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self._call = (time.monotonic(), self.run.step)
+
+  def on_train_batch_end(self, batch, logs=None):
+    now, step, schedule = time.monotonic(), self.run.step, self.run.schedule
+    traced = self.run.out.get("traced")
+    if traced:
+      seconds = now - self._call[0]
+      self.run.tracing_seconds += seconds
+      self._since, self._last_line = (now, step), now
+      self.trainer.say(report.traced_line(self._call[1] + 1, step, seconds,
+                                          traced))
+    elif schedule.logs(step) or schedule.ends_epoch(step):
+      self._last_line = now  # LogWindow says one.
+    elif self.every and now - self._last_line >= self.every:
+      self._last_line = now
+      since, from_step = self._since or self._call
+      per_step = (now - since) / (step - from_step) if (
+          step > from_step) else None
+      self.trainer.say(report.heartbeat_line(step, schedule.steps, per_step))
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._last_line = time.monotonic()  # After the eval's line.
 
 
 class LogWindow(keras.callbacks.Callback):

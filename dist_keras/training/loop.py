@@ -65,10 +65,6 @@ class Trainer:
     self.history = None  # keras.callbacks.History, once run.
     self.run_state = None  # actions.RunState, once run.
 
-  @property
-  def optimizer(self):
-    return self.model.optimizer
-
   def say(self, message: str) -> None:
     if self.chief and self.settings.progress:
       try:
@@ -184,7 +180,8 @@ class Trainer:
                            self.chief) as prof, preemption.StopRequest(
                                self.strategy, self.workers > 1,
                                self.settings.schedule.log_every) as stop:
-      before = [actions.LogWindow(run, self),
+      before = [actions.Progress(run, self, self.settings.progress_seconds),
+                actions.LogWindow(run, self),
                 actions.Profile(run, prof),
                 actions.Calibrate(run, self, iterator)]
       after = [actions.SaveCheckpoints(run, self.parts.checkpoints,

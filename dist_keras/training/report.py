@@ -31,6 +31,29 @@ def progress_line(step: int, steps: int, values: dict, rate, remaining_s):
           + f"ETA {timing.eta(remaining_s)}")
 
 
+_FUNCTIONS = {"timed": "timed step function (logged steps run it)",
+              "plain": "plain step function (the other steps run it)"}
+
+
+def traced_line(first: int, last: int, seconds: float, function: str) -> str:
+  """'step 1 in 41.3 s: traced and compiled the timed step function ...'."""
+  steps = f"step {first}" if first == last else f"steps {first}-{last}"
+  return (f"{steps} in {seconds:.1f} s: traced and compiled the "
+          f"{_FUNCTIONS[function]}")
+
+
+def heartbeat_line(step: int, steps: int, seconds_per_step) -> str:
+  """'step  7/30  12.40 s/step  ETA 0:04:49', between log lines."""
+  if seconds_per_step is None:
+    rate, left = "", None
+  else:
+    rate = (f"{seconds_per_step:.2f} s/step  " if seconds_per_step >= 1
+            else f"{1e3 * seconds_per_step:.0f} ms/step  ")
+    left = (steps - step) * seconds_per_step
+  return (f"step {step:>{len(str(steps))}}/{steps}  {rate}"
+          f"ETA {timing.eta(left)}")
+
+
 def eval_line(step: int, result: dict) -> str:
   metrics = {k: v for k, v in result.items() if k != "examples"}
   return (f"eval at step {step}: {metrics_text(metrics)}  "
@@ -97,6 +120,8 @@ def summary_json(run_fields: dict, run, meters) -> dict:
       **{k: means.get(k) for k in (*breakdown.SyncLog.COMPONENTS,
                                    "model_step_ms", "step_ms")},
       "skipped_steps": run.skipped_steps,
+      # Wall seconds of the calls that traced and compiled a function.
+      "tracing_calls_s": run.tracing_seconds,
       "ideal_step_ms": None, "ideal_speedup": None,
       **run.calibrated,
       **meters.utilisation.summary(eps),

@@ -106,6 +106,7 @@ class Settings:
   peak_tflops: float
   perplexity: bool
   progress: bool
+  progress_seconds: float  # A heartbeat line at least this often; 0: none.
   tensorboard: bool
 
   @classmethod
@@ -127,7 +128,8 @@ class Settings:
         divergence_retries=train.divergence_retries,
         profile_steps=log.profile_steps, precision=train.precision,
         peak_tflops=log.peak_tflops, perplexity=log.perplexity,
-        progress=log.progress, tensorboard=log.tensorboard)
+        progress=log.progress, progress_seconds=log.progress_seconds,
+        tensorboard=log.tensorboard)
 
 
 def notes(config, on_tpu: bool) -> list[str]:

@@ -63,6 +63,15 @@ def test_negative_bytes_per_pack_is_refused_before_training(tmp_path,
   assert not os.listdir(tmp_path)
 
 
+def test_a_negative_heartbeat_interval_is_refused():
+  c = helpers.tiny_config()
+  c.log.progress_seconds = -1.0
+  with pytest.raises(UserError, match=(
+      r"log.progress_seconds=-1.0 must be >= 0 \(0: progress lines at "
+      r"train.log_every steps only\)")):
+    validate.config(c)
+
+
 def test_unknown_allreduce_dtype_is_refused(tmp_path, mirrored):
   c = helpers.tiny_config()
   c.runtime.allreduce_dtype = "int8"

@@ -155,7 +155,11 @@ def test_progress_lines_show_step_loss_throughput_and_eta(tiny_run):
   # Validated once: the config, the built-in data's and model's settings.
   assert tiny_run.validations == {"config": 1, "source": 1, "check": 1}
   lines = tiny_run.stdout.splitlines()
-  step_lines = [l for l in lines if l.startswith("step")]
+  # The first timed and the first plain call trace their functions.
+  traced = [l for l in lines if "traced and compiled" in l]
+  assert [l.split(" in ")[0] for l in traced] == ["step 1", "step 2"]
+  assert 0 < tiny_run.summary["tracing_calls_s"]
+  step_lines = [l for l in lines if l.startswith("step") and l not in traced]
   assert len(step_lines) == 2
   assert "warm-up" in step_lines[0]
   assert all(k in step_lines[1] for k in ("8/8", "loss", "ex/s", "ETA"))

@@ -82,11 +82,11 @@ def test_a_skipped_float16_step_is_not_divergence(tmp_path, mirrored):
                 "skipped": 1}
     run = actions.RunState(trainer.settings.schedule, step=1)
     check = functools.partial(divergence.check, run,
-                              optimizer=trainer.optimizer,
+                              optimizer=trainer.model.optimizer,
                               checkpoints=trainer.parts.checkpoints)
     check({k: _np(v) for k, v in overflow.items()})
     assert run.skipped_steps == 1
-    trainer.optimizer.dynamic_scale.assign(0.5)  # Overflows even unscaled.
+    trainer.model.optimizer.dynamic_scale.assign(0.5)  # Overflows even unscaled.
     run.step = 2
     with pytest.raises(errors.Diverged, match="at step 2"):
       check({k: _np(v) for k, v in overflow.items()})

@@ -1,0 +1,96 @@
+"""Progress between log lines (actions.Progress): each call that traced a
+step function is reported, and a heartbeat comes when log.progress_seconds
+pass without a line; with a fake clock, no TensorFlow."""
+import pytest
+
+from dist_keras.training import actions
+from dist_keras.training.settings import Schedule
+
+
+class _Trainer:
+  def __init__(self):
+    self.said = []
+
+  def say(self, line):
+    self.said.append(line)
+
+
+class _Clock:
+  def __init__(self):
+    self.now = 100.0
+
+  def __call__(self):
+    return self.now
+
+
+def _progress(monkeypatch, every_seconds=30):
+  """A Progress over a 100-step run logging every 50 steps; returns what
+  it said, `call(steps, seconds, traced=None)` that runs one call, and the
+  run's state."""
+  clock = _Clock()
+  monkeypatch.setattr(actions.time, "monotonic", clock)
+  run = actions.RunState(Schedule(100, 50, 1000, 0), step=0)
+  trainer = _Trainer()
+  action = actions.Progress(run, trainer, every_seconds)
+
+  def call(steps, seconds, traced=None):
+    action.on_train_batch_begin(0)
+    clock.now += seconds
+    run.step += steps
+    run.out = {"traced": traced} if traced else {}
+    action.on_train_batch_end(0)
+
+  return trainer.said, call, run
+
+
+@pytest.fixture
+def progress(monkeypatch):
+  return _progress(monkeypatch)
+
+
+def test_each_call_that_traced_is_reported_with_its_seconds(progress):
+  said, call, run = progress
+  call(1, 41.25, "timed")
+  call(1, 38.0, "plain")
+  call(5, 2.0)
+  assert said == [
+      "step 1 in 41.2 s: traced and compiled the timed step function "
+      "(logged steps run it)",
+      "step 2 in 38.0 s: traced and compiled the plain step function "
+      "(the other steps run it)"]
+  assert run.tracing_seconds == pytest.approx(79.25)
+
+
+def test_a_heartbeat_when_no_line_for_the_interval(progress):
+  said, call, _ = progress
+  call(1, 40.0, "timed")
+  call(1, 40.0, "plain")  # Traced: its line resets the interval.
+  for _ in range(7):
+    call(1, 5.0)  # Steps 3-9; step 8 ends 30 s after step 2's line.
+  assert said[2:] == ["step   8/100  5.00 s/step  ETA 0:07:40"]
+  call(1, 0.5)
+  assert len(said) == 3  # The interval starts again from the heartbeat.
+
+
+def test_no_heartbeat_at_log_steps(progress):
+  said, call, _ = progress
+  call(1, 1.0, "timed")
+  call(49, 60.0)  # Ends at step 50, a log step: LogWindow says the line.
+  assert len(said) == 1
+  call(1, 31.0)  # 31 s after step 50's line; 91 s for 50 steps since step 1.
+  assert said[-1] == "step  51/100  1.82 s/step  ETA 0:01:29"
+
+
+def test_zero_seconds_means_no_heartbeat(monkeypatch):
+  said, call, _ = _progress(monkeypatch, every_seconds=0)
+  call(1, 1.0, "timed")
+  call(10, 1000.0)
+  assert len(said) == 1
+
+
+def test_the_rate_is_in_milliseconds_below_a_second(progress):
+  said, call, _ = progress
+  call(1, 1.0, "timed")
+  for _ in range(40):
+    call(1, 0.8)
+  assert said[-1] == "step  39/100  800 ms/step  ETA 0:00:48"
