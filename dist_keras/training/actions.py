@@ -15,8 +15,8 @@ import time
 import keras
 
 from dist_keras import errors
-from dist_keras.measure import calibration
-from dist_keras.training import allreduce, lr, report
+from dist_keras.measure import calibration, timing
+from dist_keras.training import allreduce, lr, preemption, report
 from dist_keras.training import steps
 from dist_keras.training.settings import Schedule, auto_steps_per_call
 
@@ -160,17 +160,42 @@ class Profile(keras.callbacks.Callback):
 
 class Calibrate(keras.callbacks.Callback):
   """After training: the free-communication step and the all-reduce model
-  (log.calibration_steps; not for a model's own train_step)."""
+  (log.calibration_steps; not for a model's own train_step). Skipped when a
+  stop was requested: before it begins (agreed by every worker), or, on one
+  host, while it runs."""
 
-  def __init__(self, run: RunState, trainer, iterator):
+  def __init__(self, run: RunState, trainer, iterator, stop_request):
     super().__init__()
     self.run, self.trainer, self.iterator = run, trainer, iterator
+    self.stop_request = stop_request
 
   def on_train_end(self, logs=None):
     trainer, meters = self.trainer, self.trainer.meters
     count = trainer.settings.calibration_steps
     if not count or not meters.throughput.step_seconds or trainer.custom_step:
       return
+    if self.stop_request.agreed():
+      trainer.say(f"calibration skipped: {self.stop_request.describe()}")
+      return
+    seconds = (max(3 * meters.largest_call, count) + meters.largest_call
+               ) * meters.throughput.step_seconds
+    if seconds >= trainer.settings.progress_seconds > 0:
+      trainer.say(f"calibrating for about {timing.eta(seconds)}: {count} "
+                  "steps without communication, then all-reduces "
+                  "(log.calibration_steps=0 skips it)")
+    try:
+      with self.stop_request.skippable():
+        measured = self._calibrate(count)
+    except preemption.Skipped:
+      trainer.say(f"calibration skipped: {self.stop_request.describe()}")
+      return
+    for line in calibration.lines(self.run.calibrated, meters.gradient_bytes,
+                                  measured, trainer.replicas > 1):
+      trainer.say(line)
+
+  def _calibrate(self, count: int):
+    """Sets run.calibrated; returns the run's measured all-reduce ms."""
+    trainer, meters = self.trainer, self.trainer.meters
     ideal_ms = calibration.no_communication_step_ms(
         trainer.strategy, steps.make_compute_only(
             self.model, self.model.optimizer),
@@ -179,9 +204,7 @@ class Calibrate(keras.callbacks.Callback):
     self.run.calibrated = calibration.check(
         trainer.strategy, 1e3 * meters.throughput.step_seconds, ideal_ms,
         meters.gradient_bytes, measured, deterministic=self.run.multi_worker)
-    for line in calibration.lines(self.run.calibrated, meters.gradient_bytes,
-                                  measured, trainer.replicas > 1):
-      trainer.say(line)
+    return measured
 
 
 class AgreeToStop(Boundary):
@@ -229,7 +252,13 @@ class AnswerStopRequest(Boundary):
     super().__init__(run)
     self.stop_request, self.checkpoints = stop_request, checkpoints
 
+  def on_train_begin(self, logs=None):
+    self.stop_request.training_done = self.run.finishing  # A rerun at the end.
+
   def at(self, step: int, epoch_end: bool) -> None:
+    if self.run.finishing:  # Its checkpoint is saved: nothing left to stop.
+      self.stop_request.training_done = True
+      return
     if not self.stop_request.should_stop(step):
       return
     if self.checkpoints.saved_at != step:

@@ -183,7 +183,7 @@ class Trainer:
       before = [actions.Progress(run, self, self.settings.progress_seconds),
                 actions.LogWindow(run, self),
                 actions.Profile(run, prof),
-                actions.Calibrate(run, self, iterator)]
+                actions.Calibrate(run, self, iterator, stop)]
       after = [actions.SaveCheckpoints(run, self.parts.checkpoints,
                                        self.meters),
                *ray_report.for_session(run, self.parts.checkpoints,

@@ -12,6 +12,7 @@ at once. Under multi-worker training every worker must stop at the SAME step
 signal may reach only one of them, so the workers agree with one tiny
 all-reduce every `agree_every` steps instead of every step.
 """
+import contextlib
 import os
 import signal
 import stat
@@ -19,6 +20,11 @@ import sys
 import threading
 
 from dist_keras.training import allreduce
+
+
+class Skipped(KeyboardInterrupt):
+  """A stop request inside work that may be cut short (StopRequest.
+  skippable): the work is dropped, the run goes on to write its results."""
 
 _NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
           signal.SIGHUP: "SIGHUP (the terminal closed)"}
@@ -59,6 +65,10 @@ class StopRequest:
     self.strategy, self.multi_worker = strategy, multi_worker
     self.agree_every = agree_every
     self.signal = None
+    # Once the last step is checkpointed, a stop request only hurries the
+    # results along: nothing is left to stop.
+    self.training_done = False
+    self._skippable = False
     self._previous = {}
     self._agree = None
 
@@ -91,9 +101,26 @@ class StopRequest:
     if signum == signal.SIGHUP:
       _silence(_terminals((1, 2)))
     if signum == signal.SIGINT:
-      print("dist_keras: Ctrl-C: stopping after this step with a checkpoint "
-            "(Ctrl-C again stops at once, without one)", file=sys.stderr,
-            flush=True)
+      print("dist_keras: Ctrl-C: " + (
+          "training is done and checkpointed; writing its results (Ctrl-C "
+          "again stops at once: a rerun then writes them)"
+          if self.training_done else "stopping after this step with a "
+          "checkpoint (Ctrl-C again stops at once, without one)"),
+            file=sys.stderr, flush=True)
+    if self._skippable:
+      raise Skipped
+
+  @contextlib.contextmanager
+  def skippable(self):
+    """Work after training that a stop request cuts short on one host (the
+    calibration): the request raises Skipped inside it. Not under
+    multi-worker training: a worker that left its collectives would strand
+    the others."""
+    self._skippable = not self.multi_worker
+    try:
+      yield
+    finally:
+      self._skippable = False
 
   def describe(self) -> str:
     """What asked this process to stop, for its last line."""
@@ -108,6 +135,11 @@ class StopRequest:
     if step % self.agree_every:
       return False
     return self._anyone_requested()
+
+  def agreed(self) -> bool:
+    """Whether any worker was asked to stop (a collective under multi-worker
+    training: every worker must call it at the same point)."""
+    return self._anyone_requested() if self.multi_worker else self.requested
 
   def _anyone_requested(self) -> bool:
     if self._agree is None:

@@ -122,3 +122,56 @@ def test_ctrl_c_in_fit_checkpoints_raises_keyboardinterrupt_and_resumes(
                           workdir=workdir, config=CONFIG, strategy=mirrored)
   assert result.summary["steps"] == 12
   assert len(result.history["loss"]) == 1  # This call's epoch: step -> 12.
+
+
+def test_once_training_is_done_a_ctrl_c_hurries_the_results(ctrl_c_raises,
+                                                             capsys):
+  """After the last step's checkpoint: the line says so, and work marked
+  skippable (the calibration) is cut short on one host, never under
+  multi-worker training (the others would wait in a collective)."""
+  with preemption.StopRequest(None, False, 5) as request:
+    request.training_done = True
+    with pytest.raises(preemption.Skipped), request.skippable():
+      _raise_in_handler(request, signal.SIGINT)
+    assert ("Ctrl-C: training is done and checkpointed; writing its results"
+            in capsys.readouterr().err)
+    assert request.agreed()
+  with preemption.StopRequest(None, True, 5) as request:
+    with request.skippable():
+      _raise_in_handler(request, signal.SIGTERM)  # Not skipped.
+    assert request.requested
+
+
+class _CtrlCAtEpochEnd(keras.callbacks.Callback):
+  def on_epoch_end(self, epoch, logs=None):
+    signal.raise_signal(signal.SIGINT)
+
+
+def _pressing_ctrl_c_in(monkeypatch):
+  """calibration.no_communication_step_ms presses Ctrl-C, then goes on as
+  it would (a request it answered late would show as its result)."""
+  from dist_keras.measure import calibration  # pylint: disable=import-outside-toplevel
+  real = calibration.no_communication_step_ms
+
+  def pressed(*args, **kwargs):
+    signal.raise_signal(signal.SIGINT)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(calibration, "no_communication_step_ms", pressed)
+
+
+@pytest.mark.parametrize("when", ["at the last step", "while calibrating"])
+def test_ctrl_c_after_the_last_step_skips_the_calibration_and_finishes(
+    tmp_path, mirrored, ctrl_c_raises, capsys, monkeypatch, when):
+  callbacks = [_CtrlCAtEpochEnd()] if when == "at the last step" else []
+  if when == "while calibrating":
+    _pressing_ctrl_c_in(monkeypatch)
+  result = dist_keras.fit(
+      user_task.model_fn, user_task.dataset_fn, workdir=str(tmp_path),
+      config={**CONFIG, "log.calibration_steps": 50, "log.progress": True},
+      strategy=mirrored, callbacks=callbacks)
+  assert result.summary["steps"] == 12
+  assert result.summary["ideal_step_ms"] is None
+  assert "calibration skipped: Ctrl-C (SIGINT)" in capsys.readouterr().out
+  assert (tmp_path / "summary.json").exists()
+  assert (tmp_path / "model.keras").exists()
