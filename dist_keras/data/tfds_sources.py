@@ -34,6 +34,8 @@ seq_len (next-byte prediction over 256 byte values).
 
 Reading (sharding by input pipeline, example ids): tfds_reading.py.
 """
+import contextlib
+import os
 import re
 
 import tensorflow as tf
@@ -154,15 +156,37 @@ def _download(b, data_name: str, offline_command: str) -> None:
   """TFDS's download_and_prepare, a failure of which (no network, after
   TFDS's own retries) is one line with the offline way to prepare it."""
   tfds = tfds_reading.tfds_module()
+  data_dir = str(b.data_dir_root)
+  # Where TFDS makes folders (not the rest of data_dir: other datasets).
+  made = [os.path.join(data_dir, "downloads"), os.path.join(data_dir, b.name)]
+  before = _folders(made) | _folders([data_dir], deep=False)
   try:
     b.download_and_prepare()
   except (OSError, tfds.download.DownloadError) as e:
-    data_dir = b.data_dir_root
+    _remove_empty((_folders(made) | {data_dir}) - before)
     raise UserError(
         f"data.download=True could not prepare {data_name!r} in {data_dir} "
         f"({type(e).__name__}: {errors.cause(str(e))}); check this "
         "machine's network, or prepare it where there is one "
         f"(`{offline_command}`) and copy {data_dir} here.") from e
+
+
+def _folders(roots, deep: bool = True) -> set:
+  """The local folders among `roots`, and with `deep` every folder under
+  them (gs:// ones are left alone)."""
+  local = [root for root in roots if "://" not in root and os.path.isdir(root)]
+  if not deep:
+    return set(local)
+  return {path for root in local for path, _, _ in os.walk(root)}
+
+
+def _remove_empty(folders: set) -> None:
+  """Removes those of `folders` that are empty, deepest first: what a
+  failed download_and_prepare made and left empty (downloads/extracted,
+  NAME/), never a file."""
+  for path in sorted(folders, key=len, reverse=True):
+    with contextlib.suppress(OSError):  # Not empty, or not local.
+      os.rmdir(path)
 
 
 def _check_features(data_cfg, features):

@@ -138,8 +138,12 @@ def test_a_download_that_fails_is_one_line_with_the_offline_way(tmp_path):
   c = _cfg("dk_offline", str(tmp_path)).data
   c.unlock()
   c.download = True
+  (tmp_path / "downloads" / "earlier").mkdir(parents=True)  # Not TFDS's.
   with pytest.raises(UserError) as e:
     data.source(c)
+  # TFDS's folders, left empty (downloads/extracted, dk_offline/), are gone.
+  assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+      "downloads", "downloads/earlier"]
   message = str(e.value)
   assert "\n" not in message
   assert message.startswith(
