@@ -203,6 +203,15 @@ def test_tfjob_structure():
   assert tfjob["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
 
 
+def test_pods_have_time_to_answer_a_sigterm():
+  """Kubernetes' default 30 s from SIGTERM to SIGKILL can end before the
+  workers' next agreement step, an eval and a checkpoint save."""
+  pods = [_one("TFJob")["spec"]["tfReplicaSpecs"]["Worker"]["template"],
+          _one("Job")["spec"]["template"]]
+  for pod in pods:
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= 60
+
+
 def test_tfjob_tf_config_addresses_use_port_2222():
   tfjob = _one("TFJob")
   n = tfjob["spec"]["tfReplicaSpecs"]["Worker"]["replicas"]
