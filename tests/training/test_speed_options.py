@@ -16,7 +16,7 @@ from dist_keras.training import actions, allreduce, divergence
 def _one_sgd_step(strategy, c, scale=None):
   """(weights before, weights after, step output) of one SGD step of `c`."""
   with helpers.built(c, strategy) as run:
-    model, optimizer = run.model, run.optimizer
+    model, optimizer = run.model, run.model.optimizer
     if scale is not None:
       optimizer.dynamic_scale.assign(scale)
     before = [w.numpy() for w in model.trainable_variables]

@@ -116,14 +116,14 @@ def test_on_one_device_jit_compiles_the_update_too(one_cpu, mirrored,
   update stays outside XLA (merge_call), and so do timed steps."""
   c = _config("lstm_longmem")
   with helpers.built(c, one_cpu) as run:
-    real = run.optimizer.apply_gradients
+    real = run.model.optimizer.apply_gradients
 
     def with_timestamp(grads_and_vars):
       grads_and_vars = [(g + 0.0 * tf.cast(tf.timestamp(), g.dtype), v)
                         for g, v in grads_and_vars]
       return real(grads_and_vars)
 
-    monkeypatch.setattr(run.optimizer, "apply_gradients", with_timestamp)
+    monkeypatch.setattr(run.model.optimizer, "apply_gradients", with_timestamp)
     iterator = iter(run.parts.train_ds)
     timed = steps.make_train_step(
         one_cpu, run.model, steps.StepOptions(jit=True), timed=True)
