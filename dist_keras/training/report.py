@@ -32,7 +32,7 @@ def progress_line(step: int, steps: int, values: dict, rate, remaining_s):
 
 
 _FUNCTIONS = {"timed": "timed step function (logged steps run it)",
-              "plain": "plain step function (the other steps run it)"}
+              "plain": "plain step function (the untimed steps run it)"}
 
 
 def traced_line(first: int, last: int, seconds: float, function: str) -> str:
