@@ -21,13 +21,13 @@ import threading
 
 from dist_keras.training import allreduce
 
+_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
+          signal.SIGHUP: "SIGHUP (the terminal closed)"}
+
 
 class Skipped(KeyboardInterrupt):
   """A stop request inside work that may be cut short (StopRequest.
   skippable): the work is dropped, the run goes on to write its results."""
-
-_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
-          signal.SIGHUP: "SIGHUP (the terminal closed)"}
 
 
 def _silence(fds) -> None:
