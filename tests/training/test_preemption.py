@@ -13,6 +13,7 @@ import pytest
 import dist_keras
 import user_task
 from dist_keras import errors
+from dist_keras.measure import calibration
 from dist_keras.training import preemption
 
 CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
@@ -150,7 +151,6 @@ class _CtrlCAtEpochEnd(keras.callbacks.Callback):
 def _pressing_ctrl_c_in(monkeypatch):
   """calibration.no_communication_step_ms presses Ctrl-C, then goes on as
   it would (a request it answered late would show as its result)."""
-  from dist_keras.measure import calibration  # pylint: disable=import-outside-toplevel
   real = calibration.no_communication_step_ms
 
   def pressed(*args, **kwargs):
