@@ -54,10 +54,10 @@ def test_each_call_that_traced_is_reported_with_its_seconds(progress):
   call(1, 38.0, "plain")
   call(5, 2.0)
   assert said == [
-      "step 1 in 41.2 s: traced and compiled the timed step function "
-      "(logged steps run it)",
-      "step 2 in 38.0 s: traced and compiled the plain step function "
-      "(the untimed steps run it)"]
+      ("step 1 in 41.2 s: traced and compiled the timed step function "
+       "(logged steps run it)"),
+      ("step 2 in 38.0 s: traced and compiled the plain step function "
+       "(the untimed steps run it)")]
   assert run.tracing_seconds == pytest.approx(79.25)
 
 
