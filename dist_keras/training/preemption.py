@@ -130,11 +130,9 @@ class StopRequest:
 
   def should_stop(self, step: int) -> bool:
     """Whether every worker stops after `step` (same answer on all)."""
-    if not self.multi_worker:
-      return self.requested
-    if step % self.agree_every:
+    if self.multi_worker and step % self.agree_every:
       return False
-    return self._anyone_requested()
+    return self.agreed()
 
   def agreed(self) -> bool:
     """Whether any worker was asked to stop (a collective under multi-worker
