@@ -15,6 +15,14 @@ from dist_keras.measure import costmodel
 _MIN_SWEEP_BYTES = 1 << 18
 
 
+def call_plan(steps: int, per_call: int) -> tuple[int, int]:
+  """(steps per call, timed calls) of no_communication_step_ms: calls of
+  the run's largest call, at least 3, `steps` steps in all when that is
+  more; one more call before them traces and warms up."""
+  per_call = max(1, min(per_call, steps))
+  return per_call, max(3, steps // per_call)
+
+
 def no_communication_step_ms(strategy, replica_compute, iterator,
                              steps: int, per_call: int = 1) -> float:
   """Median wall time per step of `replica_compute(batch)` (the train step's
@@ -26,7 +34,7 @@ def no_communication_step_ms(strategy, replica_compute, iterator,
   call overlap, which one step a call cannot show (docs/performance.md).
   At least 3 calls, `steps` steps in all when that is more.
   """
-  per_call = max(1, min(per_call, steps))
+  per_call, timed_calls = call_plan(steps, per_call)
 
   @tf.function(autograph=False)
   def calls(it, n):
@@ -43,7 +51,7 @@ def no_communication_step_ms(strategy, replica_compute, iterator,
   n = tf.constant(per_call)
   calls(iterator, n)  # Trace and warm up.
   samples = []
-  for _ in range(max(3, steps // per_call)):
+  for _ in range(timed_calls):
     start = time.perf_counter()
     calls(iterator, n).numpy()
     samples.append((time.perf_counter() - start) / per_call)

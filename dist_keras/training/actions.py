@@ -174,11 +174,15 @@ class Calibrate(keras.callbacks.Callback):
     count = trainer.settings.calibration_steps
     if not count or not meters.throughput.step_seconds or trainer.custom_step:
       return
-    if self.stop_request.agreed():
+    if self.stop_request.agreed() or not self._calibrated(count):
       trainer.say(f"calibration skipped: {self.stop_request.describe()}")
-      return
-    seconds = (max(3 * meters.largest_call, count) + meters.largest_call
-               ) * meters.throughput.step_seconds
+
+  def _calibrated(self, count: int) -> bool:
+    """Announces a long calibration, runs it and prints its results; False
+    if a stop request cut it short."""
+    trainer, meters = self.trainer, self.trainer.meters
+    per_call, timed_calls = calibration.call_plan(count, meters.largest_call)
+    seconds = per_call * (timed_calls + 1) * meters.throughput.step_seconds
     if seconds >= trainer.settings.progress_seconds > 0:
       trainer.say(f"calibrating for about {timing.eta(seconds)}: {count} "
                   "steps without communication, then all-reduces "
@@ -187,11 +191,11 @@ class Calibrate(keras.callbacks.Callback):
       with self.stop_request.skippable():
         measured = self._calibrate(count)
     except preemption.Skipped:
-      trainer.say(f"calibration skipped: {self.stop_request.describe()}")
-      return
+      return False
     for line in calibration.lines(self.run.calibrated, meters.gradient_bytes,
                                   measured, trainer.replicas > 1):
       trainer.say(line)
+    return True
 
   def _calibrate(self, count: int):
     """Sets run.calibrated; returns the run's measured all-reduce ms."""
