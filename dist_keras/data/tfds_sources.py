@@ -159,7 +159,7 @@ def _download(b, data_name: str, offline_command: str) -> None:
   data_dir = str(b.data_dir_root)
   # Where TFDS makes folders (not the rest of data_dir: other datasets).
   made = [os.path.join(data_dir, "downloads"), os.path.join(data_dir, b.name)]
-  before = _folders(made) | _folders([data_dir], deep=False)
+  before = _folders(made) | ({data_dir} if os.path.isdir(data_dir) else set())
   try:
     b.download_and_prepare()
   except (OSError, tfds.download.DownloadError) as e:
@@ -171,13 +171,10 @@ def _download(b, data_name: str, offline_command: str) -> None:
         f"(`{offline_command}`) and copy {data_dir} here.") from e
 
 
-def _folders(roots, deep: bool = True) -> set:
-  """The local folders among `roots`, and with `deep` every folder under
-  them (gs:// ones are left alone)."""
-  local = [root for root in roots if "://" not in root and os.path.isdir(root)]
-  if not deep:
-    return set(local)
-  return {path for root in local for path, _, _ in os.walk(root)}
+def _folders(roots) -> set:
+  """Every local folder under `roots`, themselves included (gs:// ones are
+  left alone: os.walk finds nothing there)."""
+  return {path for root in roots for path, _, _ in os.walk(root)}
 
 
 def _remove_empty(folders: set) -> None:
