@@ -93,7 +93,7 @@ class Progress(keras.callbacks.Callback):
       self._since, self._last_line = (now, step), now
       self.trainer.say(report.traced_line(self._call[1] + 1, step, seconds,
                                           traced))
-    elif schedule.logs(step) or schedule.ends_epoch(step):
+    elif schedule.says_progress(step):
       self._last_line = now  # LogWindow says one.
     elif self.every and now - self._last_line >= self.every:
       self._last_line = now
@@ -116,7 +116,7 @@ class LogWindow(keras.callbacks.Callback):
 
   def on_train_batch_end(self, batch, logs=None):
     step, schedule = self.run.step, self.run.schedule
-    if not (schedule.logs(step) or schedule.ends_epoch(step)):
+    if not schedule.says_progress(step):
       return
     train = self.trainer.train_values(self.trainer.train_metrics.window(step))
     perf, seconds = self.trainer.meters.close_window()

@@ -34,6 +34,11 @@ class Schedule:
   def logs(self, step: int) -> bool:
     return step % self.log_every == 0 or step == self.steps
 
+  def says_progress(self, step: int) -> bool:
+    """Whether a progress line comes after `step`: a log step or an
+    epoch's end."""
+    return self.logs(step) or self.ends_epoch(step)
+
   @property
   def epoch_steps(self) -> int:
     """Steps per epoch: an eval interval (the whole run at eval.every=0);
