@@ -205,11 +205,14 @@ def _resumed(args: list, steps: int):
        else f"--config.train.steps={steps}" for arg in args])
 
 
-@pytest.mark.parametrize("signum,said,code", [
-    (signal.SIGTERM, "SIGTERM", errors.EXIT_PREEMPTED),
-    (signal.SIGINT, "Ctrl-C (SIGINT)", errors.EXIT_INTERRUPTED)])
+# One rerun is enough: what a rerun resumes from is the same checkpoint
+# whichever signal stopped the run (each TensorFlow process is ~15 CPU-s,
+# and CI has 15 minutes).
+@pytest.mark.parametrize("signum,said,code,rerun", [
+    (signal.SIGTERM, "SIGTERM", errors.EXIT_PREEMPTED, False),
+    (signal.SIGINT, "Ctrl-C (SIGINT)", errors.EXIT_INTERRUPTED, True)])
 def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
-    tmp_path, signum, said, code):
+    tmp_path, signum, said, code, rerun):
   """SIGTERM (preemption) and Ctrl-C: the step the run is at is saved, one
   line says so (after Ctrl-C's notice), the same command resumes."""
   workdir = tmp_path / "run"
@@ -245,6 +248,8 @@ def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
   assert f"checkpoint ckpt-{step} saved" in last
   assert os.path.exists(f"{workdir}/checkpoints/ckpt-{step}.index")
   assert not (workdir / "summary.json").exists()
+  if not rerun:
+    return
   # The same command (fewer steps, to finish) resumes at that step.
   resumed = _resumed(args, step + 5)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -260,7 +265,8 @@ def test_a_closed_terminal_checkpoints_the_step_and_exits_143(tmp_path):
   """An ssh session that drops: the run's terminal (a pty here) is gone
   and SIGHUP arrives; every progress line from then on would fail (EIO),
   so the run stops writing to it, saves the step it is at and exits 143
-  (retryable); the rerun resumes there."""
+  (retryable; a rerun resumes from that checkpoint as after any stop
+  signal: the Ctrl-C case above reruns one)."""
   workdir = tmp_path / "run"
   args = _until_stopped(workdir, log_every=1)
   terminal, its_end = os.openpty()
@@ -279,9 +285,6 @@ def test_a_closed_terminal_checkpoints_the_step_and_exits_143(tmp_path):
   saved = sorted(int(name.split("-")[1].split(".")[0]) for name in
                  os.listdir(workdir / "checkpoints") if name.endswith(".index"))
   assert saved and saved[-1] > 0, saved
-  resumed = _resumed(args, saved[-1] + 2)
-  assert resumed.returncode == 0, resumed.stderr[-2000:]
-  assert f"resumed from ckpt-{saved[-1]} at step {saved[-1]}" in resumed.stdout
 
 
 def test_a_ctrl_c_outside_the_loop_is_one_line_and_exit_130(monkeypatch,

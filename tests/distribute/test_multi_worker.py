@@ -35,42 +35,49 @@ def _launch(num_workers, command, timeout=600, **env):
       check=False)
 
 
+# The built-in models; users' models across workers, against one device:
+# tests/training/test_fit_parity.py.
+MODELS = ("lstm_longmem", "cnn_shapes")
+
+
 def _weights_command(strategy, devices, out, *extra):
-  # The built-in models; users' models across workers, against one device:
-  # tests/training/test_fit_parity.py.
   return [TRAIN_WEIGHTS, f"--strategy={strategy}", f"--devices={devices}",
           f"--global_batch_size={GLOBAL_BATCH}", f"--out={out}",
-          "--models=lstm_longmem,cnn_shapes", *extra]
+          f"--models={','.join(MODELS)}", *extra]
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory):
+def weights(tmp_path_factory, mirrored):
   """`(n) -> {kind: [weights per process]}` for n replicas, made on first use.
 
   The reference is ONE process, MirroredStrategy over N logical CPUs with one
   input pipeline per replica: it reads exactly the global batches N
-  one-replica workers read (each worker is one input pipeline). The n
-  workers and the reference run at the same time.
+  one-replica workers read (each worker is one input pipeline). For 2 it
+  is this process (its 2 logical CPUs: a TensorFlow process less), while
+  the workers run; for 3 a process of its own, alongside them.
   """
   out = tmp_path_factory.mktemp("mw")
-  return functools.cache(lambda n: _train_both(out, n))
+  return functools.cache(lambda n: _train_both(out, n, mirrored))
 
 
-def _train_both(out, n):
-  procs = {
-      "workers": subprocess.Popen(
-          [sys.executable, LAUNCHER, f"--num_workers={n}", "--",
-           sys.executable, *_weights_command(
-               "multi_worker_mirrored", n, out / f"workers{n}_{{task}}.npz")],
-          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-          env=ENV),
-      "one_process": subprocess.Popen(
-          [sys.executable, *_weights_command(
-              "mirrored", n, out / f"one_process{n}_0.npz",
-              "--pipeline_per_replica")],
-          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-          env=ENV)}
+def _train_both(out, n, mirrored):
+  procs = {"workers": subprocess.Popen(
+      [sys.executable, LAUNCHER, f"--num_workers={n}", "--",
+       sys.executable, *_weights_command(
+           "multi_worker_mirrored", n, out / f"workers{n}_{{task}}.npz")],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)}
   result = {}
+  if n == mirrored.num_replicas_in_sync:
+    result["one_process"] = [{
+        k: v for model in MODELS for k, v in
+        train_weights.weights_after_training(
+            model, mirrored, GLOBAL_BATCH, pipeline_per_replica=True).items()}]
+  else:
+    procs["one_process"] = subprocess.Popen(
+        [sys.executable, *_weights_command(
+            "mirrored", n, out / f"one_process{n}_0.npz",
+            "--pipeline_per_replica")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
   for kind, proc in procs.items():
     log, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, f"{kind} {n} failed:\n{log[-3000:]}"

@@ -30,6 +30,7 @@ EVAL_SIZE = 123
 # A user's model (tests/user_task.py: L2 regularisers, sample weights, SGD,
 # its own eval split of 123 examples) through the command line's names.
 USER = "user"
+MODELS = ("lstm_longmem", "cnn_shapes", USER)
 
 
 def _config(config_name, global_batch_size, pipeline_per_replica):
@@ -59,8 +60,8 @@ def weights_after_training(config_name, strategy, global_batch_size=32,
   c = _config(config_name, global_batch_size, pipeline_per_replica)
   with tempfile.TemporaryDirectory() as workdir:
     trainer = helpers.trainer(c, workdir, strategy)
-    initial = {f"initial/{config_name}/{w.path}": w.numpy()
-               for w in trainer.model.weights}
+    initial = {f"initial/{k}": v
+               for k, v in _weights(config_name, trainer.model).items()}
     summary = trainer.run()
     trainer.close()
     # eval_examples, eval_loss, then the compiled metric (accuracy, mae).
@@ -68,8 +69,14 @@ def weights_after_training(config_name, strategy, global_batch_size=32,
     evaluated = np.array([summary["eval_examples"], summary["eval_loss"],
                           summary[metric]])
     return {**initial, f"eval/{config_name}": evaluated,
-            **{f"{config_name}/{w.path}": w.numpy()
-               for w in trainer.model.weights}}
+            **_weights(config_name, trainer.model)}
+
+
+def _weights(config_name, model) -> dict:
+  """{NAME/INDEX/LEAF: value}: layer names depend on what the process
+  built before (a test process builds many), so weights match by position."""
+  return {f"{config_name}/{i}/{w.path.split('/')[-1]}": w.numpy()
+          for i, w in enumerate(model.weights)}
 
 
 def main():
@@ -79,7 +86,7 @@ def main():
   parser.add_argument("--out", required=True)
   parser.add_argument("--global_batch_size", type=int, default=32)
   parser.add_argument("--pipeline_per_replica", action="store_true")
-  parser.add_argument("--models", default=f"lstm_longmem,cnn_shapes,{USER}")
+  parser.add_argument("--models", default=",".join(MODELS))
   args = parser.parse_args()
   c = helpers.tiny_config()
   c.runtime.strategy, c.runtime.num_cpu_devices = args.strategy, args.devices

@@ -1,7 +1,9 @@
 """Gradient aggregation is exact: N replicas == one device, to 1e-5.
 
-Each replica count runs in its own process (collectives cannot mix group
-sizes in one process); the runs go in parallel to save wall time.
+CI's pair (one device against the 2 replicas every test process has)
+trains in this process; the slow set's 1 and 4 replicas each run in a
+process of their own (collectives cannot mix group sizes in one process),
+in parallel to save wall time.
 """
 import functools
 import os
@@ -10,31 +12,34 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import helpers
 import train_weights
 
-RUNS = {"one_device": ("one_device", 1), "mirrored_1": ("mirrored", 1),
-        "mirrored_2": ("mirrored", 2), "mirrored_4": ("mirrored", 4)}
-# The runs started together, on first use: CI's (one device against 2
-# replicas), and the slow set's 1 and 4 replicas (each run is a TensorFlow
-# process training three models, and CI has 15 minutes).
-GROUPS = (("one_device", "mirrored_2"), ("mirrored_1", "mirrored_4"))
+# The slow set's runs, each a process of its own (started together).
+RUNS = {"mirrored_1": ("mirrored", 1), "mirrored_4": ("mirrored", 4)}
 COMPARED = [pytest.param("mirrored_1", marks=pytest.mark.slow), "mirrored_2",
             pytest.param("mirrored_4", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-  """`weights[run]`: {name: array} of `run`, its group trained on first
-  use (the group's processes in parallel, to save wall time)."""
+def weights(tmp_path_factory, mirrored):
+  """`weights[run]`: {name: array} of `run`, trained on first use: one
+  device and 2 replicas here (a TensorFlow process less each), the slow
+  set's runs in their own processes."""
   out = tmp_path_factory.mktemp("weights")
-  trained = functools.cache(lambda group: _train(out, group))
+  here = {"one_device": tf.distribute.OneDeviceStrategy("/cpu:0"),
+          "mirrored_2": mirrored}
+  in_process = functools.cache(lambda run: {
+      k: v for model in train_weights.MODELS
+      for k, v in train_weights.weights_after_training(
+          model, here[run]).items()})
+  in_processes = functools.cache(lambda: _train(out, tuple(RUNS)))
 
   class ByRun:
     def __getitem__(self, run):
-      (group,) = [g for g in GROUPS if run in g]
-      return trained(group)[run]
+      return in_process(run) if run in here else in_processes()[run]
 
   return ByRun()
 
@@ -58,7 +63,7 @@ def _train(out, group):
   return result
 
 
-MODELS = ["lstm_longmem", "cnn_shapes", train_weights.USER]
+MODELS = list(train_weights.MODELS)
 
 
 @pytest.mark.parametrize("run", COMPARED)

@@ -72,15 +72,17 @@ def _kill_at(proc, step, victim_pid=None):
 
 
 # The user's dropout model (its random state must resume too: the harder
-# case) on one device, bitwise, and on 2 workers in CI: one device reads the
-# dataset_fn's own dataset, workers a distributed one (distribute/pipelines.py).
-# In the slow set: 2 replicas in one process (the distributed path the
-# workers take; test_loop.py and test_cli.py resume Mirrored runs in CI)
-# and the built-in LSTM on one device (the same code as the user's model).
-# Every run is 3-6 TensorFlow processes, and CI has 15 minutes.
+# case) on 2 workers in CI: a worker SIGKILLed, the cluster restarted by the
+# launcher. In the slow set: one device (bitwise; CI resumes one device
+# bitwise in test_fit_parity.py, stopped by an exception rather than a
+# SIGKILL, and test_cli.py reruns a Ctrl-C-stopped run), 2 replicas in one
+# process (test_loop.py and test_cli.py resume Mirrored runs in CI) and the
+# built-in LSTM on one device (the same code as the user's model). Every
+# run is 3-6 TensorFlow processes, and CI has 15 minutes.
 @pytest.mark.parametrize("strategy,workers,tolerance,model", [
     pytest.param("one_device", 0, 0.0, "lstm", marks=pytest.mark.slow),
-    ("one_device", 0, 0.0, "user_dropout"),  # Bitwise.
+    pytest.param("one_device", 0, 0.0, "user_dropout",  # Bitwise.
+                 marks=pytest.mark.slow),
     pytest.param("mirrored", 0, 1e-6, "user_dropout", marks=pytest.mark.slow),
     ("multi_worker_mirrored", 2, 1e-6, "user_dropout"),
 ])
