@@ -27,6 +27,10 @@ def tiny_config(name: str = "lstm_longmem"):
   c.eval.every = 4
   c.log.progress = False
   c.log.calibration_steps = 0  # tests/training/test_loop.py covers it on its own.
+  # One step function to trace instead of two (the timed one is ~1/3 of a
+  # tiny run's CPU). The sync breakdown's own tests turn it on, and the
+  # tests' command-line runs keep the default (on).
+  c.log.sync_timing = False
   return c
 
 

@@ -30,7 +30,7 @@ def tiny_run(tmp_path_factory, mirrored):
   (how often the config, data and model settings were checked: the
   data's when its source opens)."""
   c = helpers.tiny_config()
-  c.log.progress = True
+  c.log.progress = c.log.sync_timing = True
   printed = io.StringIO()
   with pytest.MonkeyPatch.context() as patch:
     calls = _count_calls(patch, (validate, "config"), (data, "source"),
@@ -255,6 +255,7 @@ def test_calibration_adds_the_ideal_step_and_the_allreduce_model(
     tmp_path, mirrored, capsys):
   c = helpers.tiny_config()
   c.log.calibration_steps, c.log.progress = 3, True
+  c.log.sync_timing = True  # What calibration completes.
   summary = helpers.train(c, str(tmp_path), mirrored)
   assert summary["ideal_step_ms"] > 0
   assert summary["ideal_speedup"] == pytest.approx(
@@ -342,6 +343,7 @@ def test_steps_per_loop_trains_the_same_steps_and_logs_at_the_same_points(
   runs = {}
   for spl in (1, 7, 0):  # 0: automatic.
     c = helpers.tiny_config()
+    c.log.sync_timing = True  # Timed steps run alone: calls stop before them.
     c.train.steps, c.train.log_every, c.train.checkpoint_every = 30, 10, 15
     c.eval.every, c.train.steps_per_loop = 15, spl
     runs[spl] = _trained(c, tmp_path / str(spl), mirrored)
@@ -387,6 +389,7 @@ def test_automatic_steps_per_loop_sizes_calls_from_the_last_window(
   c = helpers.tiny_config()
   c.train.steps, c.train.log_every, c.train.checkpoint_every = 20, 10, 20
   c.eval.every, c.train.steps_per_loop = 0, 0
+  c.log.sync_timing = True  # Timed steps run alone: calls stop before them.
   with helpers.trainer(c, str(tmp_path), mirrored) as trainer:
     calls = _call_sizes(monkeypatch, trainer)
     assert trainer.run()["steps"] == 20
