@@ -84,7 +84,7 @@ def test_profiled_steps_run_one_per_call():
 
 def test_settings_read_the_config_once_and_turn_timing_off_on_tpu():
   c = helpers.tiny_config()
-  c.log.profile_steps = "3,4"
+  c.log.profile_steps, c.log.sync_timing = "3,4", True
   s = Settings.from_config(c, on_tpu=False)
   assert s.schedule.profile == (3, 4) and s.schedule.sync_timing
   assert s.schedule.steps == c.train.steps
