@@ -230,6 +230,8 @@ def _make_two_hosts():
 def _remove_two_hosts():
   for ns in _NETNS:
     _sh("ip", "netns", "del", ns)  # Deletes its end of the veth pair too.
+  # A pair made by a run killed before it moved the pair into the namespaces.
+  _sh("ip", "link", "del", "dk_veth_a")
 
 
 def _train_on_two_hosts(workdir, tmp):
