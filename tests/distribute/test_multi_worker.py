@@ -336,7 +336,7 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(
   log_every step, both save that step's checkpoint and exit 143, worker 0
   naming its peer's request (a rerun
   resumes from a checkpoint: test_resume.py restarts a 2-worker run,
-  test_cli.py reruns a SIGTERM-stopped one)."""
+  test_cli.py reruns a Ctrl-C-stopped one)."""
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
   hosts = [f"127.0.0.1:{p}" for p in _free_ports(2)]
   workdir = tmp_path / "run"
