@@ -68,10 +68,8 @@ def _train_both(out, n, mirrored):
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)}
   result = {}
   if n == mirrored.num_replicas_in_sync:
-    result["one_process"] = [{
-        k: v for model in MODELS for k, v in
-        train_weights.weights_after_training(
-            model, mirrored, GLOBAL_BATCH, pipeline_per_replica=True).items()}]
+    result["one_process"] = [train_weights.models_after_training(
+        MODELS, mirrored, GLOBAL_BATCH, pipeline_per_replica=True)]
   else:
     procs["one_process"] = subprocess.Popen(
         [sys.executable, *_weights_command(

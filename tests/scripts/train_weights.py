@@ -55,6 +55,16 @@ def _config(config_name, global_batch_size, pipeline_per_replica):
   return c
 
 
+def models_after_training(models, strategy, global_batch_size=32,
+                          pipeline_per_replica=False) -> dict:
+  """weights_after_training of each of `models`, in one dict."""
+  weights = {}
+  for name in models:
+    weights.update(weights_after_training(name, strategy, global_batch_size,
+                                          pipeline_per_replica))
+  return weights
+
+
 def weights_after_training(config_name, strategy, global_batch_size=32,
                            pipeline_per_replica=False):
   c = _config(config_name, global_batch_size, pipeline_per_replica)
@@ -93,11 +103,9 @@ def main():
   strategy = strategies.get_strategy(c.runtime)
   assert strategy.num_replicas_in_sync == (
       1 if args.strategy == "one_device" else args.devices)
-  weights = {}
-  for name in args.models.split(","):
-    weights.update(weights_after_training(name, strategy,
-                                          args.global_batch_size,
-                                          args.pipeline_per_replica))
+  weights = models_after_training(args.models.split(","), strategy,
+                                  args.global_batch_size,
+                                  args.pipeline_per_replica)
   cluster = tfconfig.from_env()
   np.savez(args.out.format(task=cluster.task_index if cluster else 0),
            **weights)

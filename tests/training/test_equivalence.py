@@ -31,10 +31,8 @@ def weights(tmp_path_factory, mirrored):
   out = tmp_path_factory.mktemp("weights")
   here = {"one_device": tf.distribute.OneDeviceStrategy("/cpu:0"),
           "mirrored_2": mirrored}
-  in_process = functools.cache(lambda run: {
-      k: v for model in train_weights.MODELS
-      for k, v in train_weights.weights_after_training(
-          model, here[run]).items()})
+  in_process = functools.cache(lambda run: train_weights.models_after_training(
+      train_weights.MODELS, here[run]))
   in_processes = functools.cache(lambda: _train(out, tuple(RUNS)))
 
   class ByRun:
