@@ -237,14 +237,18 @@ def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
   proc.wait(timeout=60)
   # Gone as soon as it has said so: no wait on tf.data's threads (7-30 s
   # when Python's own exit destroyed the stopped iterator).
-  assert time.monotonic() - said_at < 3
-  assert said_at - start < 10
+  assert time.monotonic() - said_at < 5
+  assert said_at - start < 60
   stderr = "".join(lines) + proc.stderr.read()
   assert proc.returncode == code, stderr[-2000:]
   assert "Traceback" not in stderr, stderr[-2000:]
   last = stderr.strip().splitlines()[-1]
   assert last.startswith(f"dist_keras: error: stopped by {said} after step ")
   step = int(last.split("after step ")[1].split(";")[0])
+  # Stopped at the end of the call it was in (the signal came after step
+  # 1's line), not at a later log or checkpoint step. Counted in steps, not
+  # seconds: that call may be a trace, 1 s alone and 14 s under CI's load.
+  assert step <= 5
   assert f"checkpoint ckpt-{step} saved" in last
   assert os.path.exists(f"{workdir}/checkpoints/ckpt-{step}.index")
   assert not (workdir / "summary.json").exists()
