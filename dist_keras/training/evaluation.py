@@ -9,6 +9,8 @@ unknown for a partial last batch (which then counted like a full one, so
 the per-output losses moved with the replica count); each of their updates
 is re-weighed here by the batch's examples.
 """
+import time
+
 import keras
 import tensorflow as tf
 
@@ -84,11 +86,16 @@ def _reduce(dataset, initial_state, reduce_fn):
 
 def evaluate(eval_pass, metric_state, dataset) -> dict:
   """One eval pass: {'loss' and every metric as the model reports them
-  (Keras' `evaluate` names), 'examples', 'steps'}; the metrics are reset
+  (Keras' `evaluate` names), 'examples', 'steps', 'seconds' (its wall
+  time) and 'traced' (whether it traced and compiled the pass: the first
+  one, seconds to minutes for a large model)}; the metrics are reset
   first."""
   metric_state.model.reset_metrics()
+  traces, start = eval_pass.experimental_get_tracing_count(), time.monotonic()
   examples, steps = eval_pass(dataset).numpy()
   result = metric_state.results(metric_state.read())
   result["examples"] = int(round(examples))
   result["steps"] = int(round(steps))
+  result["seconds"] = time.monotonic() - start
+  result["traced"] = eval_pass.experimental_get_tracing_count() > traces
   return result

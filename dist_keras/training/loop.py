@@ -257,7 +257,10 @@ class Trainer:
     hooks.on_test_batch_begin(0)
     result = evaluation.evaluate(self.eval_pass, self.metric_state,
                                  self.parts.eval_ds)
-    batches = result.pop("steps")
+    batches, seconds, traced = (result.pop(k)
+                                for k in ("steps", "seconds", "traced"))
+    if traced and self.run_state:  # Start-up cost, as a step's trace is.
+      self.run_state.tracing_seconds += seconds
     logs = {k: v for k, v in result.items() if k != "examples"}
     hooks.on_test_batch_end(max(batches - 1, 0), logs)
     hooks.on_test_end(logs)
@@ -267,7 +270,7 @@ class Trainer:
     if self.settings.perplexity and "loss" in logs:
       values["eval/perplexity"] = report.perplexity(logs["loss"])
     self.tensorboard.scalars(step, values)
-    self.say(report.eval_line(step, result))
+    self.say(report.eval_line(step, result, seconds, traced))
     return result
 
   def _finish(self, run) -> dict:

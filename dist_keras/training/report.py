@@ -54,10 +54,13 @@ def heartbeat_line(step: int, steps: int, seconds_per_step) -> str:
           f"ETA {timing.eta(left)}")
 
 
-def eval_line(step: int, result: dict) -> str:
+def eval_line(step: int, result: dict, seconds: float, traced: bool) -> str:
+  """'eval at step 100: loss 1.3064  accuracy 0.3525  (2048 examples in
+  0.4 s)'; the pass that traced and compiled the eval function says so."""
   metrics = {k: v for k, v in result.items() if k != "examples"}
+  compiled = ": traced and compiled the eval pass" if traced else ""
   return (f"eval at step {step}: {metrics_text(metrics)}  "
-          f"({result['examples']} examples)")
+          f"({result['examples']} examples in {seconds:.1f} s{compiled})")
 
 
 def done_line(summary: dict) -> str:

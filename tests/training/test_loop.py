@@ -156,14 +156,25 @@ def test_progress_lines_show_step_loss_throughput_and_eta(tiny_run):
   assert tiny_run.validations == {"config": 1, "source": 1, "check": 1}
   lines = tiny_run.stdout.splitlines()
   # The first timed and the first plain call trace their functions.
-  traced = [l for l in lines if "traced and compiled" in l]
+  traced = [l for l in lines
+            if l.startswith("step") and "traced and compiled" in l]
   assert [l.split(" in ")[0] for l in traced] == ["step 1", "step 2"]
-  assert 0 < tiny_run.summary["tracing_calls_s"]
   step_lines = [l for l in lines if l.startswith("step") and l not in traced]
   assert len(step_lines) == 2
   assert "warm-up" in step_lines[0]
   assert all(k in step_lines[1] for k in ("8/8", "loss", "ex/s", "ETA"))
-  assert any(l.startswith("eval at step 8") for l in lines)
+  # Each eval says its time; the first, which traced the eval pass, says so
+  # (a large model's can take minutes), and counts as start-up.
+  evals = [l for l in lines if l.startswith("eval at step")]
+  assert [l.split(":")[0] for l in evals] == ["eval at step 4",
+                                              "eval at step 8"]
+  assert evals[0].endswith(
+      " s: traced and compiled the eval pass)"), evals[0]
+  assert evals[1].endswith(" s)") and "(128 examples in " in evals[1]
+  first_eval = float(evals[0].split(" examples in ")[1].split(" s")[0])
+  step_traces = sum(float(l.split(" in ")[1].split(" s")[0]) for l in traced)
+  assert tiny_run.summary["tracing_calls_s"] == pytest.approx(
+      step_traces + first_eval, abs=0.2)  # Each printed to 0.1 s.
 
 
 def _count_calls(monkeypatch, *targets) -> dict:
