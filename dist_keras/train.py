@@ -103,6 +103,9 @@ def _train(config, workdir: str) -> int:
           "(pip install 'dist-keras[tpu]'), or set PJRT_DEVICE yourself."
       ) from e
   from dist_keras import api  # pylint: disable=g-import-not-at-top
+  from dist_keras.distribute import pipelines  # pylint: disable=g-import-not-at-top
+  if cluster is None:  # One host: run() ends it with os._exit.
+    pipelines.keep_until_exit()
   api.run(api.Job(config, workdir))
   return 0
 
@@ -182,13 +185,14 @@ def run() -> None:
   try:
     app.run(main, flags_parser=_parse_flags)
   except SystemExit as e:
-    if not e.code:
-      raise
-    # A failed or stopped run has written and closed all it writes (the
-    # checkpoint, the one line). Python's own exit would then destroy a
-    # training iterator stopped mid-run, which waits for tf.data's autotune
-    # thread to end its sleep: 7-30 s here (TF 2.21), past what a user
-    # pressing Ctrl-C, or a pod's 30 s grace period after SIGTERM, waits.
+    if not e.code and tfconfig.from_env() is not None:
+      raise  # A worker of a cluster: TensorFlow's own exit (its peers').
+    # The run has written and closed all it writes (summary.json, or the
+    # checkpoint and the one line). Python's own exit would then destroy a
+    # training iterator, which waits for tf.data's autotune thread to end
+    # its sleep: 7-60 s here (TF 2.21), past what a user pressing Ctrl-C,
+    # or a pod's 30 s grace period after SIGTERM, waits, and long after the
+    # last line of a finished run.
     code = e.code if isinstance(e.code, int) else 1
     if code != e.code:
       print(e.code, file=sys.stderr)  # What sys.exit("...") prints.

@@ -28,6 +28,7 @@ arguments (one line, nothing run).
 import contextlib
 import itertools
 import os
+import shutil
 import sys
 import tempfile
 
@@ -107,9 +108,13 @@ def train(run: dict, args, workdir: str) -> dict:
   """Trains one run; its figures (RunFailed if it failed)."""
   entry = ((os.path.abspath(__file__), f"{MOCK_CHILD}={run['data']}")
            if args.mock_tfds else common.TRAINER)
-  summary, seconds = common.train(
-      run["config"], workdir,
-      [f"--config.{o}" for o in (*args.override, *run["overrides"])], entry)
+  try:
+    summary, seconds = common.train(
+        run["config"], workdir,
+        [f"--config.{o}" for o in (*args.override, *run["overrides"])], entry)
+  finally:
+    shutil.rmtree(_mock_data_dir([f"--workdir={workdir}"]),
+                  ignore_errors=True)
   curve = eval_curve(workdir) if args.target is not None else []
   reached = [step for step, acc in curve if acc >= args.target]
   rate, wait, step = (summary["examples_per_sec"],
@@ -191,12 +196,21 @@ def mock_child(data_name: str, argv: list[str]) -> None:
   from dist_keras.data import tfds_sources  # pylint: disable=g-import-not-at-top
   with contextlib.ExitStack() as stack:
     if tfds_sources.is_tfds(data_name):
-      data_dir = stack.enter_context(tempfile.TemporaryDirectory())
+      # Beside the workdir, removed by the parent (train): train.run ends
+      # this process with os._exit, which no cleanup here would outlive.
+      data_dir = _mock_data_dir(argv)
       stack.enter_context(_mock_data(tfds_sources.dataset_name(data_name),
                                      data_dir))
       argv = [*argv, f"--config.data.data_dir={data_dir}"]
     sys.argv = ["dist_keras.train", *argv]
     train.run()
+
+
+def _mock_data_dir(argv: list[str]) -> str:
+  """Where a mock child's data_dir is: beside its --workdir."""
+  (workdir,) = [a.split("=", 1)[1] for a in argv
+                if a.startswith("--workdir=")]
+  return workdir.rstrip("/") + ".mock_tfds"
 
 
 def _mock_data(name: str, data_dir: str):

@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import errors
-from dist_keras.distribute import strategies
+from dist_keras.distribute import pipelines, strategies
 from dist_keras.measure import mfu, profiler
 from dist_keras.measure.meters import RunMeters
 from dist_keras import tensorboard_events
@@ -99,6 +99,7 @@ class Trainer:
         run.final_eval = self.evaluate()
       self._finalize(run)
       hooks.on_train_end(logs)
+    pipelines.hold(iterator)
     return self._finish(run)
 
   def _finalize(self, run) -> None:
@@ -232,8 +233,7 @@ class Trainer:
     except (tf.errors.OutOfRangeError, StopIteration) as e:
       raise calls.run_dry_error(run.step + 1, n, schedule.steps) from e
     ran = int(out.get("steps", 1))
-    run.step += ran
-    run.out = out
+    run.step, run.out = run.step + ran, out
     run.step_logs = {k: float(v) for k, v in out.get("logs", {}).items()}
     # Every step, before anything is saved: a non-finite update must never
     # reach a checkpoint.

@@ -84,3 +84,5 @@ def test_real_run_on_mock_tfds(tmp_path):
   assert row["examples_per_sec"] > 0 and row["input_wait_ms"] > 0
   summary = common.read_summary(str(tmp_path / "runs" / "run0"))
   assert (summary["steps"], summary["global_batch_size"]) == (6, 32)
+  # The mock data beside it is gone (the child's exit skips its cleanup).
+  assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["run0"]

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import tensorflow as tf
 import dist_keras
 import helpers
 from dist_keras import data, models, validate
-from dist_keras.distribute import strategies
+from dist_keras.distribute import pipelines, strategies
 from dist_keras.training import run_files
 
 CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
@@ -509,3 +510,25 @@ def test_divergence_retries_go_back_and_skip_the_batches_that_diverged(
   assert all(np.isfinite(w).all() for w in result.model.get_weights())
   with pytest.raises(errors.Diverged, match="at step 15"):
     helpers.fit_fns(*_poisoned([10, 15]), tmp_path / "twice", config)
+
+
+def test_only_the_command_line_keeps_the_train_iterator_to_its_exit(
+    tmp_path, mirrored, monkeypatch):
+  """Destroying an autotuned iterator waits until tf.data's autotune thread
+  next wakes (TF 2.21: 19 s after every other default run). The command
+  line on one host keeps it (pipelines.keep_until_exit) and ends with
+  os._exit; from Python it goes when run() returns, as any object does."""
+  c = helpers.tiny_config()
+  c.train.steps = c.eval.every = 2
+  held, hold = [], pipelines.hold
+  monkeypatch.setattr(pipelines, "hold", lambda iterator: (
+      held.append(weakref.ref(iterator)), hold(iterator)))
+  for keeping in (False, True):
+    monkeypatch.setattr(pipelines, "_KEPT", [] if keeping else None)
+    if keeping:
+      pipelines.keep_until_exit()  # Keeps the list it finds.
+    with helpers.trainer(c, str(tmp_path / str(keeping)), mirrored) as trainer:
+      trainer.run()
+    iterator = held[-1]()
+    assert isinstance(iterator, tf.distribute.DistributedIterator) == keeping
+    assert pipelines._KEPT == ([iterator] if keeping else None)  # pylint: disable=protected-access
