@@ -113,8 +113,8 @@ def train(run: dict, args, workdir: str) -> dict:
         run["config"], workdir,
         [f"--config.{o}" for o in (*args.override, *run["overrides"])], entry)
   finally:
-    shutil.rmtree(_mock_data_dir([f"--workdir={workdir}"]),
-                  ignore_errors=True)
+    if args.mock_tfds:
+      shutil.rmtree(_mock_data_dir(workdir), ignore_errors=True)
   curve = eval_curve(workdir) if args.target is not None else []
   reached = [step for step, acc in curve if acc >= args.target]
   rate, wait, step = (summary["examples_per_sec"],
@@ -198,7 +198,9 @@ def mock_child(data_name: str, argv: list[str]) -> None:
     if tfds_sources.is_tfds(data_name):
       # Beside the workdir, removed by the parent (train): train.run ends
       # this process with os._exit, which no cleanup here would outlive.
-      data_dir = _mock_data_dir(argv)
+      (workdir,) = [a.split("=", 1)[1] for a in argv
+                    if a.startswith("--workdir=")]
+      data_dir = _mock_data_dir(workdir)
       stack.enter_context(_mock_data(tfds_sources.dataset_name(data_name),
                                      data_dir))
       argv = [*argv, f"--config.data.data_dir={data_dir}"]
@@ -206,10 +208,8 @@ def mock_child(data_name: str, argv: list[str]) -> None:
     train.run()
 
 
-def _mock_data_dir(argv: list[str]) -> str:
-  """Where a mock child's data_dir is: beside its --workdir."""
-  (workdir,) = [a.split("=", 1)[1] for a in argv
-                if a.startswith("--workdir=")]
+def _mock_data_dir(workdir: str) -> str:
+  """Where a mock child's data_dir is: beside its workdir."""
   return workdir.rstrip("/") + ".mock_tfds"
 
 
