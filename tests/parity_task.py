@@ -289,9 +289,10 @@ for _hook in ("on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
 
 
 def early_stopping():
-  """Stops when the eval loss improves by less than 0.05 for 2 epochs."""
+  """Stops when the eval loss improves by less than 0.05 for 2 epochs, and
+  restores the best epoch's weights as training ends."""
   return keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=0.05,
-                                       patience=2)
+                                       patience=2, restore_best_weights=True)
 
 
 def reduce_lr():

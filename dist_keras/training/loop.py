@@ -23,7 +23,7 @@ from dist_keras.measure import mfu, profiler
 from dist_keras.measure.meters import RunMeters
 from dist_keras import tensorboard_events
 from dist_keras.training import actions, allreduce, calls, divergence
-from dist_keras.training import compiled, evaluation, lr, metrics
+from dist_keras.training import compiled, ending, evaluation, lr, metrics
 from dist_keras.training import preemption, ray_report, report, run_files
 from dist_keras.training import steps
 from dist_keras.training import user_callbacks
@@ -86,7 +86,10 @@ class Trainer:
   def run(self) -> dict:
     """Trains to train.steps (or until a callback stops training),
     evaluating at every epoch's end and checkpointing on the way; returns
-    summary.json."""
+    summary.json (a finished workdir's own, kept)."""
+    kept = ending.finished_before(self)
+    if kept is not None:
+      return kept
     run = self._start()
     iterator = iter(self.parts.train_ds)
     call = self._step_functions()
@@ -97,21 +100,29 @@ class Trainer:
         logs = self._epoch(run, hooks, call, iterator)
       if run.final_eval is None:  # Resumed where training had ended.
         run.final_eval = self.evaluate()
-      self._finalize(run)
-      hooks.on_train_end(logs)
+      self._finalize(run, hooks, logs)
     pipelines.hold(iterator)
     return self._finish(run)
 
-  def _finalize(self, run) -> None:
-    """As fit ends: an EMA optimizer swaps its averages into the model (its
-    last epoch's eval was of the weights before; the final eval, which
-    summary.json reports, is of the model that is saved)."""
+  def _finalize(self, run, hooks, logs) -> None:
+    """As fit ends: an EMA optimizer swaps its averages into the model, then
+    the callbacks' train end may restore others (EarlyStopping(
+    restore_best_weights=True)); the final eval, which summary.json
+    reports, is of the model that is saved."""
     optimizer = self.model.optimizer
     optimizer.finalize_variable_values(self.model.trainable_weights)
+    why = []
     if getattr(getattr(optimizer, "inner_optimizer", optimizer), "use_ema",
                False):
-      self.say("EMA: the optimizer's averages are now the model's weights "
-               "(as fit ends); the model saved is evaluated again:")
+      why.append("the optimizer's averages are now the model's weights")
+    before = ending.fingerprint(self.model) if self.parts.callbacks else None
+    hooks.on_train_end(logs)
+    if before is not None and ending.agreed(
+        self.strategy, self.workers, ending.fingerprint(self.model) != before):
+      why.append("a callback set other weights as training ended")
+    if why:
+      self.say(f"{' and '.join(why)} (as under fit); the model saved is "
+               "evaluated again:")
       run.final_eval = self.evaluate()
 
   def _epoch(self, run, hooks, call, iterator) -> dict:
@@ -278,23 +289,11 @@ class Trainer:
     eps = self.meters.throughput.examples_per_sec
     if eps:
       self.say(report.throughput_line(self.meters))
-    summary = report.summary_json(self._run_fields(run), run, self.meters)
+    summary = report.summary_json(report.run_fields(self, run), run,
+                                 self.meters)
     self.say(self.meters.utilisation.line(eps))
     self.tensorboard.flush()
     if self.chief:
       run_files.save_model(self.workdir, self.model)
       run_files.write_json(self.workdir, run_files.SUMMARY_JSON, summary)
     return summary
-
-  def _run_fields(self, run) -> dict:
-    return {"strategy": strategies.display_name(self.strategy),
-            "device_kind": mfu.device_kind(self.strategy),
-            "replicas": self.replicas, "steps": run.step,
-            "global_batch_size": self.settings.global_batch_size,
-            "dtype_policy": self.model.dtype_policy.name,
-            "base_learning_rate": self.parts.rate.base,
-            "peak_learning_rate": self.parts.rate.peak,
-            "train_step": "model" if self.custom_step else "dist_keras",
-            "callbacks": [type(c).__name__ for c in self.parts.callbacks],
-            "stopped_early": run.stopping,
-            "skipped_after_divergence": run.skipped}

@@ -91,6 +91,21 @@ def copy_checkpoint(prefix: str, folder: str) -> None:
             f'all_model_checkpoint_paths: "{name}"\n')
 
 
+def report_kept(summary: dict, checkpoints, chief: bool) -> None:
+  """A rerun of a finished workdir reports once, as its run last did: the
+  kept summary's train and eval values, with the chief's checkpoint."""
+  train = session()
+  if train is None:
+    return
+  values = {"step": summary["steps"],
+            **{k: v for k, v in summary.items()
+               if k.startswith(("train_", "eval_"))}}
+  ReportToRay(None, checkpoints, chief, train.report,
+              train.Checkpoint.from_directory).send(
+                  {k: float(v) for k, v in values.items()
+                   if isinstance(v, numbers.Real)}, summary["steps"])
+
+
 class ReportToRay(actions.Boundary):
   """At every log step and epoch end (after its eval and checkpoint): the
   values to `report`, with the checkpoint saved at this step from the

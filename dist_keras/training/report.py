@@ -129,3 +129,20 @@ def summary_json(run_fields: dict, run, meters) -> dict:
       **run.calibrated,
       **meters.utilisation.summary(eps),
   }
+
+
+def run_fields(trainer, run) -> dict:
+  """summary.json's fields that say what ran: strategy, replicas, steps,
+  batch, precision, rates, the step function, callbacks, how it ended."""
+  strategy = trainer.strategy
+  return {"strategy": strategies.display_name(strategy),
+          "device_kind": mfu.device_kind(strategy),
+          "replicas": trainer.replicas, "steps": run.step,
+          "global_batch_size": trainer.settings.global_batch_size,
+          "dtype_policy": trainer.model.dtype_policy.name,
+          "base_learning_rate": trainer.parts.rate.base,
+          "peak_learning_rate": trainer.parts.rate.peak,
+          "train_step": "model" if trainer.custom_step else "dist_keras",
+          "callbacks": [type(c).__name__ for c in trainer.parts.callbacks],
+          "stopped_early": run.stopping,
+          "skipped_after_divergence": run.skipped}

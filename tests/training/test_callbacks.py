@@ -173,6 +173,50 @@ def test_a_stopped_run_is_not_trained_further_when_rerun(tmp_path, capsys):
   assert again.summary["steps"] == 2 * EPOCH and again.summary["stopped_early"]
 
 
+def _best_restored():
+  """Its best epoch is the worst one (mode="max"): the weights it restores
+  when training ends are not the last step's."""
+  return keras.callbacks.EarlyStopping(monitor="val_loss", mode="max",
+                                       patience=EPOCHS,
+                                       restore_best_weights=True)
+
+
+def test_restored_best_weights_are_saved_reported_and_fits(tmp_path):
+  fitted = _fit([_best_restored()])
+  result = _ours(tmp_path, [_best_restored()])
+  best = max(result.history["val_loss"])
+  assert best > result.history["val_loss"][-1]
+  assert result.summary["eval_loss"] == pytest.approx(best, rel=1e-6)
+  saved = keras.models.load_model(tmp_path / "model.keras")
+  for want, ours, kept in zip(fitted.get_weights(),
+                              result.model.get_weights(), saved.get_weights()):
+    np.testing.assert_array_equal(ours, want)
+    np.testing.assert_array_equal(kept, want)
+
+
+def test_rerunning_a_finished_workdir_keeps_its_results(tmp_path, capsys):
+  """summary.json, model.keras (the best epoch's, not the checkpoint's)
+  and a CSVLogger's file stay as the run that trained wrote them."""
+  log = tmp_path / "log.csv"
+  run = tmp_path / "run"
+  first = _ours(run, [_best_restored(), keras.callbacks.CSVLogger(str(log))],
+                **{"log.progress": True})
+  files = {name: (run / name).read_bytes()
+           for name in ("summary.json", "model.keras", "config.json")}
+  csv = log.read_bytes()
+  capsys.readouterr()
+  again = _ours(run, [keras.callbacks.CSVLogger(str(log))],
+                **{"log.progress": True})
+  out = capsys.readouterr().out
+  assert ("already finished at step 24 (train.steps reached): its "
+          "summary.json and model.keras are kept") in out, out
+  assert again.summary == first.summary
+  assert {name: (run / name).read_bytes() for name in files} == files
+  assert log.read_bytes() == csv
+  for a, b in zip(first.model.get_weights(), again.model.get_weights()):
+    np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("callbacks,message", [
     ([keras.callbacks.BackupAndRestore("/tmp/backup")],
      r"callbacks\[0\] is keras.callbacks.BackupAndRestore, but dist_keras "

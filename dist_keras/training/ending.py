@@ -1,0 +1,87 @@
+"""How a run ends with the model it saves: the weights training ends with
+(a callback may restore others, as EarlyStopping(restore_best_weights=True)
+does), and a rerun of a workdir whose training has ended.
+
+summary.json's eval is of the model saved as model.keras, and a rerun
+of a finished workdir keeps what its run wrote (the checkpoint holds the
+last step's weights, which may not be the ones saved; a callback's files,
+as a CSVLogger's, would be rewritten by a run of no epochs).
+"""
+import hashlib
+import json
+import os
+
+import keras
+import tensorflow as tf
+
+from dist_keras.training import allreduce, ray_report, run_files
+
+
+def fingerprint(model) -> str:
+  """A digest of every weight of `model` (one variable on the host at a
+  time): what a callback's end of training may have changed."""
+  digest = hashlib.blake2b(digest_size=16)
+  for variable in model.weights:
+    digest.update(tf.convert_to_tensor(variable).numpy().tobytes())
+  return digest.hexdigest()
+
+
+def agreed(strategy, workers: int, here: bool) -> bool:
+  """`here`, once every worker says so (a choice that runs collectives or
+  not must be the same on all of them)."""
+  if workers <= 1:
+    return here
+  total = allreduce.host_value_sum(strategy)(float(here))
+  return total == strategy.num_replicas_in_sync
+
+
+def finished_results(workdir: str, step: int) -> dict | None:
+  """summary.json when the workdir's run wrote it and model.keras at
+  checkpoint `step` (its training over), else None (a run killed after
+  its last checkpoint: the rerun writes them)."""
+  try:
+    with tf.io.gfile.GFile(os.path.join(workdir, run_files.SUMMARY_JSON)) as f:
+      summary = json.load(f)
+  except (tf.errors.OpError, OSError, ValueError):
+    return None
+  if not isinstance(summary, dict) or summary.get("steps") != step:
+    return None
+  if not tf.io.gfile.exists(os.path.join(workdir, run_files.MODEL_FILE)):
+    return None
+  return summary
+
+
+def finished_line(step: int, steps: int, stopped: bool) -> str:
+  why = ("a callback stopped it" if stopped else
+         f"train.steps={steps} is below it" if step > steps else
+         "train.steps reached")
+  return (f"this workdir already finished at step {step} ({why}): its "
+          "summary.json and model.keras are kept as that run wrote them "
+          "(raise train.steps to train on, or pass a new --workdir)")
+
+
+def load_saved(workdir: str, model) -> None:
+  """The weights of the workdir's model.keras into `model` (what the
+  rerun returns is what its run saved)."""
+  model.load_weights(os.path.join(workdir, run_files.MODEL_FILE))
+
+
+def finished_before(trainer) -> dict | None:
+  """A rerun of a workdir whose training had ended: nothing is written,
+  the model takes the weights saved, and its summary.json is returned;
+  None when there is training left or its results were not written."""
+  checkpoints = trainer.parts.checkpoints
+  steps = trainer.settings.schedule.steps
+  step, stopped = checkpoints.saved_at, bool(checkpoints.stopped.numpy())
+  if step is None or not (stopped or step >= steps):
+    return None
+  kept = finished_results(trainer.workdir, step)
+  if not agreed(trainer.strategy, trainer.workers, kept is not None):
+    return None
+  for note in trainer.notes:
+    trainer.say(note)
+  trainer.say(finished_line(step, steps, stopped))
+  load_saved(trainer.workdir, trainer.model)
+  trainer.history = keras.callbacks.History()
+  ray_report.report_kept(kept, checkpoints, trainer.chief)
+  return kept
