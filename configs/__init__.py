@@ -71,6 +71,7 @@ def from_command_line(spec: str = DEFAULT, overrides=(),
       if value is None:
         raise UserError(f"{flag}{key} needs a value: {flag}{key}=VALUE.")
     set_value(config, key, value, spelled=f"{flag}{key}", parse=True)
+  check_types(config)
   return config
 
 
@@ -81,7 +82,9 @@ def resolve(config):
   if config is None:
     return base.get_config()
   if isinstance(config, ml_collections.ConfigDict):
-    return copy.deepcopy(config)
+    config = copy.deepcopy(config)
+    check_types(config)
+    return config
   if not isinstance(config, Mapping):
     raise UserError(f"config={type(config).__name__} is not a config; pass "
                     "a ConfigDict or a dict such as {'train.steps': 500}.")
@@ -92,7 +95,39 @@ def resolve(config):
                       "'section.key'); every key and its default is in "
                       "configs/base.py.")
     set_value(defaults, key, value, spelled=f"config[{key!r}]")
+  check_types(defaults)
   return defaults
+
+
+def check_types(config) -> None:
+  """UserError for a key missing or a value not of its default's type:
+  ConfigDict's own type safety lets a bool pass for an int (True trains
+  one step) and a None for anything, and a config file may build its
+  ConfigDict from scratch."""
+  for section, fields in base.get_config().items():
+    for field, default in fields.items():
+      try:
+        value = config[section][field]
+      except (KeyError, AttributeError, TypeError):
+        raise UserError(f"the config has no {section}.{field}; build it from "
+                        "dist_keras.configs.base.get_config() (every key and "
+                        "its default are there).") from None
+      if not _same_type(value, default):
+        raise UserError(
+            f"{section}.{field}={value!r} is of type {type(value).__name__}, "
+            f"but it takes {type(default).__name__} values (default "
+            f"{default!r}); "
+            "every key and its default are in configs/base.py.")
+
+
+def _same_type(value, default) -> bool:
+  if isinstance(default, bool) or isinstance(value, bool):
+    return isinstance(value, bool) and isinstance(default, bool)
+  if isinstance(default, float):
+    return isinstance(value, (int, float))
+  if isinstance(default, tuple):
+    return isinstance(value, (tuple, list))
+  return isinstance(value, type(default))
 
 
 def set_value(config, key: str, value, spelled: str = "",
@@ -140,7 +175,11 @@ def _parse(current, text: str):
     return float(text)
   if isinstance(current, str) or current is None:
     return text
-  value = ast.literal_eval(text)
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    raise ValueError(f"{text!r} is not a Python literal (e.g. "
+                     f"{current!r})") from None
   return tuple(value) if isinstance(current, tuple) and isinstance(
       value, list) else value
 
@@ -153,12 +192,18 @@ def _load_file(spec: str):
       module = importlib.import_module(f"dist_keras.configs.{name}")
     else:
       module = _import_file(name)
-    return module.get_config(arg) if arg else module.get_config()
+    config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:  # pylint: disable=broad-except
     raise UserError(
         f"--config={spec} could not be loaded ({type(e).__name__}: "
         f"{errors.first_line(e)}); pass a built-in config ({', '.join(names())}) "
         "or a config file's path.") from e
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise UserError(
+        f"--config={spec}: get_config() returned a {type(config).__name__}, "
+        "not an ml_collections.ConfigDict; start from "
+        "dist_keras.configs.base.get_config() and change its keys.")
+  return config
 
 
 def _import_file(file: str):

@@ -75,6 +75,7 @@ def build(job: Job) -> loop.Trainer:
   config, workdir = job.config, job.workdir
   strategy = job.strategy or strategies.get_strategy(config.runtime)
   model_fn, dataset_fn = registry.resolve(config, *job.functions)
+  checks.check_functions(model_fn, dataset_fn)
   callbacks = user_callbacks.collect(config.train.callbacks, job.callbacks)
   resume = checkpoints.find_resume(workdir)  # Where the data resumes.
   keras.utils.set_random_seed(config.runtime.seed)

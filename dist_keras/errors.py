@@ -81,6 +81,9 @@ _BOILERPLATE = ("Graph execution error", "Detected at node", "[[",
                 "The error could be", "Additional GRPC", ":UNKNOWN",
                 "<stack traces unavailable>")
 # "  (0) INVALID_ARGUMENT:  what happened", under "N root error(s) found."
+# An eager op's error: "{{function_node __wrapped__Cast_device_/job:...}}
+# Cast string to float is not supported [Op:Cast] name: ".
+_EAGER_OP = re.compile(r"^\{\{function_node [^}]*\}\}\s*(.*?)(\s+name:)?$")
 _ROOT_ERROR = re.compile(r"^\s+\(0\) [A-Z_]+:\s*(\S.*)$")
 # tf.data's wrapping of what a dataset's own function raised: the iterator's
 # path (Iterator::Root::Prefetch::...) would fill the line.
@@ -96,6 +99,7 @@ def first_line(error: Exception, limit: int = 240) -> str:
   text = str(error.args[0] if len(error.args) == 1 else error)
   lines = [" ".join(line.split()) for line in text.splitlines()]
   line = next((line for line in lines if line), type(error).__name__)
+  line = _EAGER_OP.sub(r"\1", line)
   return line if len(line) <= limit else line[:limit - 3] + "..."
 
 

@@ -91,6 +91,8 @@ def config(c) -> None:
                     "PKG.MODULE:FN naming a function that returns your list "
                     "of keras callbacks; name one, or leave it empty.")
   _runtime(c.runtime)
+  _data(c.data)
+  _model(c.model)
   _train(c.train)
   for key in ("every", "steps"):
     _at_least(f"eval.{key}", getattr(c.eval, key), 0)
@@ -136,8 +138,33 @@ def _runtime(runtime) -> None:
                ALLREDUCE_DTYPES)
 
 
+def _data(data) -> None:
+  """The built-in data's sizes (a user's dataset_fn reads none of them;
+  registry.py refuses them then)."""
+  for key in ("train_size", "eval_size", "seq_len", "channels"):
+    _at_least(f"data.{key}", getattr(data, key), 1)
+  for key in ("vocab_size", "num_classes"):
+    _at_least(f"data.{key}", getattr(data, key), 2)
+  _at_least("data.image_size", data.image_size, 0, "0: TFDS images' own size")
+  _at_least("data.noise", data.noise, 0)
+  _at_least("data.shuffle_buffer", data.shuffle_buffer, 1,
+            "1: no shuffling")
+
+
+def _model(model) -> None:
+  """The built-in models' sizes."""
+  for key in ("embed_dim", "units", "num_layers", "dense_units"):
+    _at_least(f"model.{key}", getattr(model, key), 1)
+  filters = tuple(model.filters)
+  if not filters or not all(isinstance(f, int) and not isinstance(f, bool)
+                            and f >= 1 for f in filters):
+    raise UserError(f"model.filters={filters} must be whole numbers >= 1, "
+                    "one per conv block (e.g. (32, 64)).")
+
+
 def _train(train) -> None:
-  for key in ("steps", "global_batch_size", "log_every", "checkpoint_every"):
+  for key in ("steps", "global_batch_size", "log_every", "checkpoint_every",
+              "max_checkpoints"):
     if getattr(train, key) < 1:
       raise UserError(f"train.{key}={getattr(train, key)} must be >= 1.")
   _at_least("train.steps_per_loop", train.steps_per_loop, 0, "0: automatic")

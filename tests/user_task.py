@@ -161,4 +161,26 @@ def not_a_dataset_fn(split, input_context):
   return _examples(split)
 
 
+def sized_model_fn(size):
+  del size
+  return model_fn()
+
+
+def one_argument_dataset_fn(split):
+  return dataset_fn(split, tf.distribute.InputContext())
+
+
+def string_labels_dataset_fn(split, input_context):
+  return _pipeline(split, input_context,
+                   lambda y: np.where(y > 0, "up", "down"))
+
+
+def empty_eval_dataset_fn(split, input_context):
+  """An eval split whose filter keeps nothing (its size is unknown until
+  it is read)."""
+  ds = dataset_fn(split, input_context)
+  return ds if split == "train" else ds.unbatch().filter(
+      lambda *_: False).batch(24)
+
+
 NOT_CALLABLE = 3

@@ -23,6 +23,23 @@ from dist_keras.errors import UserError
 SPLITS = ("train", "eval")
 
 
+def check_functions(model_fn, dataset_fn) -> None:
+  """Raises UserError unless model_fn() and dataset_fn(split,
+  input_context) can be called so (before either is)."""
+  for fn, what, args in ((model_fn, "model_fn", ()),
+                         (dataset_fn, "dataset_fn", ("split", "ctx"))):
+    try:
+      inspect.signature(fn).bind(*args)
+    except ValueError:  # No signature to read (a builtin): call it.
+      continue
+    except TypeError as e:
+      called = f"{what}({', '.join(('split', 'input_context')[:len(args)])})"
+      raise UserError(
+          f"{what} {getattr(fn, '__qualname__', fn)!r} cannot be called as "
+          f"{called} ({e}); dist_keras calls it so: give its other "
+          "parameters defaults or bind them (functools.partial).") from None
+
+
 def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   """`model_fn()` inside `strategy.scope()`, under train.precision.
 
@@ -76,7 +93,9 @@ def build_state(model, strategy, batch_spec) -> None:
       if model.loss is not None:
         compute_loss(model, x, y, y_pred, weights, training=False)
       model.compute_metrics(x, y, y_pred, weights)
-    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+    # Unimplemented: a cast the loss cannot make (string labels to float).
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError,
+            tf.errors.UnimplementedError) as e:
       raise UserError(
           f"the model or its compiled loss/metrics cannot take the batches "
           f"of dataset_fn('train', ...) ({describe(batch_spec)}): "

@@ -189,11 +189,6 @@ def _remove_empty(folders: set) -> None:
 def _check_features(data_cfg, features):
   """Raises UserError for settings this dataset's features cannot honour."""
   tfds, k = tfds_reading.tfds_module(), kind(data_cfg.name)
-  if k == "text" and data_cfg.vocab_size < 2:
-    raise UserError(f"data.vocab_size={data_cfg.vocab_size} must be >= 2 "
-                    "(id 0 is padding); try 20000.")
-  if k in ("text", "chars") and data_cfg.seq_len < 1:
-    raise UserError(f"data.seq_len={data_cfg.seq_len} must be >= 1.")
   if k not in ("image", "imagenet"):
     return
   names = list(features.keys())

@@ -12,13 +12,11 @@ INPUTS = "images"
 
 
 def check(model_cfg, input_spec) -> None:
-  """Raises UserError for inputs or filters this model cannot take."""
+  """Raises UserError for inputs this model cannot take (its filters:
+  validate.py)."""
   if len(input_spec.shape) != 3:
     raise UserError("model.name='cnn' needs image inputs; use it with "
                     "data.name=shapes or a TFDS image dataset (tfds:mnist).")
-  if not model_cfg.filters or min(model_cfg.filters) < 1:
-    raise UserError(f"model.filters={tuple(model_cfg.filters)} needs one or "
-                    "more positive filter counts.")
 
 
 def build(model_cfg, input_spec) -> keras.Model:

@@ -58,11 +58,9 @@ def check(model_cfg, input_spec) -> None:
 
 
 def check_stack(model_cfg) -> None:
-  """Raises UserError for a cell or size the recurrent stack cannot take."""
+  """Raises UserError for a cell the recurrent stack cannot take (its sizes:
+  validate.py)."""
   validate.check_choice("model.cell", model_cfg.cell, validate.CELLS)
-  if model_cfg.num_layers < 1 or model_cfg.units < 1:
-    raise UserError(f"model.num_layers={model_cfg.num_layers} and "
-                    f"model.units={model_cfg.units} must be >= 1.")
 
 
 def build(model_cfg, input_spec) -> keras.Model:

@@ -14,6 +14,7 @@ import time
 import keras
 import tensorflow as tf
 
+from dist_keras.errors import UserError
 from dist_keras.training import keras_internals
 
 _SUM = tf.distribute.ReduceOp.SUM
@@ -93,6 +94,11 @@ def evaluate(eval_pass, metric_state, dataset) -> dict:
   metric_state.model.reset_metrics()
   traces, start = eval_pass.experimental_get_tracing_count(), time.monotonic()
   examples, steps = eval_pass(dataset).numpy()
+  if not examples:  # Its loss and metrics would read 0: no eval at all.
+    raise UserError(
+        "dataset_fn('eval', ...) gave no examples (every replica's batches "
+        "were empty): give the eval split examples (built-in data: "
+        "data.eval_size >= 1).")
   result = metric_state.results(metric_state.read())
   result["examples"] = int(round(examples))
   result["steps"] = int(round(steps))

@@ -2,6 +2,7 @@
 import glob
 import importlib
 import os
+import re
 
 import pytest
 
@@ -97,6 +98,8 @@ def test_command_line_overrides_are_parsed_as_their_keys_types(argv,
     ("train", "--config.train is not SECTION.KEY=VALUE"),
     ("train.stepz=1", "--config.train.stepz names no config key (did you "
      "mean 'steps'?)"),
+    ("model.filters=abc", "--config.model.filters=abc: 'abc' is not a Python "
+     "literal (e.g. (32, 64))"),
 ])
 def test_bad_overrides_are_one_line_user_errors(override, message):
   with pytest.raises(UserError) as error:
@@ -115,6 +118,40 @@ def test_a_config_file_outside_the_package_loads_with_its_argument(tmp_path):
   assert configs.from_command_line(f"{path}:9").train.steps == 9
   with pytest.raises(UserError, match="could not be loaded"):
     configs.from_command_line(str(tmp_path / "nope.py"))
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"train.steps": True}, "train.steps=True is of type bool, but it takes "
+     "int values (default 800)"),
+    ({"train.steps": None}, "train.steps=None is of type NoneType"),
+    ({"log.progress": 1}, "config['log.progress']=1: Could not override"),
+])
+def test_python_values_of_the_wrong_type_are_refused(config, message):
+  """ConfigDict's own type safety lets a bool pass for an int (True would
+  train 1 step) and None for anything."""
+  with pytest.raises(UserError, match=re.escape(message)):
+    configs.resolve(config)
+  c = configs.load("lstm_longmem")
+  c.train.steps = True
+  with pytest.raises(UserError, match="train.steps=True is of type bool"):
+    configs.resolve(c)
+  assert configs.resolve({"train.learning_rate": 1,
+                          "model.filters": [8, 16]}).train.learning_rate == 1
+
+
+@pytest.mark.parametrize("body,message", [
+    ("return {'train': {'steps': 5}}", "get_config() returned a dict, not an "
+     "ml_collections.ConfigDict; start from dist_keras.configs.base"),
+    ("import ml_collections\n  return ml_collections.ConfigDict()",
+     "the config has no data.channels; build it from "
+     "dist_keras.configs.base.get_config()"),
+])
+def test_a_config_file_that_is_not_a_config_is_refused(tmp_path, body,
+                                                       message):
+  path = tmp_path / "mine.py"
+  path.write_text(f"def get_config():\n  {body}\n")
+  with pytest.raises(UserError, match=re.escape(message)):
+    configs.from_command_line(str(path))
 
 
 def test_every_name_validate_declares_resolves():

@@ -99,6 +99,30 @@ def test_bad_train_settings_fail_before_writing(tmp_path, mirrored, key, value,
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("key,value,message", [
+    ("train.max_checkpoints", 0, "train.max_checkpoints=0 must be >= 1."),
+    ("data.seq_len", 0, "data.seq_len=0 must be >= 1."),
+    ("data.eval_size", 0, "data.eval_size=0 must be >= 1."),
+    ("data.train_size", 0, "data.train_size=0 must be >= 1."),
+    ("data.num_classes", 1, "data.num_classes=1 must be >= 2."),
+    ("data.shuffle_buffer", -5,
+     "data.shuffle_buffer=-5 must be >= 1 (1: no shuffling)."),
+    ("data.noise", -1.0, "data.noise=-1.0 must be >= 0."),
+    ("model.embed_dim", -1, "model.embed_dim=-1 must be >= 1."),
+    ("model.filters", (1.5,), "model.filters=(1.5,) must be whole numbers >= "
+     "1, one per conv block"),
+    ("model.filters", (), "model.filters=() must be whole numbers"),
+])
+def test_bad_sizes_are_refused_without_tensorflow(key, value, message):
+  """Each was a TensorFlow or Keras traceback (exit 1), or trained on."""
+  c = configs.load("lstm_longmem")
+  section, field = key.split(".")
+  setattr(c[section], field, value)
+  with pytest.raises(UserError) as e:
+    validate.config(c)
+  assert str(e.value) == message or str(e.value).startswith(message)
+
+
 @pytest.mark.parametrize("spec", ["1,4", "5,3", "a,b", "7"])
 def test_bad_profile_steps_are_refused(tmp_path, mirrored, spec):
   c = helpers.tiny_config()

@@ -140,7 +140,26 @@ BAD = [
      "`output` must have the same shape"),
     ("model_fn", "not_a_dataset_fn",
      "dataset_fn('train', ...) returned a tuple, not a tf.data.Dataset."),
+    ("sized_model_fn", "dataset_fn",
+     "model_fn 'sized_model_fn' cannot be called as model_fn() (missing a "
+     "required argument: 'size'); dist_keras calls it so"),
+    ("model_fn", "one_argument_dataset_fn",
+     "dataset_fn 'one_argument_dataset_fn' cannot be called as "
+     "dataset_fn(split, input_context) (too many positional arguments)"),
+    ("model_fn", "string_labels_dataset_fn",
+     "cannot take the batches of dataset_fn('train', ...) (x float32[24,6], "
+     "y string[24,1], sample_weight float32[24]): Cast string to float is "
+     "not supported [Op:Cast]"),
 ]
+
+
+def test_an_empty_eval_split_is_refused_not_reported_as_loss_0(tmp_path):
+  with pytest.raises(dist_keras.UserError, match=(
+      r"^dataset_fn\('eval', ...\) gave no examples \(every replica's "
+      r"batches were empty\): give the eval split examples")):
+    helpers.fit_fns(user_task.model_fn, user_task.empty_eval_dataset_fn,
+                    tmp_path / "run", CONFIG)
+  assert not (tmp_path / "run" / "summary.json").exists()
 
 
 @pytest.mark.parametrize("model_name,data_name,message", BAD)
