@@ -61,3 +61,16 @@ def tf_info_lines_off():
     yield
   finally:
     logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def tf_warnings_off():
+  """TensorFlow's Python logger at ERROR in the block: for a call whose
+  warning the caller turns into its own line (a damaged checkpoint list)."""
+  logger = logging.getLogger("tensorflow")
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)

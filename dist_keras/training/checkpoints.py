@@ -10,10 +10,11 @@ import os
 import re
 import shutil
 import tempfile
+import time
 
 import tensorflow as tf
 
-from dist_keras import errors
+from dist_keras import errors, quiet
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, run_files
@@ -25,6 +26,7 @@ def _folder(workdir: str) -> str:
 
 # ckpt-STEP.index, ckpt-STEP.data-00000-of-00001 (not ckpt-STEP_temp/).
 _NUMBERED = re.compile(r"ckpt-(\d+)\.")
+_STATE_FILE = "checkpoint"  # TensorFlow's list of a folder's checkpoints.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,15 +83,45 @@ def _steps_saved(folder: str) -> list[int]:
     found = _NUMBERED.match(os.path.basename(path))
     if found:
       steps.add(int(found.group(1)))
-  try:
-    state = tf.train.get_checkpoint_state(folder)
-  except (tf.errors.OpError, ValueError):  # A damaged state file.
-    state = None
+  state, _ = _read_state(folder)
   for path in state.all_model_checkpoint_paths if state else ():
     found = _NUMBERED.match(os.path.basename(path) + ".")
     if found:
       steps.add(int(found.group(1)))
   return sorted(steps, reverse=True)
+
+
+def _read_state(folder: str):
+  """(TF's CheckpointState of `folder` or None, whether its state file is
+  there but unreadable), without TF's own warning lines."""
+  if not tf.io.gfile.exists(os.path.join(folder, _STATE_FILE)):
+    return None, False
+  with quiet.tf_warnings_off():
+    try:
+      state = tf.train.get_checkpoint_state(folder)
+    except (tf.errors.OpError, ValueError):  # An empty file.
+      state = None
+  return state, state is None or not state.model_checkpoint_path
+
+
+def _repair_state(folder: str, resume: Resume) -> str | None:
+  """Rewrites an unreadable state file from the checkpoint files up to the
+  one resumed (CheckpointManager would fail on it, or forget them and never
+  delete the old ones); returns the line that says so."""
+  if not _read_state(folder)[1]:
+    return None
+  kept = [step for step in sorted(_steps_saved(folder))
+          if step <= resume.step and resume.path]
+  # The file's text format, names relative to the folder (as TF writes
+  # it); CheckpointManager deletes only those with a timestamp.
+  now = time.time()
+  with tf.io.gfile.GFile(os.path.join(folder, _STATE_FILE), "w") as f:
+    f.write("".join(
+        [f'model_checkpoint_path: "ckpt-{resume.step}"\n'] * bool(kept)
+        + [f'all_model_checkpoint_paths: "ckpt-{step}"\n' for step in kept]
+        + [f"all_model_checkpoint_timestamps: {now}\n"] * len(kept)))
+  return (f"{run_files.CHECKPOINTS}/{_STATE_FILE} (TensorFlow's list of the "
+          "checkpoints) was unreadable: rewritten from the checkpoint files")
 
 
 def _damage(path: str) -> str | None:
@@ -197,10 +229,11 @@ def restored(workdir: str, model, optimizers, strategy, max_to_keep: int,
              resume: Resume):
   """(the run's Checkpoints, its "resumed from ..." line or None): the
   checkpoint `resume` names restored, every worker agreeing on it."""
-  saved = Checkpoints(workdir, model, optimizers,
-                      strategies.is_chief(strategy), max_to_keep)
+  chief = strategies.is_chief(strategy)
+  repaired = _repair_state(_folder(workdir), resume) if chief else None
+  saved = Checkpoints(workdir, model, optimizers, chief, max_to_keep)
   try:
-    line = saved.restore(resume)
+    line = "; ".join(filter(None, [repaired, saved.restore(resume)])) or None
     check_workers_agree(strategy, resume.step,
                         strategies.num_workers(strategy), workdir)
   except Exception:

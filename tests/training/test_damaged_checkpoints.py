@@ -96,6 +96,32 @@ def test_a_lost_state_file_hides_no_checkpoint(whole, tmp_path):
   assert (resume.step, resume.damaged) == (12, ())
 
 
+@pytest.mark.parametrize("text", ["", "garbage {{"])
+def test_an_unreadable_state_file_is_rewritten_quietly(whole, tmp_path,
+                                                       capfd, text):
+  """An empty list made TensorFlow's CheckpointManager raise (exit 1); a
+  garbled one printed its warnings and left the old checkpoints to pile
+  up. The run resumes, says so, and keeps train.max_checkpoints."""
+  workdir = tmp_path / "run"
+  shutil.copytree(whole, workdir)
+  (workdir / "checkpoints" / "checkpoint").write_text(text)
+  capfd.readouterr()
+  result = dist_keras.fit(
+      user_task.model_fn_dropout, user_task.dataset_fn,
+      workdir=str(workdir), strategy=ONE_CPU,
+      config={**CONFIG, "train.steps": STEPS + EVERY, "log.progress": True})
+  out, err = capfd.readouterr()
+  assert ("checkpoints/checkpoint (TensorFlow's list of the checkpoints) was "
+          "unreadable: rewritten from the checkpoint files; resumed from "
+          "ckpt-12 at step 12") in out, out
+  assert "checkpoint" not in err, err
+  assert result.summary["steps"] == STEPS + EVERY
+  state = tf.train.get_checkpoint_state(str(workdir / "checkpoints"))
+  assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == [
+      "ckpt-8", "ckpt-12", "ckpt-16"]
+  assert not (workdir / "checkpoints" / "ckpt-4.index").exists()
+
+
 def test_no_intact_checkpoint_is_one_line_and_a_retryable_exit(
     whole, tmp_path):
   workdir = tmp_path / "run"
