@@ -81,6 +81,7 @@ def build(job: Job) -> loop.Trainer:
   keras.utils.set_random_seed(config.runtime.seed)
   model = checks.call_model_fn(model_fn, strategy, config.train.precision)
   notes = compiled.take(model, strategy, config.train)
+  user_callbacks.check_for_model(callbacks, model)
   feed = pipelines.Feed(config.train.global_batch_size,
                         config.data.pipeline_per_replica)
   train_ds, batch_spec = pipelines.distribute(

@@ -61,6 +61,21 @@ def check(callbacks) -> list:
   return callbacks
 
 
+def check_for_model(callbacks: list, model) -> None:
+  """Raises UserError for a callback the model cannot serve, which Keras
+  would find only at the first eval, an epoch into the run."""
+  optimizer = model.optimizer
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  inner = getattr(optimizer, "optimizers", [optimizer])
+  for i, callback in enumerate(callbacks):
+    if (isinstance(callback, keras.callbacks.SwapEMAWeights)
+        and not any(getattr(o, "use_ema", False) for o in inner)):
+      raise UserError(
+          f"callbacks[{i}] is keras.callbacks.SwapEMAWeights, but the "
+          f"model's optimizer ({type(optimizer).__name__}) has use_ema="
+          "False; compile with use_ema=True, or remove it.")
+
+
 def for_worker(callbacks: list, chief: bool, scratch: str) -> list:
   """On a worker that is not the chief, points every Keras file-writing
   callback into `scratch` (the chief writes the real files)."""

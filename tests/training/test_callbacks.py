@@ -194,6 +194,24 @@ def test_restored_best_weights_are_saved_reported_and_fits(tmp_path):
     np.testing.assert_array_equal(kept, want)
 
 
+@pytest.mark.parametrize("swap_on_epoch", [False, True])
+def test_swap_ema_weights_evaluates_and_trains_what_fit_does(tmp_path,
+                                                             swap_on_epoch):
+  def ema_model():
+    return parity_task._compiled(  # pylint: disable=protected-access
+        keras.optimizers.SGD(0.05, use_ema=True), steps_per_execution=4)
+
+  def swap():
+    return keras.callbacks.SwapEMAWeights(swap_on_epoch=swap_on_epoch)
+
+  fitted = _fit([swap()], model_fn=ema_model)
+  ours = _ours(tmp_path, [swap()], model_fn=ema_model)
+  assert ours.history["val_loss"] == pytest.approx(
+      fitted.history.history["val_loss"], rel=1e-6)
+  for a, b in zip(fitted.get_weights(), ours.model.get_weights()):
+    np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+
+
 def test_rerunning_a_finished_workdir_keeps_its_results(tmp_path, capsys):
   """summary.json, model.keras (the best epoch's, not the checkpoint's)
   and a CSVLogger's file stay as the run that trained wrote them."""
@@ -223,6 +241,9 @@ def test_rerunning_a_finished_workdir_keeps_its_results(tmp_path, capsys):
      "already resumes"),
     (["EarlyStopping"], r"callbacks\[0\] is a str, not a "
      "keras.callbacks.Callback"),
+    ([keras.callbacks.SwapEMAWeights()], r"callbacks\[0\] is "
+     r"keras.callbacks.SwapEMAWeights, but the model's optimizer \(SGD\) has "
+     "use_ema=False; compile with use_ema=True, or remove it."),
 ])
 def test_callbacks_that_cannot_work_are_refused_before_anything_is_written(
     tmp_path, callbacks, message):
