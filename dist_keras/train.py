@@ -10,7 +10,8 @@ Exit codes (errors.py): 0 done, 1 an unexpected error (rerun with --verbose
 for the traceback), 2 a bad value (fix the command), 3 training diverged,
 130 stopped by Ctrl-C and 143 preempted by SIGTERM (rerun to resume: the
 step it stopped at was checkpointed), 200 a peer worker was lost
-(rerun every worker to resume).
+(rerun every worker to resume), 201 no checkpoint in the workdir reads back
+(a copy may still be arriving: retry, else restore checkpoints/).
 """
 import os
 import sys

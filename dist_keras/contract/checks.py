@@ -209,14 +209,19 @@ def describe(spec) -> str:
   parts = spec if isinstance(spec, tuple) else (spec,)
   names = ("x", "y", "sample_weight") if len(parts) <= 3 else [
       f"[{i}]" for i in range(len(parts))]
-  text = []
-  for name, part in zip(names, parts):
-    flat = tf.nest.flatten(part)
-    shapes = ", ".join(
-        f"{s.dtype.name}{list(s.shape)}".replace(" ", "").replace("None", "?")
-        for s in flat)
-    text.append(f"{name} {shapes}" if len(flat) == 1 else f"{name} ({shapes})")
-  return ", ".join(text)
+  return ", ".join(f"{name} {_spec_text(part)}"
+                   for name, part in zip(names, parts))
+
+
+def _spec_text(spec) -> str:
+  """'float32[32,?]', '{ids: int32[32,50], mask: bool[32,50]}', '(...)'."""
+  if isinstance(spec, dict):
+    return "{" + ", ".join(f"{k}: {_spec_text(v)}"
+                           for k, v in spec.items()) + "}"
+  if isinstance(spec, (tuple, list)):
+    return "(" + ", ".join(_spec_text(s) for s in spec) + ")"
+  return f"{spec.dtype.name}{list(spec.shape)}".replace(" ", "").replace(
+      "None", "?")
 
 
 def _zeros(spec):

@@ -44,14 +44,20 @@ def write_json(workdir: str, name: str, data: dict) -> str:
 
 def config_changes(workdir: str, config: dict, shown: int = 6) -> str:
   """One line naming each key whose value differs from the workdir's
-  config.json (the run that wrote it last), "" for none or no readable
-  file: a rerun in the same folder resumes whatever was trained there, so
-  a changed batch size, task or rate must not pass unsaid."""
-  try:
-    with tf.io.gfile.GFile(os.path.join(workdir, CONFIG_JSON)) as f:
-      before = _flat(json.load(f))
-  except (tf.errors.OpError, OSError, ValueError):
+  config.json (the run that wrote it last), "" for none or no file: a
+  rerun in the same folder resumes whatever was trained there, so a
+  changed batch size, task or rate must not pass unsaid, nor a config.json
+  that cannot be compared."""
+  path = os.path.join(workdir, CONFIG_JSON)
+  if not tf.io.gfile.exists(path):
     return ""
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      before = _flat(json.load(f))
+  except (tf.errors.OpError, OSError, ValueError, AttributeError) as e:
+    return (f"this workdir's config.json is unreadable ({type(e).__name__}), "
+            "so what changed since its last run is unknown (config.json now "
+            "holds this run's)")
   now = _flat(json.loads(json.dumps(config)))  # Tuples as JSON has them.
   changed = [f"{key} {json.dumps(before.get(key))} -> "
              f"{json.dumps(now.get(key))}"

@@ -396,3 +396,15 @@ def test_a_models_unbuilt_optimizer_is_refused(tmp_path, mirrored):
                    workdir=str(tmp_path / "w"), config=CONFIG,
                    strategy=mirrored)
   assert not os.path.exists(tmp_path / "w")
+
+
+def test_batches_are_described_by_their_structure():
+  """Dict inputs by their keys (they printed as a tuple of shapes)."""
+  from dist_keras.contract import checks  # pylint: disable=g-import-not-at-top
+  spec = ({"ids": tf.TensorSpec([32, 50], tf.int32),
+           "mask": tf.TensorSpec([32, None], tf.bool)},
+          tf.TensorSpec([32], tf.float32))
+  assert checks.describe(spec) == (
+      "x {ids: int32[32,50], mask: bool[32,?]}, y float32[32]")
+  assert checks.describe(((tf.TensorSpec([3]),) * 2, tf.TensorSpec([3]))) == (
+      "x (float32[3], float32[3]), y float32[3]")

@@ -79,6 +79,11 @@ def test_config_changes_name_each_changed_key_once(tmp_path):
                        "this run's)")
 
 
-def test_an_unreadable_config_json_is_no_change(tmp_path):
-  (tmp_path / run_files.CONFIG_JSON).write_text("{not json")
-  assert run_files.config_changes(str(tmp_path), {"a": 1}) == ""
+@pytest.mark.parametrize("text,error", [("{not json", "JSONDecodeError"),
+                                        ("[1, 2]", "AttributeError")])
+def test_an_unreadable_config_json_is_said_before_it_is_replaced(
+    tmp_path, text, error):
+  (tmp_path / run_files.CONFIG_JSON).write_text(text)
+  assert run_files.config_changes(str(tmp_path), {"a": 1}) == (
+      f"this workdir's config.json is unreadable ({error}), so what changed "
+      "since its last run is unknown (config.json now holds this run's)")
