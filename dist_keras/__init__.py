@@ -7,29 +7,15 @@
 environment first); `dist_keras.fit` and `dist_keras.FitResult` import it
 when first used.
 """
-import importlib.util as _importlib_util
-import sys as _sys
-
+from dist_keras import errors as _errors
 from dist_keras.errors import UserError
 
 __version__ = "0.1.0"
 __all__ = ["fit", "FitResult", "UserError", "prepare_runtime"]
 
-# TensorFlow is an extra (a Colab/TPU image brings its own build), so its
-# absence is an installation choice, not a bug: say which extra fixes it.
-if _importlib_util.find_spec("tensorflow") is None:
-  _MESSAGE = (
-      "dist_keras needs TensorFlow, which is installed through an extra: "
-      "pip install 'dist-keras[cpu]' (CPU), 'dist-keras[cuda]' (NVIDIA GPUs) "
-      "or 'dist-keras[tpu]' (Cloud TPU VMs); Colab images already have it.")
-  print(_MESSAGE, file=_sys.stderr)
-  raise ImportError(_MESSAGE)
-
-# pylint: disable=g-import-not-at-top,wrong-import-position
 from dist_keras import quiet, validate
 from dist_keras.configs import resolve as _resolve_config
 from dist_keras.contract import imports
-# pylint: enable=g-import-not-at-top,wrong-import-position
 
 
 def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
@@ -68,6 +54,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
       it stopped at was checkpointed (a second Ctrl-C stops at once).
   """
   # The door: every argument resolved once, here.
+  _errors.check_tensorflow_installed(ImportError)
   config = _resolve_config(config)
   functions = (_record_name(config.model, model_fn),
                _record_name(config.data, dataset_fn))
@@ -121,6 +108,7 @@ def prepare_runtime(strategy: str = "auto", tpu: str = "local",
 
 def __getattr__(name):
   if name == "FitResult":  # It names keras.Model: TensorFlow starts here.
+    _errors.check_tensorflow_installed(ImportError)
     from dist_keras import api  # pylint: disable=g-import-not-at-top
     return api.FitResult
   raise AttributeError(f"module 'dist_keras' has no attribute {name!r}")

@@ -15,6 +15,7 @@ Exit codes (documented in the README):
   201 no checkpoint in the workdir reads back (all damaged): RETRYABLE, a
       copy still arriving or a flaky read heals; else restore the folder.
 """
+import importlib.util
 import re
 
 EXIT_CONFIG_ERROR = 2
@@ -90,6 +91,17 @@ _ROOT_ERROR = re.compile(r"^\s+\(0\) [A-Z_]+:\s*(\S.*)$")
 _IN_DATASET_FN = re.compile(r"Error in user-defined function passed to "
                             r"(\w+?)(?::\d+)? transformation with iterator: "
                             r"\S+: ")
+
+
+def check_tensorflow_installed(error=UserError) -> None:
+  """Raises `error` saying which extra installs TensorFlow, if it is not:
+  TensorFlow is an extra (a Colab or TPU image brings its own build), so
+  its absence is an installation choice, not a bug."""
+  if importlib.util.find_spec("tensorflow") is None:
+    raise error(
+        "dist_keras needs TensorFlow, which is installed through an extra: "
+        "pip install 'dist-keras[cpu]' (CPU), 'dist-keras[cuda]' (NVIDIA "
+        "GPUs) or 'dist-keras[tpu]' (Cloud TPU VMs); Colab images have it.")
 
 
 def first_line(error: Exception, limit: int = 240) -> str:

@@ -88,6 +88,7 @@ def _train(config, workdir: str) -> int:
   tfconfig.choose(config.runtime.strategy, cluster)
   if cluster is None or cluster.is_chief:  # Only the chief writes there.
     validate.workdir(workdir)
+  errors.check_tensorflow_installed()
   set_now = tpu_env.prepare_and_report(config.runtime.strategy,
                                        config.runtime.tpu, _VERBOSE.value)
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):

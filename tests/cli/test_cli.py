@@ -108,11 +108,26 @@ def test_verbose_shows_the_traceback(tmp_path):
   assert result.returncode == 2 and "Traceback" in result.stderr
 
 
-def test_importing_without_tensorflow_names_the_extras():
-  result = helpers.run_module([
-      "-c", "import sys; sys.modules['tensorflow'] = None; import dist_keras"])
-  assert result.returncode != 0
-  assert "dist-keras[cpu]" in result.stderr and "[tpu]" in result.stderr
+def test_without_tensorflow_fit_and_the_command_line_name_the_extras(
+    tmp_path):
+  """One line, no traceback, nothing written (it printed its hint, then
+  import's traceback)."""
+  no_tf = "import sys; sys.modules['tensorflow'] = None\n"
+  result = helpers.run_module(["-c", no_tf + (
+      "import dist_keras\n"
+      "try:\n  dist_keras.fit(None, None, workdir='x')\n"
+      "except ImportError as e:\n  print(e)\n")])
+  assert result.returncode == 0, result.stderr
+  assert "pip install 'dist-keras[cpu]'" in result.stdout
+  result = helpers.run_module(["-c", no_tf + (
+      "import runpy\n"
+      f"sys.argv = ['train', '--workdir={tmp_path / 'run'}']\n"
+      "runpy.run_module('dist_keras.train', run_name='__main__')\n")])
+  assert result.returncode == 2
+  assert result.stderr.startswith("dist_keras: error: dist_keras needs "
+                                  "TensorFlow, which is installed through "
+                                  "an extra: pip install 'dist-keras[cpu]'")
+  assert result.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
 def test_console_script_is_the_same_entry_point(tmp_path):
