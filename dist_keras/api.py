@@ -75,13 +75,12 @@ def build(job: Job) -> loop.Trainer:
   config, workdir = job.config, job.workdir
   strategy = job.strategy or strategies.get_strategy(config.runtime)
   model_fn, dataset_fn = registry.resolve(config, *job.functions)
-  checks.check_functions(model_fn, dataset_fn)
-  callbacks = user_callbacks.collect(config.train.callbacks, job.callbacks)
   resume = checkpoints.find_resume(workdir)  # Where the data resumes.
   keras.utils.set_random_seed(config.runtime.seed)
   model = checks.call_model_fn(model_fn, strategy, config.train.precision)
   notes = compiled.take(model, strategy, config.train)
-  user_callbacks.check_for_model(callbacks, model)
+  callbacks = user_callbacks.collect(config.train.callbacks, job.callbacks,
+                                     model)
   feed = pipelines.Feed(config.train.global_batch_size,
                         config.data.pipeline_per_replica)
   train_ds, batch_spec = pipelines.distribute(

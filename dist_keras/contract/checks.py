@@ -23,21 +23,19 @@ from dist_keras.errors import UserError
 SPLITS = ("train", "eval")
 
 
-def check_functions(model_fn, dataset_fn) -> None:
-  """Raises UserError unless model_fn() and dataset_fn(split,
-  input_context) can be called so (before either is)."""
-  for fn, what, args in ((model_fn, "model_fn", ()),
-                         (dataset_fn, "dataset_fn", ("split", "ctx"))):
-    try:
-      inspect.signature(fn).bind(*args)
-    except ValueError:  # No signature to read (a builtin): call it.
-      continue
-    except TypeError as e:
-      called = f"{what}({', '.join(('split', 'input_context')[:len(args)])})"
-      raise UserError(
-          f"{what} {getattr(fn, '__qualname__', fn)!r} cannot be called as "
-          f"{called} ({e}); dist_keras calls it so: give its other "
-          "parameters defaults or bind them (functools.partial).") from None
+def check_signature(fn, what: str, params: tuple = ()) -> None:
+  """Raises UserError unless `fn` can be called as what(*params), as
+  dist_keras calls it (model_fn(), dataset_fn(split, input_context))."""
+  try:
+    inspect.signature(fn).bind(*params)
+  except ValueError:  # No signature to read (a builtin): call it.
+    return
+  except TypeError as e:
+    raise UserError(
+        f"{what} {getattr(fn, '__qualname__', fn)!r} cannot be called as "
+        f"{what}({', '.join(params)}) ({e}); dist_keras calls it so: give "
+        "its other parameters defaults or bind them (functools.partial)."
+    ) from None
 
 
 def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
@@ -48,6 +46,7 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   a LossScaleOptimizer for float16). float32, the default, leaves Keras'
   global policy as the user set it.
   """
+  check_signature(model_fn, "model_fn")
   previous = keras.config.dtype_policy()
   if precision != "float32":
     keras.config.set_dtype_policy(validate.PRECISIONS[precision])

@@ -47,6 +47,7 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   `eval_steps` steps when set. One pipeline per replica (Feed) makes one
   process read exactly what N one-replica workers read.
   """
+  checks.check_signature(dataset_fn, "dataset_fn", ("split", "input_context"))
   replicas = strategy.num_replicas_in_sync
   global_batch_size = feed.global_batch_size
   per_replica_batch_size(global_batch_size, replicas)

@@ -23,16 +23,19 @@ _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end",
                 "on_batch_begin", "on_batch_end")
 
 
-def collect(factory: str, given) -> list:
+def collect(factory: str, given, model) -> list:
   """The callbacks passed to fit (`given`), or those the callbacks factory
-  train.callbacks (`factory`, PKG.MODULE:FN) returns, checked."""
+  train.callbacks (`factory`, PKG.MODULE:FN) returns, checked (against
+  `model` too)."""
   if factory and given is not None:
     raise UserError(
         f"callbacks were passed to fit and train.callbacks={factory!r} "
         "names more; pass them one way.")
   if factory:
     given = imports.load("train.callbacks", factory)()
-  return check(given)
+  callbacks = check(given)
+  check_for_model(callbacks, model)
+  return callbacks
 
 
 def check(callbacks) -> list:
