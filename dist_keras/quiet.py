@@ -66,7 +66,9 @@ def tf_info_lines_off():
 @contextlib.contextmanager
 def tf_warnings_off():
   """TensorFlow's Python logger at ERROR in the block: for a call whose
-  warning the caller turns into its own line (a damaged checkpoint list)."""
+  warnings are not the user's (the FLOPs profiler's about its own v1
+  helpers) or that the caller says in its own line (a damaged checkpoint
+  list)."""
   logger = logging.getLogger("tensorflow")
   level = logger.level
   logger.setLevel(logging.ERROR)

@@ -27,13 +27,17 @@ model_fn compiled it, on that pipeline.
 Variants, each on one device (fit with no strategy; dist_keras on
 OneDeviceStrategy) and under MirroredStrategy over runtime.num_cpu_devices
 devices: "defaults" (each side's own: fit one step per call; dist_keras the
-config's train.steps_per_loop, 0 = automatic); "per_call" (fit:
+config's train.steps_per_loop, 0 = automatic); "xla" and "bfloat16"
+(each side's default steps per call with fit's jit_compile=True /
+train.jit_compile=True, or under Keras' mixed_bfloat16 policy /
+train.precision=bfloat16: what a fit user under MirroredStrategy can run,
+where fit's per-call steps fail); "per_call" (fit:
 steps_per_execution=K; dist_keras: train.steps_per_loop=K; K=--per_call);
 "per_call+xla" (the same with fit's jit_compile=True and dist_keras's
 train.jit_compile=True);
 "per_call+bfloat16" (per-call steps under Keras' mixed_bfloat16 policy:
 train.precision=bfloat16 for dist_keras, the policy set while the model is
-built for fit). --settings picks variants (best: the last three). Ratios:
+built for fit). --settings picks variants (best: all but defaults). Ratios:
 per variant where both sides ran it, and "best", each side's fastest
 variant that ran, defaults included: an option that does not pay on this
 hardware (XLA for the LSTM on one CPU device, measured 2026-12-01; under
@@ -61,6 +65,8 @@ _RESULT = "bench-run: "
 _ERROR = "bench-error: "
 # Each variant: (per call, XLA, precision), in the order a round runs them.
 VARIANTS = {"defaults": (False, False, "float32"),
+            "xla": (False, True, "float32"),
+            "bfloat16": (False, False, "bfloat16"),
             "per_call": (True, False, "float32"),
             "per_call+xla": (True, True, "float32"),
             "per_call+bfloat16": (True, False, "bfloat16")}
@@ -162,7 +168,7 @@ def parse_args(argv=None):
                  "%(default)s)")
   p.add_argument("--settings", default="defaults,best",
                  help="the variants to run, comma-separated: "
-                 f"{', '.join(VARIANTS)}, or best (the last three; e.g. "
+                 f"{', '.join(VARIANTS)}, or best (all but defaults; e.g. "
                  "defaults,per_call,per_call+xla leaves out bfloat16 on "
                  "hardware without it) (default %(default)s)")
   p.add_argument("--fresh", action=argparse.BooleanOptionalAction,

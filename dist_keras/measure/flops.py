@@ -21,13 +21,13 @@ silently; so is one whose shapes are not known (a None sequence length).
 `profiler_forward_flops` counts the same forward pass from the TensorFlow
 graph instead (TF's own per-op FLOP statistics), as a cross-check.
 """
-import contextlib
 import dataclasses
-import logging
 import math
 
 import keras
 import tensorflow as tf
+
+from dist_keras import quiet
 
 # Gate matrices per recurrent cell: each gate multiplies [x_t, h_{t-1}].
 RNN_GATES = {keras.layers.LSTM: 4, keras.layers.GRU: 3,
@@ -233,18 +233,8 @@ def profiler_forward_flops(model: keras.Model) -> int:
                       ).get_concrete_function(*specs).graph
   builder = tf.compat.v1.profiler.ProfileOptionBuilder
   options = builder(builder.float_operation()).with_empty_output().build()
-  with _quiet_tf_logger():  # The profiler warns about its own v1 helpers.
+  with quiet.tf_warnings_off():  # The profiler warns about its own v1 helpers.
     profile = tf.compat.v1.profiler.profile(graph=graph, options=options,
                                             cmd="scope")
   return int(profile.total_float_ops)
 
-
-@contextlib.contextmanager
-def _quiet_tf_logger():
-  logger = tf.get_logger()
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)

@@ -37,7 +37,8 @@ def test_bad_settings_are_refused(capsys):
   assert bench.main(["--settings=defaults,fast"]) == 2
   assert capsys.readouterr().err == (
       "bench: error: --settings=defaults,fast: 'fast' is not a variant; use "
-      "defaults, per_call, per_call+xla, per_call+bfloat16, best, "
+      "defaults, xla, bfloat16, per_call, per_call+xla, per_call+bfloat16, "
+      "best, "
       "comma-separated.\n")
 
 
@@ -46,7 +47,7 @@ def test_settings_name_variants_or_groups_run_in_one_order():
   assert bench.parse_args(["--settings=per_call+xla,defaults"]).variants == [
       "defaults", "per_call+xla"]
   assert bench.parse_args(["--settings=best,per_call"]).variants == [
-      "per_call", "per_call+xla", "per_call+bfloat16"]
+      "xla", "bfloat16", "per_call", "per_call+xla", "per_call+bfloat16"]
 
 
 def test_best_is_each_sides_fastest_variant_defaults_included():
