@@ -55,9 +55,11 @@ def finished_line(step: int, steps: int, stopped: bool) -> str:
   why = ("a callback stopped it" if stopped else
          f"train.steps={steps} is below it" if step > steps else
          "train.steps reached")
+  more = ("pass a new --workdir to train again" if stopped else
+          "raise train.steps to train on, or pass a new --workdir")
   return (f"this workdir already finished at step {step} ({why}): its "
-          "summary.json and model.keras are kept as that run wrote them "
-          "(raise train.steps to train on, or pass a new --workdir)")
+          f"summary.json and model.keras are kept as that run wrote them "
+          f"({more})")
 
 
 def load_saved(workdir: str, model) -> None:

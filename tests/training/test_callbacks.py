@@ -168,8 +168,13 @@ def test_a_stopped_run_is_not_trained_further_when_rerun(tmp_path, capsys):
   first = _ours(tmp_path, [stop], **{"log.progress": True})
   assert first.summary["stopped_early"] and first.summary["steps"] == 2 * EPOCH
   capsys.readouterr()
-  again = _ours(tmp_path, [], **{"log.progress": True})
-  assert "nothing left to train" in capsys.readouterr().out
+  again = _ours(tmp_path, [], **{"log.progress": True,
+                                 "train.steps": 2 * EPOCH * EPOCHS})
+  out = capsys.readouterr().out
+  assert "nothing left to train" in out
+  assert (f"already finished at step {2 * EPOCH} (a callback stopped it): "
+          "its summary.json and model.keras are kept as that run wrote them "
+          "(pass a new --workdir to train again)") in out, out
   assert again.summary["steps"] == 2 * EPOCH and again.summary["stopped_early"]
 
 
@@ -212,19 +217,23 @@ def test_swap_ema_weights_evaluates_and_trains_what_fit_does(tmp_path,
     np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
 
 
-def test_rerunning_a_finished_workdir_keeps_its_results(tmp_path, capsys):
+@pytest.mark.parametrize("two_replicas", [False, True])
+def test_rerunning_a_finished_workdir_keeps_its_results(tmp_path, capsys,
+                                                        mirrored,
+                                                        two_replicas):
   """summary.json, model.keras (the best epoch's, not the checkpoint's)
   and a CSVLogger's file stay as the run that trained wrote them."""
   log = tmp_path / "log.csv"
   run = tmp_path / "run"
+  strategy = mirrored if two_replicas else ONE_CPU
   first = _ours(run, [_best_restored(), keras.callbacks.CSVLogger(str(log))],
-                **{"log.progress": True})
+                strategy=strategy, **{"log.progress": True})
   files = {name: (run / name).read_bytes()
            for name in ("summary.json", "model.keras", "config.json")}
   csv = log.read_bytes()
   capsys.readouterr()
   again = _ours(run, [keras.callbacks.CSVLogger(str(log))],
-                **{"log.progress": True})
+                strategy=strategy, **{"log.progress": True})
   out = capsys.readouterr().out
   assert ("already finished at step 24 (train.steps reached): its "
           "summary.json and model.keras are kept") in out, out
