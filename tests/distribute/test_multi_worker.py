@@ -178,6 +178,22 @@ def test_only_the_chief_writes_the_workdir(two_workers):
   assert not two_workers["scratch_left"]
 
 
+def test_a_finished_workdir_rerun_by_two_workers_is_kept(two_workers,
+                                                         tmp_path):
+  """Both workers agree that the run had finished (one collective), write
+  nothing and exit 0."""
+  workdir = tmp_path / "run"
+  shutil.copytree(two_workers["workdir"], workdir)
+  before = {n: (workdir / n).read_bytes()
+            for n in ("summary.json", "model.keras", "config.json")}
+  result = _launch(2, _train_args(workdir), TMPDIR=str(tmp_path))
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  assert ("[w0] this workdir already finished at step 6 (train.steps "
+          "reached)") in result.stdout, result.stdout
+  assert "[w0] done: 6 steps" in result.stdout
+  assert {n: (workdir / n).read_bytes() for n in before} == before
+
+
 def test_a_bad_tf_config_fails_before_tensorflow_starts(tmp_path):
   bad = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:1"]},
                     "task": {"type": "worker", "index": 0}})
