@@ -9,7 +9,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from dist_keras import registry
+from dist_keras import errors, registry
 from dist_keras.contract import checks
 from dist_keras.distribute import pipelines, strategies
 from dist_keras.training import checkpoints, compiled, loop, lr
@@ -60,7 +60,13 @@ def run(job: Job) -> FitResult:
     talk = trainer.chief and job.config.log.progress
     if talk:
       print(report.header(trainer.strategy, job.workdir), flush=True)
-    summary = trainer.run()
+    try:
+      summary = trainer.run()
+    except tf.errors.InvalidArgumentError as e:
+      bad = errors.bad_data_value(e)
+      if bad is None:
+        raise
+      raise bad from e
   if talk:
     print(report.footer(summary, job.workdir), flush=True)
   return FitResult(trainer.model, summary, job.workdir,

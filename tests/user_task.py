@@ -175,6 +175,20 @@ def string_labels_dataset_fn(split, input_context):
                    lambda y: np.where(y > 0, "up", "down"))
 
 
+def out_of_range_labels_dataset_fn(split, input_context):
+  """Labels 0..5 for a model of CLASSES (3) outputs."""
+  return _pipeline(split, input_context,
+                   lambda y: (np.arange(len(y)) % 6).astype("int32"))
+
+
+def classes_model_fn():
+  inputs, x = _body(0.0)
+  model = keras.Model(inputs, keras.layers.Dense(CLASSES)(x))
+  model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+  return model
+
+
 def empty_eval_dataset_fn(split, input_context):
   """An eval split whose filter keeps nothing (its size is unknown until
   it is read)."""
