@@ -244,6 +244,21 @@ def test_rerunning_a_finished_workdir_keeps_its_results(tmp_path, capsys,
     np.testing.assert_array_equal(a, b)
 
 
+def test_a_run_killed_before_its_results_is_finished_by_the_rerun(
+    tmp_path, capsys):
+  """Its last checkpoint saved, summary.json not yet written (a second
+  Ctrl-C, a kill): the rerun evaluates the checkpoint and writes them."""
+  first = _ours(tmp_path, [])
+  os.remove(tmp_path / "summary.json")
+  capsys.readouterr()
+  again = _ours(tmp_path, [], **{"log.progress": True})
+  out = capsys.readouterr().out
+  assert "already finished" not in out and f"eval at step {EPOCH * EPOCHS}" in out
+  assert again.summary["eval_loss"] == pytest.approx(first.summary["eval_loss"])
+  with open(tmp_path / "summary.json", encoding="utf-8") as f:
+    assert json.load(f)["steps"] == EPOCH * EPOCHS
+
+
 @pytest.mark.parametrize("callbacks,message", [
     ([keras.callbacks.BackupAndRestore("/tmp/backup")],
      r"callbacks\[0\] is keras.callbacks.BackupAndRestore, but dist_keras "
