@@ -253,7 +253,8 @@ def test_a_run_killed_before_its_results_is_finished_by_the_rerun(
   capsys.readouterr()
   again = _ours(tmp_path, [], **{"log.progress": True})
   out = capsys.readouterr().out
-  assert "already finished" not in out and f"eval at step {EPOCH * EPOCHS}" in out
+  assert "already finished" not in out
+  assert f"eval at step {EPOCH * EPOCHS}" in out
   assert again.summary["eval_loss"] == pytest.approx(first.summary["eval_loss"])
   with open(tmp_path / "summary.json", encoding="utf-8") as f:
     assert json.load(f)["steps"] == EPOCH * EPOCHS
