@@ -51,28 +51,29 @@ def tf_info_lines_off():
   and the command line have it, where it is at its default (unset, or the
   INFO TensorFlow sets in an interactive session); a level set to DEBUG or
   WARNING and above is kept."""
-  logger = logging.getLogger("tensorflow")
-  level = logger.level
+  level = logging.getLogger("tensorflow").level
   if level not in (logging.NOTSET, logging.INFO):
     yield
     return
-  logger.setLevel(logging.WARNING)
-  try:
+  with _tf_logger_at(logging.WARNING):
     yield
-  finally:
-    logger.setLevel(level)
 
 
-@contextlib.contextmanager
 def tf_warnings_off():
   """TensorFlow's Python logger at ERROR in the block: for a call whose
   warnings are not the user's (the FLOPs profiler's about its own v1
   helpers) or that the caller says in its own line (a damaged checkpoint
   list)."""
+  return _tf_logger_at(logging.ERROR)
+
+
+@contextlib.contextmanager
+def _tf_logger_at(level: int):
+  """TensorFlow's Python logger at `level` in the block, then as it was."""
   logger = logging.getLogger("tensorflow")
-  level = logger.level
-  logger.setLevel(logging.ERROR)
+  before = logger.level
+  logger.setLevel(level)
   try:
     yield
   finally:
-    logger.setLevel(level)
+    logger.setLevel(before)

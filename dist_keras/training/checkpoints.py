@@ -110,8 +110,8 @@ def _repair_state(folder: str, resume: Resume) -> str | None:
   delete the old ones); returns the line that says so."""
   if not _read_state(folder)[1]:
     return None
-  kept = [step for step in sorted(_steps_saved(folder))
-          if step <= resume.step and resume.path]
+  kept = ([step for step in sorted(_steps_saved(folder))
+           if step <= resume.step] if resume.path else [])
   # The file's text format, names relative to the folder (as TF writes
   # it); CheckpointManager deletes only those with a timestamp.
   now = time.time()

@@ -82,6 +82,14 @@ def evaluates(model) -> bool:
   return overrides(model, "test_step") or model.loss is not None
 
 
+def keeps_ema(optimizer) -> bool:
+  """Whether `optimizer` keeps moving averages of the weights (use_ema),
+  through a LossScaleOptimizer's wrapper or in any of a MultiOptimizer's."""
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  return any(getattr(o, "use_ema", False)
+             for o in getattr(optimizer, "optimizers", [optimizer]))
+
+
 def optimizers_of(model) -> dict:
   """{attribute: optimizer} of every Keras optimizer the model holds: the
   compiled one and those a custom step uses (a GAN's two)."""

@@ -8,7 +8,6 @@ last step's weights, which may not be the ones saved; a callback's files,
 as a CSVLogger's, would be rewritten by a run of no epochs).
 """
 import hashlib
-import json
 import os
 
 import keras
@@ -40,8 +39,7 @@ def finished_results(workdir: str, step: int) -> dict | None:
   checkpoint `step` (its training over), else None (a run killed after
   its last checkpoint: the rerun writes them)."""
   try:
-    with tf.io.gfile.GFile(os.path.join(workdir, run_files.SUMMARY_JSON)) as f:
-      summary = json.load(f)
+    summary = run_files.read_json(workdir, run_files.SUMMARY_JSON)
   except (tf.errors.OpError, OSError, ValueError):
     return None
   if not isinstance(summary, dict) or summary.get("steps") != step:

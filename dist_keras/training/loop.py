@@ -112,8 +112,7 @@ class Trainer:
     optimizer = self.model.optimizer
     optimizer.finalize_variable_values(self.model.trainable_weights)
     why = []
-    if getattr(getattr(optimizer, "inner_optimizer", optimizer), "use_ema",
-               False):
+    if compiled.keeps_ema(optimizer):
       why.append("the optimizer's averages are now the model's weights")
     before = ending.fingerprint(self.model) if self.parts.callbacks else None
     hooks.on_train_end(logs)

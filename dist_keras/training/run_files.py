@@ -42,18 +42,23 @@ def write_json(workdir: str, name: str, data: dict) -> str:
   return path
 
 
+def read_json(workdir: str, name: str):
+  """`workdir/name` parsed (tf.errors.OpError, OSError or ValueError if it
+  cannot be read or is not JSON)."""
+  with tf.io.gfile.GFile(os.path.join(workdir, name)) as f:
+    return json.load(f)
+
+
 def config_changes(workdir: str, config: dict, shown: int = 6) -> str:
   """One line naming each key whose value differs from the workdir's
   config.json (the run that wrote it last), "" for none or no file: a
   rerun in the same folder resumes whatever was trained there, so a
   changed batch size, task or rate must not pass unsaid, nor a config.json
   that cannot be compared."""
-  path = os.path.join(workdir, CONFIG_JSON)
-  if not tf.io.gfile.exists(path):
+  if not tf.io.gfile.exists(os.path.join(workdir, CONFIG_JSON)):
     return ""
   try:
-    with tf.io.gfile.GFile(path) as f:
-      before = _flat(json.load(f))
+    before = _flat(read_json(workdir, CONFIG_JSON))
   except (tf.errors.OpError, OSError, ValueError, AttributeError) as e:
     return (f"this workdir's config.json is unreadable ({type(e).__name__}), "
             "so what changed since its last run is unknown (config.json now "

@@ -15,6 +15,7 @@ import keras
 
 from dist_keras.contract import imports
 from dist_keras.errors import UserError
+from dist_keras.training import compiled
 
 # Attributes naming the files of Keras' file-writing callbacks
 # (ModelCheckpoint, CSVLogger, TensorBoard).
@@ -68,14 +69,13 @@ def check_for_model(callbacks: list, model) -> None:
   """Raises UserError for a callback the model cannot serve, which Keras
   would find only at the first eval, an epoch into the run."""
   optimizer = model.optimizer
-  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
-  inner = getattr(optimizer, "optimizers", [optimizer])
   for i, callback in enumerate(callbacks):
     if (isinstance(callback, keras.callbacks.SwapEMAWeights)
-        and not any(getattr(o, "use_ema", False) for o in inner)):
+        and not compiled.keeps_ema(optimizer)):
+      shown = getattr(optimizer, "inner_optimizer", optimizer)
       raise UserError(
           f"callbacks[{i}] is keras.callbacks.SwapEMAWeights, but the "
-          f"model's optimizer ({type(optimizer).__name__}) has use_ema="
+          f"model's optimizer ({type(shown).__name__}) has use_ema="
           "False; compile with use_ema=True, or remove it.")
 
 
