@@ -174,6 +174,9 @@ def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
     if cardinality >= 0:
       raise UserError(f"{where} ends after {cardinality} batches; repeat it "
                       "(ds.repeat()) so training runs train.steps steps.")
+  elif cardinality == 0:  # (One a filter empties is found at the 1st eval.)
+    raise UserError(f"{where} has no batches; give the eval split examples "
+                    "(built-in data: data.eval_size >= 1).")
   elif cardinality == tf.data.INFINITE_CARDINALITY and not eval_steps:
     raise UserError(f"{where} never ends; make the eval split finite (no "
                     "repeat()), or set eval.steps to evaluate that many "

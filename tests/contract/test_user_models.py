@@ -146,6 +146,8 @@ BAD = [
     ("model_fn", "one_argument_dataset_fn",
      "dataset_fn 'one_argument_dataset_fn' cannot be called as "
      "dataset_fn(split, input_context) (too many positional arguments)"),
+    ("model_fn", "no_eval_batches_dataset_fn",
+     "dataset_fn('eval', ...) has no batches; give the eval split examples"),
     ("model_fn", "string_labels_dataset_fn",
      "cannot take the batches of dataset_fn('train', ...) (x float32[24,6], "
      "y string[24,1], sample_weight float32[24]): Cast string to float is "
