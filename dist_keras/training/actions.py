@@ -220,7 +220,7 @@ class AgreeToStop(Boundary):
   def __init__(self, run: RunState, strategy, at_batch_ends: bool):
     super().__init__(run)
     self.at_batch_ends = at_batch_ends
-    self._agree = (allreduce.host_value_sum(strategy) if run.multi_worker
+    self._agree = (allreduce.any_worker(strategy) if run.multi_worker
                    else None)
 
   def at(self, step: int, epoch_end: bool) -> None:
@@ -228,7 +228,7 @@ class AgreeToStop(Boundary):
       return
     wanted = bool(getattr(self.model, "stop_training", False))
     if self._agree is not None:
-      wanted = self._agree(float(wanted)) > 0
+      wanted = self._agree(wanted)
     self.run.stopping = wanted
     self.model.stop_training = wanted
 

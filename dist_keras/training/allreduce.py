@@ -70,6 +70,20 @@ def host_value_sum(strategy):
   return lambda value: float(total(tf.constant(value, tf.float64)))
 
 
+def any_worker(strategy):
+  """`(bool) -> bool`: whether this or any other worker says so (a
+  collective: every worker calls it at the same point)."""
+  total = host_value_sum(strategy)
+  return lambda flag: total(float(flag)) > 0
+
+
+def every_worker(strategy):
+  """`(bool) -> bool`: whether this and every other worker say so (a
+  collective: every worker calls it at the same point)."""
+  total = host_value_sum(strategy)
+  return lambda flag: total(float(flag)) == strategy.num_replicas_in_sync
+
+
 def gradient_bytes(variables, allreduce_dtype: str = "float32") -> int:
   """Bytes one replica sends into the all-reduce: every trainable variable,
   in float32 or in the 16-bit `allreduce_dtype` that compresses it."""

@@ -30,8 +30,7 @@ def agreed(strategy, workers: int, here: bool) -> bool:
   not must be the same on all of them)."""
   if workers <= 1:
     return here
-  total = allreduce.host_value_sum(strategy)(float(here))
-  return total == strategy.num_replicas_in_sync
+  return allreduce.every_worker(strategy)(here)
 
 
 def finished_results(workdir: str, step: int) -> dict | None:

@@ -141,5 +141,5 @@ class StopRequest:
 
   def _anyone_requested(self) -> bool:
     if self._agree is None:
-      self._agree = allreduce.host_value_sum(self.strategy)
-    return self._agree(float(self.requested)) > 0
+      self._agree = allreduce.any_worker(self.strategy)
+    return self._agree(self.requested)
