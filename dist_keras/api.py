@@ -87,6 +87,8 @@ def build(job: Job) -> loop.Trainer:
   notes = compiled.take(model, strategy, config.train)
   callbacks = user_callbacks.collect(config.train.callbacks, job.callbacks,
                                      model)
+  notes += filter(None, [user_callbacks.one_step_per_call(callbacks,
+                                                          config.train)])
   feed = pipelines.Feed(config.train.global_batch_size,
                         config.data.pipeline_per_replica)
   train_ds, batch_spec = pipelines.distribute(

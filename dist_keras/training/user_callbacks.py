@@ -95,6 +95,19 @@ def for_worker(callbacks: list, chief: bool, scratch: str) -> list:
   return callbacks
 
 
+def one_step_per_call(callbacks: list, train_cfg) -> str | None:
+  """With a callback that has batch hooks and calls sized by time
+  (train.steps_per_loop=0, the model's steps_per_execution 1), one step a
+  call, so that the hooks see every batch, as under fit; the line saying
+  so."""
+  if train_cfg.steps_per_loop or not want_batch_logs(callbacks):
+    return None
+  train_cfg.steps_per_loop = 1
+  return ("steps per call: 1 (a callback has batch hooks, which fit runs "
+          "every step at steps_per_execution=1; set train.steps_per_loop=K "
+          "or compile with steps_per_execution=K to run them every K)")
+
+
 def want_batch_logs(callbacks: list) -> bool:
   """Whether a callback reads batch logs (then every call's end reads the
   metrics: a collective under multi-worker). Keras' ModelCheckpoint and

@@ -91,6 +91,40 @@ def test_batch_hooks_run_once_per_call_with_the_epochs_running_values(
     assert batch_logs["loss"] == pytest.approx(epoch_logs["loss"])
 
 
+class _StopAfterBatch(keras.callbacks.Callback):
+  """Stops training at the end of batch `last` (no logs read)."""
+
+  def __init__(self, last):
+    super().__init__()
+    self.last, self.seen = last, []
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.seen.append(batch)
+    if batch >= self.last:
+      self.model.stop_training = True
+
+
+def test_batch_hooks_see_every_step_when_calls_are_sized_by_time(
+    tmp_path, capsys):
+  """The default train.steps_per_loop=0 and steps_per_execution=1: a
+  callback with batch hooks gets every batch and stops where fit stops,
+  mid log window (steps sized by time had skipped batches 10-17)."""
+  keras.utils.set_random_seed(0)
+  fitted, want = parity_task.plain(), _StopAfterBatch(13)
+  fitted.fit(parity_task.dataset_fn("train", tf.distribute.InputContext()),
+             epochs=1, steps_per_epoch=24, verbose=0, shuffle=False,
+             callbacks=[want])
+  got = _StopAfterBatch(13)
+  result = _ours(tmp_path, [got], model_fn=parity_task.plain,
+                 **{"train.log_every": 10, "eval.every": 0,
+                    "log.progress": True})
+  assert got.seen == want.seen == list(range(14))
+  assert "steps per call: 1 (a callback has batch hooks" in (
+      capsys.readouterr().out)
+  for a, b in zip(fitted.get_weights(), result.model.get_weights()):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_a_reduced_rate_reaches_every_replica_and_the_checkpoint(tmp_path,
                                                                 mirrored):
   reduce = keras.callbacks.ReduceLROnPlateau(monitor="val_loss",
