@@ -67,6 +67,27 @@ def _compiled(optimizer, model_class=keras.Model, **compile_args):
   return model
 
 
+class CallWithoutTraining(keras.Model):
+  """A call that takes no `training`: fit calls it as `self(x)`, so its
+  Dropout runs in inference mode (off)."""
+
+  def __init__(self):
+    super().__init__()
+    self.hidden = keras.layers.Dense(16, activation="tanh")
+    self.dropout = keras.layers.Dropout(0.5)
+    self.out = keras.layers.Dense(1)
+
+  def call(self, x):  # pylint: disable=arguments-differ
+    return self.out(self.dropout(self.hidden(x)))
+
+
+def call_without_training():
+  model = CallWithoutTraining()
+  model.build((None, FEATURES))
+  model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+  return model
+
+
 def plain():
   return _compiled(keras.optimizers.SGD(0.05))
 

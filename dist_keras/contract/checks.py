@@ -126,7 +126,16 @@ def _zero_prediction(model, x):
                                    spec)
     except Exception:  # pylint: disable=broad-except
       pass  # The call below says what is wrong, or works.
-  return model(x, training=False)
+  return forward(model, x, training=False)
+
+
+def forward(model, x, training: bool):
+  """`model(x)` as Keras' train_step and test_step call it: `training`
+  passed only to a call that takes it (a call without it runs as written;
+  forcing training=True turned its Dropout on where fit's was off)."""
+  if getattr(model, "_call_has_training_arg", True):
+    return model(x, training=training)
+  return model(x)
 
 
 def _check_in_scope(model, strategy) -> None:

@@ -74,7 +74,7 @@ def forward_backward(model, optimizer, batch, update_metrics: bool = True):
   """
   x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
   with tf.GradientTape() as tape:
-    y_pred = model(x, training=True)
+    y_pred = checks.forward(model, x, training=True)
     loss = checks.compute_loss(model, x, y, y_pred, sample_weight,
                                training=True)
     scaled = optimizer.scale_loss(loss)

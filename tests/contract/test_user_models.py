@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import dist_keras
 import helpers
+import parity_task
 import user_task
 from dist_keras import configs
 from dist_keras.errors import UserError
@@ -105,6 +106,21 @@ def test_a_users_model_trains_from_the_command_line(tmp_path, task):
   assert "done: 12 steps, eval " in result.stdout
   summary = json.loads((tmp_path / "summary.json").read_text())
   _check_outputs(tmp_path, summary, metrics)
+
+
+def test_a_call_without_training_runs_as_fit_runs_it(tmp_path):
+  """Keras' train_step calls self(x) when call() takes no `training`: its
+  Dropout stays off (dist_keras had passed training=True, turning it on)."""
+  keras.utils.set_random_seed(0)
+  fitted = parity_task.call_without_training()
+  fitted.fit(parity_task.dataset_fn("train", tf.distribute.InputContext()),
+             epochs=1, steps_per_epoch=8, verbose=0, shuffle=False)
+  result = helpers.fit_fns(
+      parity_task.call_without_training, parity_task.dataset_fn, tmp_path,
+      dict(CONFIG, **{"train.steps": 8, "eval.every": 0,
+                      "train.global_batch_size": parity_task.GLOBAL_BATCH}))
+  for a, b in zip(fitted.get_weights(), result.model.get_weights()):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_a_model_built_outside_the_scope_is_refused(tmp_path, mirrored):
