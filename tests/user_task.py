@@ -84,6 +84,15 @@ def model_fn_dropout():
   return _regressor(0.1)
 
 
+def unreduced_loss_model_fn():
+  """A loss of reduction=None: a loss per example, not one number."""
+  inputs = keras.Input((FEATURES,))
+  model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+  model.compile(optimizer=keras.optimizers.SGD(0.05),
+                loss=keras.losses.MeanSquaredError(reduction=None))
+  return model
+
+
 class Subclassed(keras.Model):
   """A subclassed model: no weights until its first call."""
 

@@ -89,8 +89,8 @@ def build_state(model, strategy, batch_spec) -> None:
   with strategy.scope():
     try:
       y_pred = _zero_prediction(model, x)
-      if model.loss is not None:
-        compute_loss(model, x, y, y_pred, weights, training=False)
+      loss = None if model.loss is None else compute_loss(
+          model, x, y, y_pred, weights, training=False)
       model.compute_metrics(x, y, y_pred, weights)
     # Unimplemented: a cast the loss cannot make (string labels to float).
     except (ValueError, TypeError, tf.errors.InvalidArgumentError,
@@ -99,8 +99,21 @@ def build_state(model, strategy, batch_spec) -> None:
           f"the model or its compiled loss/metrics cannot take the batches "
           f"of dataset_fn('train', ...) ({describe(batch_spec)}): "
           f"{errors.first_line(e)}") from e
+  _check_scalar(model, loss)
   model.reset_metrics()
   _check_in_scope(model, strategy)
+
+
+def _check_scalar(model, loss) -> None:
+  """The loss must be one number: a vector's gradient is its sum's, which
+  scales with the examples per replica (N replicas would not train what
+  one device trains) and is rarely what was meant."""
+  rank = len(getattr(loss, "shape", ()))
+  if rank:
+    raise UserError(
+        f"the compiled loss {_loss_name(model)} gives a tensor of rank {rank}"
+        " per batch, not one number (reduction=None?); compile a loss that "
+        "reduces to a scalar (Keras' default reduction, or 'sum').")
 
 
 def _compiled_from_data(model) -> bool:

@@ -162,6 +162,10 @@ BAD = [
     ("model_fn", "one_argument_dataset_fn",
      "dataset_fn 'one_argument_dataset_fn' cannot be called as "
      "dataset_fn(split, input_context) (too many positional arguments)"),
+    ("unreduced_loss_model_fn", "dataset_fn",
+     "the compiled loss MeanSquaredError gives a tensor of rank 1 per "
+     "batch, not one number (reduction=None?); compile a loss that reduces "
+     "to a scalar"),
     ("model_fn", "no_eval_batches_dataset_fn",
      "dataset_fn('eval', ...) has no batches; give the eval split examples"),
     ("model_fn", "string_labels_dataset_fn",
