@@ -93,9 +93,10 @@ def build(job: Job) -> loop.Trainer:
                         config.data.pipeline_per_replica)
   train_ds, batch_spec = pipelines.distribute(
       strategy, dataset_fn, "train", feed, start_step=resume.step)
-  eval_ds, _ = pipelines.distribute(strategy, dataset_fn, "eval", feed,
-                                    eval_steps=config.eval.steps)
-  checks.build_state(model, strategy, batch_spec)  # Loss and metrics state.
+  eval_ds, eval_spec = pipelines.distribute(
+      strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
+  # Loss and metrics state, from the batches of both splits.
+  checks.build_state(model, strategy, batch_spec, eval_spec)
   # The batch-size rule, then every optimizer built in scope (a replica
   # function may not create slots), with the gradient all-reduce where the
   # step needs it (compiled.py).

@@ -212,4 +212,16 @@ def no_eval_batches_dataset_fn(split, input_context):
   return ds if split == "train" else ds.take(0)
 
 
+def unlabelled_eval_dataset_fn(split, input_context):
+  """An eval split of x alone."""
+  ds = dataset_fn(split, input_context)
+  return ds if split == "train" else ds.map(lambda x, *_: x)
+
+
+def unbatched_eval_dataset_fn(split, input_context):
+  """An eval split of single examples, never batched."""
+  ds = dataset_fn(split, input_context)
+  return ds if split == "train" else ds.unbatch()
+
+
 NOT_CALLABLE = 3

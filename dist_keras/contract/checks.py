@@ -66,42 +66,76 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   return model
 
 
-def build_state(model, strategy, batch_spec) -> None:
+def build_state(model, strategy, batch_spec, eval_spec=None) -> None:
   """Creates the model's variables and its compiled loss's and metrics'
   state, in scope, from a zero batch shaped like `batch_spec`.
 
   Keras creates metric variables on their first update; inside a replica
   function that is not allowed, so they are made here (as Keras' own fit
   does symbolically), and so are a subclassed model's weights. It also
-  checks that the model, its loss and metrics accept the dataset's batches.
+  checks that the model, its loss and metrics accept the dataset's batches:
+  the train split's, and the eval split's (`eval_spec`) where Keras'
+  test_step will read them (else found only at the first eval).
   """
-  x, y, weights = keras.utils.unpack_x_y_sample_weight(_zeros(batch_spec))
-  if y is None and getattr(model, "loss", None) is not None:
-    raise UserError(
-        "dataset_fn('train', ...) yields batches without labels, but the "
-        f"compiled loss {_loss_name(model)} needs them; yield (x, y) or "
-        "(x, y, sample_weight) batches.")
   if model.built and not _compiled_from_data(model):
     # Nothing to build from a batch (a GAN: built, no compiled loss or
     # metrics; its batches need not be its call's inputs), as Keras' fit.
     _check_in_scope(model, strategy)
     return
   with strategy.scope():
-    try:
-      y_pred = _zero_prediction(model, x)
-      loss = None if model.loss is None else compute_loss(
-          model, x, y, y_pred, weights, training=False)
-      model.compute_metrics(x, y, y_pred, weights)
-    # Unimplemented: a cast the loss cannot make (string labels to float).
-    except (ValueError, TypeError, tf.errors.InvalidArgumentError,
-            tf.errors.UnimplementedError) as e:
-      raise UserError(
-          f"the model or its compiled loss/metrics cannot take the batches "
-          f"of dataset_fn('train', ...) ({describe(batch_spec)}): "
-          f"{errors.first_line(e)}") from e
+    loss = _probe(model, batch_spec, "train")
+    if eval_spec is not None and model.loss is not None and (
+        type(model).test_step is keras.Model.test_step):
+      _check_batched_like(eval_spec, batch_spec)
+      _probe(model, eval_spec, "eval")
   _check_scalar(model, loss)
   model.reset_metrics()
   _check_in_scope(model, strategy)
+
+
+def _probe(model, batch_spec, split: str):
+  """The compiled loss (None without one) of a zero batch shaped like
+  `batch_spec`, the metrics updated; UserError if they cannot take it."""
+  where = f"dataset_fn({split!r}, ...)"
+  x, y, weights = keras.utils.unpack_x_y_sample_weight(_zeros(batch_spec))
+  if y is None and getattr(model, "loss", None) is not None:
+    raise UserError(
+        f"{where} yields batches without labels, but the compiled loss "
+        f"{_loss_name(model)} needs them; yield (x, y) or "
+        "(x, y, sample_weight) batches.")
+  try:
+    y_pred = _zero_prediction(model, x)
+    loss = None if model.loss is None else compute_loss(
+        model, x, y, y_pred, weights, training=False)
+    model.compute_metrics(x, y, y_pred, weights)
+  # Unimplemented: a cast the loss cannot make (string labels to float).
+  except (ValueError, TypeError, tf.errors.InvalidArgumentError,
+          tf.errors.UnimplementedError) as e:
+    raise UserError(
+        f"the model or its compiled loss/metrics cannot take the batches "
+        f"of {where} ({describe(batch_spec)}): {errors.first_line(e)}") from e
+  return loss
+
+
+def _check_batched_like(eval_spec, train_spec) -> None:
+  """The eval split's x and y must have the train split's structure and
+  ranks (its batches may be smaller): an unbatched split loses a rank."""
+  for a, b in zip(keras.utils.unpack_x_y_sample_weight(eval_spec)[:2],
+                  keras.utils.unpack_x_y_sample_weight(train_spec)[:2]):
+    if a is None or b is None:  # Labels: _probe says whether it needs them.
+      continue
+    try:
+      tf.nest.assert_same_structure(a, b)
+      same = all(s.shape.rank == t.shape.rank for s, t in
+                 zip(tf.nest.flatten(a), tf.nest.flatten(b)))
+    except (ValueError, TypeError):
+      same = False
+    if not same:
+      raise UserError(
+          f"dataset_fn('eval', ...) yields {describe(eval_spec)}, unlike the "
+          f"train split's batches ({describe(train_spec)}); batch the eval "
+          "split as the train split (ds.batch(...)), with the same "
+          "structure.")
 
 
 def _check_scalar(model, loss) -> None:

@@ -166,6 +166,15 @@ BAD = [
      "the compiled loss MeanSquaredError gives a tensor of rank 1 per "
      "batch, not one number (reduction=None?); compile a loss that reduces "
      "to a scalar"),
+    ("model_fn", "unlabelled_eval_dataset_fn",
+     "dataset_fn('eval', ...) yields batches without labels, but the "
+     "compiled loss 'mse' needs them"),
+    ("model_fn", "unbatched_eval_dataset_fn",
+     "dataset_fn('eval', ...) yields x float32[6], y float32[1], "
+     "sample_weight float32[], unlike the train split's batches (x "
+     "float32[24,6], y float32[24,1], sample_weight float32[24]); batch the "
+     "eval split as the train split (ds.batch(...)), with the same "
+     "structure."),
     ("model_fn", "no_eval_batches_dataset_fn",
      "dataset_fn('eval', ...) has no batches; give the eval split examples"),
     ("model_fn", "string_labels_dataset_fn",
