@@ -147,6 +147,11 @@ def unbatched_dataset_fn(split, input_context):
   return dataset_fn(split, input_context).unbatch()
 
 
+def undropped_remainder_dataset_fn(split, input_context):
+  """Batched without drop_remainder: batches of unknown static size."""
+  return dataset_fn(split, input_context).unbatch().batch(24)
+
+
 def wrong_batch_dataset_fn(split, input_context):
   """Batches of GLOBAL_BATCH per replica: the global batch, not a share."""
   x, y, weights = _examples(split)

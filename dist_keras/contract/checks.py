@@ -1,11 +1,8 @@
-"""The user contract, checked where it is crossed.
+"""The model_fn side of the user contract, checked where it is crossed
+(the dataset_fn side: batches.py).
 
   model_fn() -> a Keras 3 model compiled by its author (optimizer, loss,
       metrics); dist_keras calls it inside `strategy.scope()`.
-  dataset_fn(split, input_context) -> that input pipeline's tf.data.Dataset
-      of per-replica batches (x, y) or (x, y, sample_weight); split is
-      "train" (repeated; batches of exactly global / replicas examples) or
-      "eval" (finite; the last batch may be partial).
 
 The built-in models and datasets are such pairs too (models.model_fn,
 data.dataset_fn). Every check here raises UserError with one line naming
@@ -18,10 +15,8 @@ import tensorflow as tf
 
 from dist_keras import validate
 from dist_keras import errors
+from dist_keras.contract import batches
 from dist_keras.errors import UserError
-
-SPLITS = ("train", "eval")
-
 
 def check_signature(fn, what: str, params: tuple = ()) -> None:
   """Raises UserError unless `fn` can be called as what(*params), as
@@ -86,7 +81,7 @@ def build_state(model, strategy, batch_spec, eval_spec=None) -> None:
     loss = _probe(model, batch_spec, "train")
     if eval_spec is not None and model.loss is not None and (
         type(model).test_step is keras.Model.test_step):
-      _check_batched_like(eval_spec, batch_spec)
+      batches.check_batched_like(eval_spec, batch_spec)
       _probe(model, eval_spec, "eval")
   _check_scalar(model, loss)
   model.reset_metrics()
@@ -97,7 +92,8 @@ def _probe(model, batch_spec, split: str):
   """The compiled loss (None without one) of a zero batch shaped like
   `batch_spec`, the metrics updated; UserError if they cannot take it."""
   where = f"dataset_fn({split!r}, ...)"
-  x, y, weights = keras.utils.unpack_x_y_sample_weight(_zeros(batch_spec))
+  x, y, weights = keras.utils.unpack_x_y_sample_weight(
+      batches.zeros(batch_spec))
   if y is None and getattr(model, "loss", None) is not None:
     raise UserError(
         f"{where} yields batches without labels, but the compiled loss "
@@ -113,29 +109,9 @@ def _probe(model, batch_spec, split: str):
           tf.errors.UnimplementedError) as e:
     raise UserError(
         f"the model or its compiled loss/metrics cannot take the batches "
-        f"of {where} ({describe(batch_spec)}): {errors.first_line(e)}") from e
+        f"of {where} ({batches.describe(batch_spec)}): "
+        f"{errors.first_line(e)}") from e
   return loss
-
-
-def _check_batched_like(eval_spec, train_spec) -> None:
-  """The eval split's x and y must have the train split's structure and
-  ranks (its batches may be smaller): an unbatched split loses a rank."""
-  for a, b in zip(keras.utils.unpack_x_y_sample_weight(eval_spec)[:2],
-                  keras.utils.unpack_x_y_sample_weight(train_spec)[:2]):
-    if a is None or b is None:  # Labels: _probe says whether it needs them.
-      continue
-    try:
-      tf.nest.assert_same_structure(a, b)
-      same = all(s.shape.rank == t.shape.rank for s, t in
-                 zip(tf.nest.flatten(a), tf.nest.flatten(b)))
-    except (ValueError, TypeError):
-      same = False
-    if not same:
-      raise UserError(
-          f"dataset_fn('eval', ...) yields {describe(eval_spec)}, unlike the "
-          f"train split's batches ({describe(train_spec)}); batch the eval "
-          "split as the train split (ds.batch(...)), with the same "
-          "structure.")
 
 
 def _check_scalar(model, loss) -> None:
@@ -211,89 +187,6 @@ def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
                               sample_weight=sample_weight, training=training)
   return model.compute_loss(x=x, y=y, y_pred=y_pred,
                             sample_weight=sample_weight)
-
-
-def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
-                  eval_steps: int = 0) -> None:
-  """Raises UserError if `ds` breaks the dataset_fn contract for `split`."""
-  where = f"dataset_fn({split!r}, ...)"
-  if not isinstance(ds, tf.data.Dataset):
-    raise UserError(f"{where} returned a {type(ds).__name__}, not a "
-                    "tf.data.Dataset.")
-  spec = ds.element_spec
-  if isinstance(spec, tuple) and not 1 <= len(spec) <= 3:
-    raise UserError(f"{where} yields tuples of {len(spec)} ({describe(spec)});"
-                    " yield (x, y) or (x, y, sample_weight) batches.")
-  cardinality = int(ds.cardinality())
-  if split == "train":
-    _check_batch_size(where, spec, global_batch_size, replicas)
-    if cardinality >= 0:
-      raise UserError(f"{where} ends after {cardinality} batches; repeat it "
-                      "(ds.repeat()) so training runs train.steps steps.")
-  elif cardinality == 0:  # (One a filter empties is found at the 1st eval.)
-    raise UserError(f"{where} has no batches; give the eval split examples "
-                    "(built-in data: data.eval_size >= 1).")
-  elif cardinality == tf.data.INFINITE_CARDINALITY and not eval_steps:
-    raise UserError(f"{where} never ends; make the eval split finite (no "
-                    "repeat()), or set eval.steps to evaluate that many "
-                    "batches.")
-
-
-def _check_batch_size(where: str, spec, global_batch_size: int,
-                      replicas: int) -> None:
-  """Every replica must get global / replicas examples, in static shapes
-  (XLA and TPUs need them; Keras' loss scaling by 1 / replicas assumes
-  equal shares)."""
-  wanted = global_batch_size // replicas
-  sizes = {s.shape[0] if s.shape.rank else None
-           for s in tf.nest.flatten(spec)}
-  if None in sizes:
-    raise UserError(
-        f"{where} yields batches of unknown size ({describe(spec)}); batch "
-        f"with drop_remainder=True so every replica gets exactly {wanted} "
-        "examples.")
-  if sizes != {wanted}:
-    got = min(sizes)
-    raise UserError(
-        f"{where} yields per-replica batches of {got} examples, but "
-        f"train.global_batch_size={global_batch_size} over {replicas} "
-        f"replica(s) needs {wanted}; batch with input_context."
-        f"get_per_replica_batch_size({global_batch_size}), or set "
-        f"train.global_batch_size={got * replicas}.")
-
-
-def describe(spec) -> str:
-  """'x float32[32,50], y int32[32]' for an element spec."""
-  parts = spec if isinstance(spec, tuple) else (spec,)
-  names = ("x", "y", "sample_weight") if len(parts) <= 3 else [
-      f"[{i}]" for i in range(len(parts))]
-  return ", ".join(f"{name} {_spec_text(part)}"
-                   for name, part in zip(names, parts))
-
-
-def _spec_text(spec) -> str:
-  """'float32[32,?]', '{ids: int32[32,50], mask: bool[32,50]}', '(...)'."""
-  if isinstance(spec, dict):
-    return "{" + ", ".join(f"{k}: {_spec_text(v)}"
-                           for k, v in spec.items()) + "}"
-  if isinstance(spec, (tuple, list)):
-    return "(" + ", ".join(_spec_text(s) for s in spec) + ")"
-  return f"{spec.dtype.name}{list(spec.shape)}".replace(" ", "").replace(
-      "None", "?")
-
-
-def _zeros(spec):
-  """A batch of one example shaped like `spec` (unknown sizes: 1)."""
-
-  def zero(s):
-    shape = [1] + [d if d is not None else 1 for d in s.shape[1:]]
-    if isinstance(s, tf.RaggedTensorSpec):
-      return tf.RaggedTensor.from_tensor(tf.zeros(shape, s.dtype))
-    if s.dtype == tf.string:
-      return tf.fill(shape, "")
-    return tf.zeros(shape, s.dtype)
-
-  return tf.nest.map_structure(zero, spec)
 
 
 def _loss_name(model) -> str:

@@ -6,7 +6,7 @@ import warnings
 
 import tensorflow as tf
 
-from dist_keras.contract import checks
+from dist_keras.contract import batches, checks
 from dist_keras.errors import UserError
 
 # Iterating a distributed dataset inside tf.function reads its options in
@@ -55,7 +55,7 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
 
   def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     ds = dataset_fn(split, ctx)
-    checks.check_dataset(ds, split, global_batch_size, replicas, eval_steps)
+    batches.check_dataset(ds, split, global_batch_size, replicas, eval_steps)
     specs.append(ds.element_spec)
     per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
     if split == "train" and start_step:

@@ -15,6 +15,7 @@ import helpers
 import parity_task
 import user_task
 from dist_keras import configs
+from dist_keras.contract import batches
 from dist_keras.errors import UserError
 
 TESTS = helpers.TESTS
@@ -138,8 +139,8 @@ BAD = [
      "model_fn returned model 'functional"),
     ("not_a_model_fn", "dataset_fn",
      "model_fn returned a str, not a keras.Model"),
-    ("model_fn", "unbatched_dataset_fn",
-     "yields batches of unknown size (x float32[6], y float32[1]"),
+    ("model_fn", "undropped_remainder_dataset_fn",
+     "yields batches of unknown size (x float32[?,6], y float32[?,1]"),
     ("model_fn", "wrong_batch_dataset_fn",
      "yields per-replica batches of 48 examples, but "
      "train.global_batch_size=48 over 2 replica(s) needs 24; batch with "
@@ -166,6 +167,11 @@ BAD = [
      "the compiled loss MeanSquaredError gives a tensor of rank 1 per "
      "batch, not one number (reduction=None?); compile a loss that reduces "
      "to a scalar"),
+    ("model_fn", "unbatched_dataset_fn",
+     "dataset_fn('train', ...) yields elements whose first dimensions "
+     "differ (x float32[6], y float32[1], sample_weight float32[]): are they"
+     " batched? batch with input_context.get_per_replica_batch_size(48) and "
+     "drop_remainder=True."),
     ("model_fn", "unlabelled_eval_dataset_fn",
      "dataset_fn('eval', ...) yields batches without labels, but the "
      "compiled loss 'mse' needs them"),
@@ -446,7 +452,7 @@ def test_batches_are_described_by_their_structure():
   spec = ({"ids": tf.TensorSpec([32, 50], tf.int32),
            "mask": tf.TensorSpec([32, None], tf.bool)},
           tf.TensorSpec([32], tf.float32))
-  assert checks.describe(spec) == (
+  assert batches.describe(spec) == (
       "x {ids: int32[32,50], mask: bool[32,?]}, y float32[32]")
-  assert checks.describe(((tf.TensorSpec([3]),) * 2, tf.TensorSpec([3]))) == (
+  assert batches.describe(((tf.TensorSpec([3]),) * 2, tf.TensorSpec([3]))) == (
       "x (float32[3], float32[3]), y float32[3]")
