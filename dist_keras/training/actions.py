@@ -108,16 +108,29 @@ class Progress(keras.callbacks.Callback):
 
 class LogWindow(keras.callbacks.Callback):
   """At every log step and epoch end: the window's train values and
-  measurements to TensorBoard, and a progress line."""
+  measurements to TensorBoard, and a progress line; a window that a stop
+  cut short closes before the eval (summary.json's train values are the
+  last steps', not the window before)."""
 
   def __init__(self, run: RunState, trainer):
     super().__init__()
     self.run, self.trainer = run, trainer
+    self._logged_at = run.step
 
   def on_train_batch_end(self, batch, logs=None):
-    step, schedule = self.run.step, self.run.schedule
-    if not schedule.says_progress(step):
-      return
+    if self.run.schedule.says_progress(self.run.step):
+      self._log(self.run.step)
+
+  def on_test_begin(self, logs=None):
+    if self.run.step > self._logged_at:
+      self._log(self.run.step)
+
+  def on_epoch_end(self, epoch, logs=None):  # (A model without eval.)
+    self.on_test_begin()
+
+  def _log(self, step: int) -> None:
+    self._logged_at = step
+    schedule = self.run.schedule
     train = self.trainer.train_values(self.trainer.train_metrics.window(step))
     perf, seconds = self.trainer.meters.close_window()
     self.run.call_limit = auto_steps_per_call(seconds, self.run.multi_worker)

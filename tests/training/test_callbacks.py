@@ -125,6 +125,28 @@ def test_batch_hooks_see_every_step_when_calls_are_sized_by_time(
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("last_batch", [13, 5])
+def test_a_stop_mid_window_reports_the_last_steps(tmp_path, capsys,
+                                                  last_batch):
+  """The window a stop cuts short is logged (its line, TensorBoard) before
+  the eval, and summary.json's train values are its: they were the window
+  before's (batch 13), or missing (batch 5, before the first window)."""
+  result = _ours(tmp_path, [_StopAfterBatch(last_batch)],
+                 model_fn=parity_task.plain,
+                 **{"train.log_every": 10, "eval.every": 0,
+                    "log.progress": True, "log.tensorboard": True})
+  step = last_batch + 1
+  lines = capsys.readouterr().out.splitlines()
+  logged = [i for i, line in enumerate(lines)
+            if line.startswith(f"step {step:2d}/24  loss ")]
+  evaluated = [i for i, line in enumerate(lines)
+               if line.startswith(f"eval at step {step}:")]
+  assert logged and evaluated and logged[0] < evaluated[0], lines
+  losses = dict(helpers.scalar_tags(str(tmp_path))["loss"])
+  assert result.summary["steps"] == step
+  assert result.summary["train_loss"] == pytest.approx(losses[step])
+
+
 def test_a_reduced_rate_reaches_every_replica_and_the_checkpoint(tmp_path,
                                                                 mirrored):
   reduce = keras.callbacks.ReduceLROnPlateau(monitor="val_loss",
