@@ -65,10 +65,16 @@ def _own_step_note(model, strategy, train_cfg) -> str:
         "train_step under a multi-device strategy: XLA cannot compile its "
         "optimizer's cross-device update (merge_call); use one device or a "
         "TPU, or set train.jit_compile=false.")
+  replicas = strategy.num_replicas_in_sync
+  scaled = (f"; the loss its self.compute_loss returns is divided by the "
+            f"{replicas} replicas, as under fit (a tracker fed it reports "
+            f"1/{replicas} of the loss: feed it loss * {replicas})"
+            if replicas > 1 else "")
   return (f"{type(model).__name__}.train_step is the model's own: it runs "
           "as written on every replica (gradients all-reduced in its "
           "optimizer's apply); the sync breakdown splits its steps into "
-          "input wait and model step only, and there is no calibration")
+          "input wait and model step only, and there is no calibration"
+          + scaled)
 
 
 def overrides(model, method: str) -> bool:

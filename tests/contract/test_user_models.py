@@ -425,7 +425,6 @@ def test_compiled_steps_per_execution_and_jit_compile_are_honoured(tmp_path):
 
 def test_a_models_own_step_is_not_compiled_across_replicas(tmp_path,
                                                            mirrored):
-  import parity_task  # pylint: disable=g-import-not-at-top
   with pytest.raises(UserError, match="train.jit_compile=true with Counting's "
                      "own train_step under a multi-device strategy"):
     dist_keras.fit(parity_task.custom_step, parity_task.dataset_fn,
@@ -433,6 +432,21 @@ def test_a_models_own_step_is_not_compiled_across_replicas(tmp_path,
                    config=dict(CONFIG, **{"train.jit_compile": True}),
                    strategy=mirrored)
   assert not os.path.exists(tmp_path / "w")
+
+
+def test_a_models_own_step_is_told_its_loss_is_divided_by_replicas(
+    tmp_path, mirrored, capsys):
+  """As under fit: compute_loss's value is 1/N of the loss, which a tracker
+  fed it as Keras' guide does reports; the run's start says so."""
+  dist_keras.fit(parity_task.custom_step, parity_task.dataset_fn,
+                 workdir=str(tmp_path / "w"),
+                 config=dict(CONFIG, **{"train.steps": 2, "eval.every": 0,
+                                        "log.progress": True,
+                                        "train.global_batch_size": 48}),
+                 strategy=mirrored)
+  assert ("the loss its self.compute_loss returns is divided by the 2 "
+          "replicas, as under fit (a tracker fed it reports 1/2 of the loss:"
+          " feed it loss * 2)") in capsys.readouterr().out
 
 
 def test_a_models_unbuilt_optimizer_is_refused(tmp_path, mirrored):
