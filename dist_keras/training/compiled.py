@@ -27,7 +27,8 @@ def take(model, strategy, train_cfg) -> list[str]:
         "dist_keras runs its steps as tf.functions on every replica, so "
         "compile it without run_eagerly (debug eagerly with model.fit on "
         "one device).")
-  notes = [_steps_per_execution(model, train_cfg)]
+  notes = [_steps_per_execution(model, train_cfg),
+           _per_replica_denominator(model, strategy.num_replicas_in_sync)]
   if model.jit_compile is True and not train_cfg.jit_compile:
     train_cfg.jit_compile = True
     notes.append("XLA: the model was compiled with jit_compile=True "
@@ -53,6 +54,25 @@ def _steps_per_execution(model, train_cfg) -> str | None:
   train_cfg.steps_per_loop = per_execution
   return (f"steps per call: {per_execution} (the model's "
           "steps_per_execution)")
+
+
+def _per_replica_denominator(model, replicas: int) -> str | None:
+  """The line a loss that Keras divides by each replica's own count gets
+  (an output mask's unmasked entries; the sample weights' sum under
+  reduction='mean_with_sample_weight'): N replicas train what one device
+  trains only when every replica's count is equal."""
+  masked = any(getattr(t, "_keras_mask", None) is not None
+               for t in getattr(model, "outputs", None) or [])
+  weighted = any(getattr(loss, "reduction", None) == "mean_with_sample_weight"
+                 for loss in tf.nest.flatten(model.loss))
+  if replicas <= 1 or not (masked or weighted):
+    return None
+  count = ("unmasked outputs (the output has a mask)" if masked
+           else "sample weights (reduction='mean_with_sample_weight')")
+  return (f"the compiled loss is divided by each replica's own sum of "
+          f"{count}, as under fit with MirroredStrategy: {replicas} replicas"
+          " train what one device trains only where every replica's sum is "
+          "the same (docs/own_models.md)")
 
 
 def _own_step_note(model, strategy, train_cfg) -> str:

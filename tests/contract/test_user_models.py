@@ -449,6 +449,41 @@ def test_a_models_own_step_is_told_its_loss_is_divided_by_replicas(
           " feed it loss * 2)") in capsys.readouterr().out
 
 
+def _masked_sequence_model():
+  """Per-token logits of an Embedding(mask_zero=True): a masked output."""
+  tokens = keras.Input((5,), dtype="int32")
+  hidden = keras.layers.Embedding(10, 4, mask_zero=True)(tokens)
+  hidden = keras.layers.LSTM(3, return_sequences=True)(hidden)
+  model = keras.Model(tokens, keras.layers.Dense(2)(hidden))
+  model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+  return model
+
+
+def _mean_with_sample_weight_model():
+  model = user_task.model_fn()
+  model.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError(
+      reduction="mean_with_sample_weight"))
+  return model
+
+
+@pytest.mark.parametrize("model_fn,count", [
+    (_masked_sequence_model, "unmasked outputs (the output has a mask)"),
+    (_mean_with_sample_weight_model,
+     "sample weights (reduction='mean_with_sample_weight')")])
+def test_a_loss_divided_per_replica_is_said(mirrored, model_fn, count):
+  """Keras divides a masked loss by each replica's own count of unmasked
+  entries (and mean_with_sample_weight by its weights' sum): N replicas
+  equal one device only where the counts are equal, which the run says."""
+  from dist_keras.training import compiled  # pylint: disable=g-import-not-at-top
+  line = f"the compiled loss is divided by each replica's own sum of {count}"
+  one = tf.distribute.OneDeviceStrategy("/cpu:0")
+  for strategy, said in [(mirrored, True), (one, False)]:
+    with strategy.scope():
+      model = model_fn()
+    notes = compiled.take(model, strategy, configs.load("lstm_longmem").train)
+    assert any(line in note for note in notes) == said, notes
+
+
 def test_a_models_unbuilt_optimizer_is_refused(tmp_path, mirrored):
   import parity_task  # pylint: disable=g-import-not-at-top
   with pytest.raises(UserError, match=r"the model's d_optimizer \(Adam\) is "
