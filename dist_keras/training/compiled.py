@@ -27,8 +27,10 @@ def take(model, strategy, train_cfg) -> list[str]:
         "dist_keras runs its steps as tf.functions on every replica, so "
         "compile it without run_eagerly (debug eagerly with model.fit on "
         "one device).")
+  replicas = strategy.num_replicas_in_sync
   notes = [_steps_per_execution(model, train_cfg),
-           _per_replica_denominator(model, strategy.num_replicas_in_sync)]
+           _per_replica_denominator(model, replicas),
+           _per_replica_batch_norm(model, replicas)]
   if model.jit_compile is True and not train_cfg.jit_compile:
     train_cfg.jit_compile = True
     notes.append("XLA: the model was compiled with jit_compile=True "
@@ -73,6 +75,27 @@ def _per_replica_denominator(model, replicas: int) -> str | None:
           f"{count}, as under fit with MirroredStrategy: {replicas} replicas"
           " train what one device trains only where every replica's sum is "
           "the same (docs/own_models.md)")
+
+
+def _per_replica_batch_norm(model, replicas: int) -> str | None:
+  """The line BatchNormalization layers that normalise by each replica's
+  own batch get (Keras' default, synchronized=False)."""
+  own = [layer.name for layer in _layers(model)
+         if isinstance(layer, keras.layers.BatchNormalization)
+         and not layer.synchronized]
+  if replicas <= 1 or not own:
+    return None
+  return (f"{len(own)} BatchNormalization layer(s) ({own[0]}, ...) normalise"
+          f" by each replica's own batch of 1/{replicas} of the examples, as "
+          "under fit with MirroredStrategy; BatchNormalization(synchronized="
+          "True) uses the global batch's statistics, as one device does")
+
+
+def _layers(layer):
+  """Every layer inside `layer`, nested models' too."""
+  for inner in getattr(layer, "layers", []):
+    yield inner
+    yield from _layers(inner)
 
 
 def _own_step_note(model, strategy, train_cfg) -> str:

@@ -484,6 +484,22 @@ def test_a_loss_divided_per_replica_is_said(mirrored, model_fn, count):
     assert any(line in note for note in notes) == said, notes
 
 
+@pytest.mark.parametrize("synchronized", [False, True])
+def test_per_replica_batch_norm_is_said(mirrored, synchronized):
+  """Keras' BatchNormalization normalises by each replica's own batch
+  unless synchronized: N replicas then differ from one device."""
+  from dist_keras.training import compiled  # pylint: disable=g-import-not-at-top
+  with mirrored.scope():
+    inner = keras.Sequential([keras.Input((6,)), keras.layers.BatchNormalization(
+        synchronized=synchronized, name="bn")])
+    model = keras.Sequential([inner, keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+  notes = compiled.take(model, mirrored, configs.load("lstm_longmem").train)
+  line = ("1 BatchNormalization layer(s) (bn, ...) normalise by each "
+          "replica's own batch of 1/2 of the examples")
+  assert any(line in note for note in notes) != synchronized, notes
+
+
 def test_a_models_unbuilt_optimizer_is_refused(tmp_path, mirrored):
   import parity_task  # pylint: disable=g-import-not-at-top
   with pytest.raises(UserError, match=r"the model's d_optimizer \(Adam\) is "
