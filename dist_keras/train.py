@@ -13,6 +13,7 @@ step it stopped at was checkpointed), 200 a peer worker was lost
 (rerun every worker to resume), 201 no checkpoint in the workdir reads back
 (a copy may still be arriving: retry, else restore checkpoints/).
 """
+import contextlib
 import os
 import sys
 
@@ -144,8 +145,17 @@ def _fail(error: Exception, code: int) -> None:
   if code == errors.EXIT_UNEXPECTED:
     message = (f"{errors.unexpected(error)} (unexpected; rerun with "
                "--verbose for the traceback)")
-  print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
+  _say_error(message)
   sys.exit(code)
+
+
+def _say_error(message: str) -> None:
+  """The error's line on stderr, if stderr is still there: a closed pipe
+  (`| tee` whose session ended) must not turn exit 143 into exit 1."""
+  try:
+    print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
+  except OSError:
+    pass
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -178,7 +188,7 @@ def _parse_flags(argv):
 
 def _exit_bad_command_line(message: str) -> None:
   """One line and exit 2: the same contract as every other bad value."""
-  print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
+  _say_error(message)
   sys.exit(errors.EXIT_CONFIG_ERROR)
 
 
@@ -198,8 +208,9 @@ def run() -> None:
     code = e.code if isinstance(e.code, int) else 1
     if code != e.code:
       print(e.code, file=sys.stderr)  # What sys.exit("...") prints.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+      with contextlib.suppress(OSError):  # A closed pipe: the code stands.
+        stream.flush()
     os._exit(code)
 
 

@@ -306,6 +306,25 @@ def test_a_closed_terminal_checkpoints_the_step_and_exits_143(tmp_path):
   assert saved and saved[-1] > 0, saved
 
 
+def test_a_closed_pipe_still_exits_143(tmp_path):
+  """`... 2>&1 | tee log` whose tee is gone: the last line's write fails
+  (EPIPE), but the exit code is still the stop's (was 1: not retried)."""
+  workdir = tmp_path / "run"
+  args = _until_stopped(workdir, log_every=1)
+  reader, writer = os.pipe()
+  proc = subprocess.Popen(
+      [sys.executable, *args], cwd=helpers.REPO, stdout=writer,
+      stderr=writer,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=helpers.REPO))
+  os.close(writer)
+  seen = b""
+  while b"\nstep" not in seen:
+    seen += os.read(reader, 4096)
+  os.close(reader)  # The pipe's reader is gone.
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=60) == errors.EXIT_PREEMPTED
+
+
 def test_a_ctrl_c_outside_the_loop_is_one_line_and_exit_130(monkeypatch,
                                                            capsys):
   """Before training (TensorFlow's start, building) or a second Ctrl-C: no
