@@ -80,8 +80,17 @@ class ClusterSpec:
 
 
 def from_env(environ=os.environ) -> ClusterSpec | None:
-  """`parse` of the `TF_CONFIG` variable in `environ` (None when unset)."""
-  return parse(environ.get("TF_CONFIG"))
+  """`parse` of the `TF_CONFIG` variable in `environ` (None when unset).
+
+  A blank one (a Kubernetes template's empty value) is removed from
+  `environ`: it means no cluster here, but TensorFlow's own resolver,
+  which every strategy consults, fails on it as JSON.
+  """
+  raw = environ.get("TF_CONFIG")
+  if raw is not None and not raw.strip():
+    del environ["TF_CONFIG"]
+    return None
+  return parse(raw)
 
 
 def is_multi_worker(spec: ClusterSpec | None) -> bool:

@@ -19,13 +19,16 @@ TINY = ["--config.data.train_size=256", "--config.data.eval_size=64",
         "--config.log.peak_tflops=1.0"]
 
 
-def _train(*args):
-  return helpers.run_module(["-m", "dist_keras.train", *args])
+def _train(*args, env=None):
+  return helpers.run_module(["-m", "dist_keras.train", *args], env=env)
 
 
-def test_run_prints_progress_and_where_tensorboard_logs_are(tmp_path):
+@pytest.mark.parametrize("env", [None, {"TF_CONFIG": " "}])
+def test_run_prints_progress_and_where_tensorboard_logs_are(tmp_path, env):
+  """(A blank TF_CONFIG, a template's empty value, is no cluster: it was a
+  JSONDecodeError from TensorFlow's resolver, exit 1.)"""
   workdir = str(tmp_path / "run")
-  result = _train(f"--workdir={workdir}", *TINY)
+  result = _train(f"--workdir={workdir}", *TINY, env=env)
   assert result.returncode == 0, result.stderr
   assert f"tensorboard --logdir {workdir}" in result.stdout
   assert "MirroredStrategy with 2 replica(s)" in result.stdout

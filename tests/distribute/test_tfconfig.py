@@ -27,6 +27,12 @@ def test_unset_or_blank_means_no_cluster(raw):
   assert not tfconfig.is_multi_worker(tfconfig.parse(raw))
 
 
+def test_a_blank_variable_is_removed_for_tensorflows_resolver():
+  environ = {"TF_CONFIG": "  ", "HOME": "/root"}
+  assert tfconfig.from_env(environ) is None
+  assert environ == {"HOME": "/root"}
+
+
 @pytest.mark.parametrize(
     "task_type, index, address, worker_id, is_chief",
     [("chief", 0, "c:2222", 0, True),
