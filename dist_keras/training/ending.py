@@ -9,6 +9,7 @@ as a CSVLogger's, would be rewritten by a run of no epochs).
 """
 import hashlib
 import os
+import zipfile
 
 import keras
 import tensorflow as tf
@@ -43,9 +44,20 @@ def finished_results(workdir: str, step: int) -> dict | None:
     return None
   if not isinstance(summary, dict) or summary.get("steps") != step:
     return None
-  if not tf.io.gfile.exists(os.path.join(workdir, run_files.MODEL_FILE)):
-    return None
+  if not readable_zip(os.path.join(workdir, run_files.MODEL_FILE)):
+    return None  # Missing or damaged: the rerun writes it again.
   return summary
+
+
+def readable_zip(path: str) -> bool:
+  """Whether `path` is a whole zip file (what model.keras is), every
+  member's checksum right."""
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f, zipfile.ZipFile(f) as saved:
+      return saved.testzip() is None
+  except (tf.errors.OpError, OSError, zipfile.BadZipFile, EOFError,
+          ValueError):
+    return False
 
 
 def finished_line(step: int, steps: int, stopped: bool) -> str:
@@ -77,8 +89,11 @@ def finished_before(trainer) -> dict | None:
   kept = finished_results(trainer.workdir, step)
   if not agreed(trainer.strategy, trainer.workers, kept is not None):
     return None
-  for note in trainer.notes:
-    trainer.say(note)
+  changed = (run_files.config_changes(trainer.workdir, trainer.config_dict,
+                                     applied=False) if trainer.chief else "")
+  for note in [*trainer.notes, changed]:
+    if note:
+      trainer.say(note)
   trainer.say(finished_line(step, steps, stopped))
   load_saved(trainer.workdir, trainer.model)
   trainer.history = keras.callbacks.History()

@@ -316,6 +316,36 @@ def test_a_run_killed_before_its_results_is_finished_by_the_rerun(
     assert json.load(f)["steps"] == EPOCH * EPOCHS
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbled"])
+def test_a_damaged_model_keras_is_written_again_by_the_rerun(tmp_path,
+                                                             damage):
+  """A finished workdir whose model.keras does not read back is finished
+  again from its last checkpoint (it was an exit 1 on every rerun)."""
+  first = _ours(tmp_path, [])
+  path = tmp_path / "model.keras"
+  saved = path.read_bytes()
+  path.write_bytes(saved[:len(saved) // 2] if damage == "truncated"
+                   else b"not a zip")
+  again = _ours(tmp_path, [])
+  assert again.summary["eval_loss"] == pytest.approx(first.summary["eval_loss"])
+  loaded = keras.models.load_model(path)
+  for a, b in zip(first.model.get_weights(), loaded.get_weights()):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_finished_workdirs_rerun_says_what_it_did_not_apply(tmp_path,
+                                                              capsys):
+  _ours(tmp_path, [])
+  capsys.readouterr()
+  _ours(tmp_path, [], **{"log.progress": True, "log.calibration_steps": 5})
+  assert ("config changed since this workdir's last run: "
+          "log.calibration_steps 0 -> 5, log.progress false -> true (not "
+          "applied: the workdir's run had finished, and its config.json is "
+          "kept)") in capsys.readouterr().out
+  with open(tmp_path / "config.json", encoding="utf-8") as f:
+    assert json.load(f)["log"]["calibration_steps"] == 0
+
+
 @pytest.mark.parametrize("callbacks,message", [
     ([keras.callbacks.BackupAndRestore("/tmp/backup")],
      r"callbacks\[0\] is keras.callbacks.BackupAndRestore, but dist_keras "
