@@ -309,6 +309,16 @@ for _hook in ("on_epoch_begin", "on_epoch_end", "on_train_batch_begin",
                             self._record(hook, index, logs))(_hook))
 
 
+def callbacks_of_an_argument(patience):
+  """A callbacks factory dist_keras cannot call as train.callbacks()."""
+  return [keras.callbacks.EarlyStopping(patience=patience)]
+
+
+def no_list_of_callbacks():
+  """A callbacks factory returning no list."""
+  return 3
+
+
 def early_stopping():
   """Stops when the eval loss improves by less than 0.05 for 2 epochs, and
   restores the best epoch's weights as training ends."""

@@ -13,7 +13,7 @@ import os
 
 import keras
 
-from dist_keras.contract import imports
+from dist_keras.contract import checks, imports
 from dist_keras.errors import UserError
 from dist_keras.training import compiled
 
@@ -33,7 +33,9 @@ def collect(factory: str, given, model) -> list:
         f"callbacks were passed to fit and train.callbacks={factory!r} "
         "names more; pass them one way.")
   if factory:
-    given = imports.load("train.callbacks", factory)()
+    make = imports.load("train.callbacks", factory)
+    checks.check_signature(make, "train.callbacks")
+    given = make()
   callbacks = check(given)
   check_for_model(callbacks, model)
   return callbacks
@@ -50,6 +52,12 @@ def check(callbacks) -> list:
     return []
   if isinstance(callbacks, keras.callbacks.Callback):
     callbacks = [callbacks]
+  if isinstance(callbacks, (str, dict)) or not hasattr(callbacks,
+                                                        "__iter__"):
+    raise UserError(
+        f"the callbacks are a {type(callbacks).__name__}, not a list of "
+        "keras callbacks; pass (or have train.callbacks' function return) "
+        "a list.")
   callbacks = list(callbacks)
   for i, callback in enumerate(callbacks):
     if isinstance(callback, keras.callbacks.BackupAndRestore):

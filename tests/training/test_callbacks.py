@@ -363,6 +363,18 @@ def test_callbacks_that_cannot_work_are_refused_before_anything_is_written(
   assert not os.path.exists(tmp_path / "run")
 
 
+@pytest.mark.parametrize("factory,message", [
+    ("parity_task:callbacks_of_an_argument",
+     "train.callbacks 'callbacks_of_an_argument' cannot be called as "
+     r"train.callbacks\(\) \(missing a required argument: 'patience'\)"),
+    ("parity_task:no_list_of_callbacks",
+     "the callbacks are a int, not a list of keras callbacks; pass")])
+def test_a_bad_callbacks_function_is_one_line(tmp_path, factory, message):
+  with pytest.raises(UserError, match=message):
+    _ours(tmp_path / "run", None, **{"train.callbacks": factory})
+  assert not os.path.exists(tmp_path / "run")
+
+
 def test_callbacks_passed_both_ways_are_refused(tmp_path):
   with pytest.raises(UserError, match="pass them one way"):
     _ours(tmp_path / "run", [parity_task.Recorder()],
