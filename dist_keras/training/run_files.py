@@ -29,6 +29,14 @@ def prepare(workdir: str) -> None:
   except (tf.errors.OpError, OSError) as e:
     raise UserError(f"--workdir={workdir} is not writable ({type(e).__name__})"
                     "; pass a folder you can write to.") from e
+  for name, folder in [(CHECKPOINTS, True), (CONFIG_JSON, False),
+                       (SUMMARY_JSON, False), (MODEL_FILE, False)]:
+    path = os.path.join(workdir, name)
+    if tf.io.gfile.exists(path) and tf.io.gfile.isdir(path) != folder:
+      raise UserError(
+          f"--workdir={workdir} holds {name} as a "
+          f"{'file' if folder else 'folder'}, where the run writes its "
+          f"{'checkpoints folder' if folder else name}; move it away.")
 
 
 def write_json(workdir: str, name: str, data: dict) -> str:
@@ -106,8 +114,8 @@ def _replacing(tmp: str, path: str):
   that fails leaves `path` as it was and removes what it wrote of `tmp`."""
   try:
     yield
+    tf.io.gfile.rename(tmp, path, overwrite=True)
   except BaseException:
     if tf.io.gfile.exists(tmp):
       tf.io.gfile.remove(tmp)
     raise
-  tf.io.gfile.rename(tmp, path, overwrite=True)

@@ -44,6 +44,31 @@ def test_a_value_that_cannot_be_written_leaves_the_old_file(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["x.json"]  # No half-written tmp.
 
 
+def test_a_failed_rename_leaves_no_temporary_file(tmp_path):
+  (tmp_path / "x.json").mkdir()  # Not a file: the rename fails.
+  with pytest.raises((tf.errors.OpError, OSError)):
+    run_files.write_json(str(tmp_path), "x.json", {"a": 1})
+  assert sorted(os.listdir(tmp_path)) == ["x.json"]
+
+
+@pytest.mark.parametrize("name,message", [
+    (run_files.CHECKPOINTS, "holds checkpoints as a file, where the run "
+     "writes its checkpoints folder; move it away."),
+    (run_files.SUMMARY_JSON, "holds summary.json as a folder, where the run "
+     "writes its summary.json; move it away.")])
+def test_a_workdir_holding_the_wrong_kind_is_refused_first(tmp_path, name,
+                                                           message):
+  """Before the first write (it failed at the first checkpoint, or left a
+  summary.json.tmp behind, exit 1)."""
+  if name == run_files.CHECKPOINTS:
+    (tmp_path / name).write_text("")
+  else:
+    (tmp_path / name).mkdir()
+  with pytest.raises(run_files.UserError) as e:
+    run_files.prepare(str(tmp_path))
+  assert str(e.value) == f"--workdir={tmp_path} {message}"
+
+
 def test_a_failed_model_save_leaves_the_old_model(tmp_path, monkeypatch):
   model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
   path = run_files.save_model(str(tmp_path), model)
