@@ -180,10 +180,25 @@ def _parse_flags(argv):
   """absl's parsing of all but the overrides, with a bad flag as one line
   and exit 2 (absl's own handler prints two lines and exits 1)."""
   rest, _OVERRIDES[:] = split_overrides(argv)
+  if any(arg in ("--help", "-h", "-?", "--helpshort") for arg in rest[1:]):
+    _print_help()
+    sys.exit(0)  # absl's own --help exits 1, which means a bug here.
+  if "--helpfull" in rest[1:]:
+    print(flags.FLAGS.get_help())
+    sys.exit(0)
   try:
     return flags.FLAGS(rest)
   except flags.Error as e:
     _exit_bad_command_line(f"{str(e).splitlines()[0]}; see --help.")
+
+
+def _print_help() -> None:
+  """This module's docstring and flags, whichever script runs it (absl's
+  own help reads the __main__ module's, which a console script lacks)."""
+  listed = flags.FLAGS.module_help(sys.modules[__name__]).strip().split(
+      "\n", 1)
+  print(f"{__doc__.rstrip()}\n\nflags:\n{listed[-1]}\n\nTry --helpfull to "
+        "get a list of all flags.")
 
 
 def _exit_bad_command_line(message: str) -> None:

@@ -309,6 +309,23 @@ def test_a_closed_terminal_checkpoints_the_step_and_exits_143(tmp_path):
   assert saved and saved[-1] > 0, saved
 
 
+def test_help_is_the_same_from_both_entry_points_and_exits_0(tmp_path):
+  """`python -m dist_keras.train --help` and the console script's `-h`:
+  the usage, the exit codes and the flags (absl's own help exits 1, and
+  gave the console script no usage at all)."""
+  module = _train("--help")
+  script = os.path.join(os.path.dirname(sys.executable), "dist-keras-train")
+  if not os.path.exists(script):
+    pytest.skip("dist-keras-train is not installed in this environment")
+  console = subprocess.run([script, "-h"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, check=False)
+  assert module.returncode == console.returncode == 0, module.stderr
+  assert module.stdout == console.stdout
+  for text in ("python -m dist_keras.train --config=NAME|PATH.py",
+               "201 no checkpoint", "--workdir: Run folder", "--[no]verbose"):
+    assert text in module.stdout, text
+
+
 def test_a_closed_pipe_still_exits_143(tmp_path):
   """`... 2>&1 | tee log` whose tee is gone: the last line's write fails
   (EPIPE), but the exit code is still the stop's (was 1: not retried)."""
