@@ -76,6 +76,7 @@ class Trainer:
     """Closes the summaries and deletes a non-chief's scratch files."""
     self.tensorboard.close()
     self.parts.checkpoints.close()
+    run_files.release(self.workdir)  # (Held by the chief alone.)
 
   def __enter__(self):
     return self

@@ -5,6 +5,7 @@ temporary name, then rename), so a crash never leaves half a summary.json.
 Paths go through tf.io.gfile so a gs:// workdir works too.
 """
 import contextlib
+import fcntl
 import json
 import os
 
@@ -19,7 +20,8 @@ CHECKPOINTS = "checkpoints"
 
 
 def prepare(workdir: str) -> None:
-  """Creates `workdir` or raises UserError saying why it cannot be used."""
+  """Creates `workdir` and holds it for this process (release() lets go),
+  or raises UserError saying why it cannot be used."""
   try:
     tf.io.gfile.makedirs(workdir)
     probe = os.path.join(workdir, ".write_test")
@@ -37,6 +39,45 @@ def prepare(workdir: str) -> None:
           f"--workdir={workdir} holds {name} as a "
           f"{'file' if folder else 'folder'}, where the run writes its "
           f"{'checkpoints folder' if folder else name}; move it away.")
+  _hold(workdir)
+
+
+# Workdirs this process holds: {absolute path: its open lock file}. One
+# process may train in the same workdir again (a rerun from Python); two
+# processes at once would interleave checkpoints, config.json, summary.json
+# and model.keras, and both report success.
+_HELD = {}
+_LOCK_FILE = ".lock"
+
+
+def _hold(workdir: str) -> None:
+  """An exclusive lock on a local `workdir` (the kernel drops it when the
+  process ends, however it ends); UserError if another process has it."""
+  key = os.path.abspath(workdir)
+  if "://" in workdir or key in _HELD:  # (gs:// has no locks.)
+    return
+  lock = open(os.path.join(workdir, _LOCK_FILE), "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    lock.seek(0)
+    holder = lock.read().strip() or "unknown"
+    lock.close()
+    raise UserError(
+        f"--workdir={workdir} is in use by another run (process {holder}); "
+        "wait for it to end, or pass another --workdir.") from None
+  lock.seek(0)
+  lock.truncate()
+  lock.write(f"{os.getpid()}\n")
+  lock.flush()
+  _HELD[key] = lock
+
+
+def release(workdir: str) -> None:
+  """Lets go of a workdir prepare() held."""
+  lock = _HELD.pop(os.path.abspath(workdir), None)
+  if lock is not None:
+    lock.close()
 
 
 def write_json(workdir: str, name: str, data: dict) -> str:

@@ -3,11 +3,14 @@ middle of rewriting summary.json or model.keras leaves the old file (the
 new one goes to a temporary name, then is renamed over it)."""
 import json
 import os
+import subprocess
+import sys
 
 import keras
 import pytest
 import tensorflow as tf
 
+from dist_keras.errors import UserError
 from dist_keras.training import run_files
 
 
@@ -64,9 +67,34 @@ def test_a_workdir_holding_the_wrong_kind_is_refused_first(tmp_path, name,
     (tmp_path / name).write_text("")
   else:
     (tmp_path / name).mkdir()
-  with pytest.raises(run_files.UserError) as e:
+  with pytest.raises(UserError) as e:
     run_files.prepare(str(tmp_path))
   assert str(e.value) == f"--workdir={tmp_path} {message}"
+
+
+def test_a_workdir_another_process_holds_is_refused(tmp_path):
+  """Two runs in one workdir at once interleaved their checkpoints and
+  results, both exiting 0; the second is refused, naming the first."""
+  holder = subprocess.Popen(
+      [sys.executable, "-c", (
+          "import fcntl, sys, time\n"
+          f"f = open({str(tmp_path / '.lock')!r}, 'a+')\n"
+          "fcntl.flock(f, fcntl.LOCK_EX)\n"
+          "f.write('12345'); f.flush(); print('held', flush=True)\n"
+          "time.sleep(120)")], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(UserError) as e:
+      run_files.prepare(str(tmp_path))
+    assert str(e.value) == (
+        f"--workdir={tmp_path} is in use by another run (process 12345); "
+        "wait for it to end, or pass another --workdir.")
+  finally:
+    holder.kill()
+    holder.wait()
+  run_files.prepare(str(tmp_path))  # Its lock went with its process.
+  run_files.prepare(str(tmp_path))  # This process may come back to it.
+  run_files.release(str(tmp_path))
 
 
 def test_a_failed_model_save_leaves_the_old_model(tmp_path, monkeypatch):
