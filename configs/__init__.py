@@ -100,11 +100,13 @@ def resolve(config):
 
 
 def check_types(config) -> None:
-  """UserError for a key missing or a value not of its default's type:
-  ConfigDict's own type safety lets a bool pass for an int (True trains
-  one step) and a None for anything, and a config file may build its
-  ConfigDict from scratch."""
-  for section, fields in base.get_config().items():
+  """UserError for a key missing, a key base.py does not have, or a value
+  not of its default's type: ConfigDict's own type safety lets a bool pass
+  for an int (True trains one step) and a None for anything, and a config
+  file may build its ConfigDict from scratch or unlock() it (a misspelt key
+  would then be ignored)."""
+  defaults = base.get_config()
+  for section, fields in defaults.items():
     for field, default in fields.items():
       try:
         value = config[section][field]
@@ -118,6 +120,24 @@ def check_types(config) -> None:
             f"but it takes {type(default).__name__} values (default "
             f"{default!r}); "
             "every key and its default are in configs/base.py.")
+  _check_known(config, defaults)
+
+
+def _check_known(config, defaults) -> None:
+  """UserError naming the first key of `config` that `defaults` lacks (its
+  sections are ConfigDicts: check_types has checked every default key)."""
+  known = [f"{section}.{field}" for section, fields in defaults.items()
+           for field in fields]
+  for section in config.keys():
+    keys = ([f"{section}.{field}" for field in config[section].keys()]
+            if section in defaults else [section])
+    for key in keys:
+      if key not in known:
+        close = difflib.get_close_matches(key, known, n=1)
+        raise UserError(
+            f"config key {key!r} names no setting"
+            + (f" (did you mean {close[0]!r}?)" if close else "")
+            + "; every key and its default is in configs/base.py.")
 
 
 def _same_type(value, default) -> bool:
@@ -186,7 +206,15 @@ def _parse(current, text: str):
 
 def _load_file(spec: str):
   name, _, arg = spec.partition(":")
-  builtin = name in names() and not os.path.exists(name)
+  # Only a .py file can be a config file: a folder (a workdir named like a
+  # built-in, say) or another file does not hide the built-in of its name.
+  py_file = os.path.isfile(name) and name.endswith(".py")
+  builtin = name in names() and not py_file
+  if not builtin and os.path.isfile(name) and not py_file:
+    raise UserError(
+        f"--config={spec}: {name} is not a Python file (a config file's name "
+        f"ends in .py); name a .py file or a built-in config "
+        f"({', '.join(names())}).")
   try:
     if builtin:
       module = importlib.import_module(f"dist_keras.configs.{name}")
@@ -207,6 +235,8 @@ def _load_file(spec: str):
 
 
 def _import_file(file: str):
+  if os.path.isdir(file):
+    raise IsADirectoryError(f"{file} is a folder, not a config file")
   if not os.path.isfile(file):
     raise FileNotFoundError(f"no such file: {file}")
   name = "dist_keras_user_config_" + re.sub(r"\W", "_", os.path.abspath(file))

@@ -47,6 +47,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 # The optimizers train.momentum applies to (Adam-style optimizers have their
 # own first-moment decay, beta_1, instead).
 MOMENTUM_OPTIMIZERS = ("sgd", "rmsprop")
+# TensorFlow's and NumPy's seeds are 32-bit unsigned.
+SEED_LIMIT = 2**32
 
 
 def check_choice(key: str, value, choices) -> None:
@@ -94,6 +96,7 @@ def config(c) -> None:
   _data(c.data)
   _model(c.model)
   _train(c.train)
+  _devices_for_batch(c.runtime.num_cpu_devices, c.train.global_batch_size)
   for key in ("every", "steps"):
     _at_least(f"eval.{key}", getattr(c.eval, key), 0)
   _at_least("data.threads", c.data.threads, 0,
@@ -103,6 +106,8 @@ def config(c) -> None:
             "0: the table of known accelerators, or a measured matmul on CPU")
   _at_least("log.progress_seconds", c.log.progress_seconds, 0,
             "0: progress lines at train.log_every steps only")
+  _at_least("log.calibration_steps", c.log.calibration_steps, 0,
+            "0: no all-reduce calibration after training")
 
 
 def workdir(path: str) -> None:
@@ -136,6 +141,21 @@ def _runtime(runtime) -> None:
             "0: no timeout")
   check_choice("runtime.allreduce_dtype", runtime.allreduce_dtype,
                ALLREDUCE_DTYPES)
+  if not 0 <= runtime.seed < SEED_LIMIT:
+    raise UserError(f"runtime.seed={runtime.seed} is outside "
+                    f"0..{SEED_LIMIT - 1} (TensorFlow's seed range); pick a "
+                    "seed in it.")
+
+
+def _devices_for_batch(num_cpu_devices: int, global_batch_size: int) -> None:
+  """More CPU devices than examples per step can never train (and
+  TensorFlow took minutes to make thousands before the batch's split over
+  them was checked, in distribute/pipelines.py, once the strategy is known)."""
+  if num_cpu_devices > global_batch_size:
+    raise UserError(f"runtime.num_cpu_devices={num_cpu_devices} is more than "
+                    f"train.global_batch_size={global_batch_size} (each "
+                    "replica needs at least one example); use at most "
+                    f"{global_batch_size}.")
 
 
 def _data(data) -> None:
@@ -179,9 +199,10 @@ def _optimizer(train) -> None:
   """The built-in models' optimizer settings (a user's model brings its
   own; registry.py refuses these keys then)."""
   check_choice("train.optimizer", train.optimizer, OPTIMIZERS)
-  if not train.learning_rate > 0:
-    raise UserError(f"train.learning_rate={train.learning_rate} must be "
-                    "> 0.")
+  rate = train.learning_rate
+  if not (rate > 0 and math.isfinite(rate)):  # nan fails both.
+    raise UserError(f"train.learning_rate={rate} must be > 0"
+                    + ("." if math.isfinite(rate) else " and finite."))
   if not 0.0 <= train.momentum < 1.0:
     raise UserError(f"train.momentum={train.momentum} must be in [0, 1) "
                     "(0.9 is the usual SGD momentum).")
@@ -226,6 +247,9 @@ def profile_steps(spec: str) -> tuple[int, int]:
 
 
 def _at_least(key: str, value, low, meaning: str = "") -> None:
-  if value < low:
-    raise UserError(f"{key}={value} must be >= {low}"
+  """UserError unless `value` >= `low`; a float key's nan or inf too."""
+  finite = not isinstance(value, float) or math.isfinite(value)
+  if not finite or value < low:
+    raise UserError(f"{key}={value} must be "
+                    + ("a finite number " if not finite else "") + f">= {low}"
                     + (f" ({meaning})." if meaning else "."))

@@ -154,6 +154,55 @@ def test_a_config_file_that_is_not_a_config_is_refused(tmp_path, body,
     configs.from_command_line(str(path))
 
 
+def test_a_folder_or_a_non_python_file_does_not_hide_a_built_in(
+    tmp_path, monkeypatch):
+  """A workdir named like a built-in (--workdir=lstm_longmem, no --config)
+  ran once, then every rerun was refused: the folder hid the default."""
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "lstm_longmem").mkdir()
+  (tmp_path / "rnn_longmem").write_text("x")  # Was an AttributeError.
+  assert configs.from_command_line().model.cell == "lstm"
+  assert configs.from_command_line("rnn_longmem").model.cell == "simple_rnn"
+  (tmp_path / "mine").write_text("x")
+  with pytest.raises(UserError, match=re.escape(
+      "--config=mine: mine is not a Python file (a config file's name ends "
+      "in .py); name a .py file or a built-in config (cnn_cifar10, ")):
+    configs.from_command_line("mine")
+  (tmp_path / "runs").mkdir()
+  with pytest.raises(UserError, match=re.escape(
+      "--config=runs could not be loaded (IsADirectoryError: runs is a "
+      "folder, not a config file)")):
+    configs.from_command_line("runs")
+
+
+def test_a_key_base_py_does_not_have_is_refused(tmp_path):
+  """A config file that unlock()s its config and misspells a key trained
+  without it (and wrote the unused key into config.json)."""
+  path = tmp_path / "typo.py"
+  path.write_text("from dist_keras.configs import base\n"
+                  "def get_config():\n"
+                  "  c = base.get_config()\n"
+                  "  c.unlock()\n"
+                  "  c.train.step = 5\n"
+                  "  return c\n")
+  with pytest.raises(UserError, match=re.escape(
+      "config key 'train.step' names no setting (did you mean "
+      "'train.steps'?); every key and its default is in configs/base.py.")):
+    configs.from_command_line(str(path))
+  c = configs.load("lstm_longmem")
+  c.unlock()
+  c.extra = 1
+  with pytest.raises(UserError, match="config key 'extra' names no setting"):
+    configs.resolve(c)
+
+
+@pytest.mark.parametrize("name", [*CONFIG_FILES, "examples/binary/"
+                                  "binary_config.py"])
+def test_shipped_configs_have_only_base_keys(name):
+  configs.check_types(configs.from_command_line(os.path.join(
+      helpers.REPO, name)) if name.endswith(".py") else _load(name))
+
+
 def test_every_name_validate_declares_resolves():
   """validate.py declares every choice once (it runs before TensorFlow is
   imported); each name must reach what acts on it."""

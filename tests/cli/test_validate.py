@@ -138,3 +138,65 @@ def test_unknown_precision_is_refused(tmp_path, mirrored):
   with pytest.raises(ValueError, match="train.precision='float8' is not one"):
     helpers.train(c, str(tmp_path), mirrored)
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("runtime.seed", -1, "runtime.seed=-1 is outside 0..4294967295 "
+     "(TensorFlow's seed range); pick a seed in it."),
+    ("runtime.seed", 2**32, "runtime.seed=4294967296 is outside 0..4294967295"),
+    ("train.learning_rate", float("inf"),
+     "train.learning_rate=inf must be > 0 and finite."),
+    ("train.learning_rate", float("nan"),
+     "train.learning_rate=nan must be > 0 and finite."),
+    ("log.progress_seconds", float("nan"), "log.progress_seconds=nan must be "
+     "a finite number >= 0 (0: progress lines at train.log_every steps only)."),
+    ("log.progress_seconds", float("inf"),
+     "log.progress_seconds=inf must be a finite number >= 0"),
+    ("log.calibration_steps", -1, "log.calibration_steps=-1 must be >= 0 "
+     "(0: no all-reduce calibration after training)."),
+    ("runtime.timeout_seconds", float("inf"),
+     "runtime.timeout_seconds=inf must be a finite number >= 0"),
+    ("train.global_clipnorm", float("nan"),
+     "train.global_clipnorm=nan must be a finite number >= 0"),
+    ("log.peak_tflops", float("inf"),
+     "log.peak_tflops=inf must be a finite number >= 0"),
+    ("data.noise", float("nan"), "data.noise=nan must be a finite number >= 0."),
+    ("runtime.num_cpu_devices", 100000, "runtime.num_cpu_devices=100000 is "
+     "more than train.global_batch_size=256 (each replica needs at least one "
+     "example); use at most 256."),
+])
+def test_out_of_range_and_non_finite_values_are_refused(key, value, message):
+  """Each passed validation: a seed failed after TensorFlow's start-up (exit
+  1), learning_rate=inf trained to a divergence (exit 3), 100000 CPU devices
+  took TensorFlow over 15 minutes to make, the rest ran."""
+  c = configs.load("lstm_longmem")
+  section, field = key.split(".")
+  setattr(c[section], field, value)
+  with pytest.raises(UserError) as e:
+    validate.config(c)
+  assert str(e.value).startswith(message)
+
+
+def test_the_last_32_bit_seed_is_accepted():
+  c = configs.load("lstm_longmem")
+  c.runtime.seed = 2**32 - 1
+  validate.config(c)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.runtime.num_cpu_devices=100000",
+     "runtime.num_cpu_devices=100000 is more than train.global_batch_size=32 "
+     "(each replica needs at least one example); use at most 32."),
+    ("--config.runtime.seed=-1", "runtime.seed=-1 is outside 0..4294967295"),
+])
+def test_the_command_line_refuses_them_before_tensorflow(tmp_path, override,
+                                                         message):
+  """Exit 2 at once, one line, nothing written."""
+  workdir = tmp_path / "run"
+  result = helpers.run_module(
+      ["-m", "dist_keras.train", f"--workdir={workdir}",
+       "--config.train.global_batch_size=32", override], timeout=120)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.startswith(f"dist_keras: error: {message}")
+  assert result.stderr.count("\n") == 1
+  assert not workdir.exists()
