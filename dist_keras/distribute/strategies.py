@@ -3,7 +3,9 @@
 Logical CPU devices must be configured before TensorFlow initialises its
 runtime, so `get_strategy` is called before anything else touches devices.
 """
+import errno
 import os
+import socket
 
 import tensorflow as tf
 
@@ -119,8 +121,39 @@ def multi_worker(runtime_cfg) -> tf.distribute.Strategy:
   gRPC server and waits for every peer to come up.
   """
   options = communication_options(runtime_cfg)
+  cluster = tfconfig.from_env()
+  check_port_free(cluster)
+  # Every worker says it: the wait below prints nothing until every peer is
+  # up (a worker started alone looked hung).
+  others = ", ".join(f"{kind}:{i} at {address}"
+                     for kind, addresses in cluster.cluster.items()
+                     for i, address in enumerate(addresses)
+                     if (kind, i) != (cluster.task_type, cluster.task_index))
+  print(f"dist_keras: {cluster.task_type}:{cluster.task_index} is starting "
+        f"TensorFlow's collective runtime; it waits until every other task "
+        f"has started ({others})", flush=True)
   return tf.distribute.MultiWorkerMirroredStrategy(
       communication_options=options)
+
+
+def check_port_free(spec: tfconfig.ClusterSpec) -> None:
+  """UserError if this task's port is taken on this machine: TensorFlow's
+  server (on every interface, whatever the host) would fail with gRPC
+  error lines and exit 1. Only a listener counts (SO_REUSEADDR, as gRPC's):
+  an earlier run's closed connections do not."""
+  port = int(spec.address.rpartition(":")[2])
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      probe.bind(("", port))
+    except OSError as e:
+      if e.errno != errno.EADDRINUSE:
+        return  # (TensorFlow says what else is wrong with it.)
+      raise UserError(
+          f"TF_CONFIG gives this task ({spec.task_type}:{spec.task_index}) "
+          f"{spec.address}, but port {port} is in use on this machine (by "
+          "another process, or a worker of an earlier run still running); "
+          "free it, or give the task another port.") from None
 
 
 def local_devices(num_cpu_devices: int) -> list[str]:

@@ -163,13 +163,17 @@ def test_only_the_chief_writes_the_workdir(two_workers):
   assert "[w0] done: 6 steps" in stdout
   assert "[w1] done" not in stdout
   assert "[w1] step" not in stdout
+  # Each says it waits for the other as TensorFlow's runtime starts.
+  assert ("[w1] dist_keras: worker:1 is starting TensorFlow's collective "
+          "runtime; it waits until every other task has started (worker:0 "
+          "at ") in stdout
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["strategy"] == "MultiWorkerMirroredStrategy"
   assert summary["replicas"] == 2 and summary["steps"] == 6
   events = helpers.event_files(str(workdir))
   assert len(events) == 1, events  # One set of summaries.
   names = set(os.listdir(workdir))
-  assert names == {"checkpoints", "config.json", "model.keras",
+  assert names == {"checkpoints", "config.json", "model.keras", ".lock",
                    "summary.json", os.path.basename(events[0])}, names
   checkpoints = os.listdir(workdir / "checkpoints")
   assert "checkpoint" in checkpoints and any(

@@ -1,5 +1,7 @@
 """The strategy factory: names, devices, and its error messages."""
 import json
+import re
+import socket
 
 import pytest
 import tensorflow as tf
@@ -122,3 +124,29 @@ def test_one_device():
   s = strategies.get_strategy(_runtime(strategy="one_device"))
   assert isinstance(s, tf.distribute.OneDeviceStrategy)
   assert s.num_replicas_in_sync == 1
+
+
+def _cluster_with_my_port(port: int) -> str:
+  return json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}",
+                                            "127.0.0.1:1"]},
+                     "task": {"type": "worker", "index": 0}})
+
+
+def test_a_port_in_use_is_one_line_before_tensorflows_server(tmp_path):
+  """It was TensorFlow's three gRPC error lines and exit 1."""
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    message = (f"TF_CONFIG gives this task (worker:0) 127.0.0.1:{port}, but "
+               f"port {port} is in use on this machine")
+    with pytest.raises(UserError, match=re.escape(message)):
+      strategies.check_port_free(tfconfig.parse(_cluster_with_my_port(port)))
+    result = helpers.run_module(
+        ["-m", "dist_keras.train", f"--workdir={tmp_path / 'run'}"],
+        env={"TF_CONFIG": _cluster_with_my_port(port)}, timeout=120)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.startswith(f"dist_keras: error: {message}")
+  assert result.stderr.count("\n") == 1
+  # Free again (closed connections do not count): nothing to say.
+  strategies.check_port_free(tfconfig.parse(_cluster_with_my_port(port)))
