@@ -84,6 +84,14 @@ def every_worker(strategy):
   return lambda flag: total(float(flag)) == strategy.num_replicas_in_sync
 
 
+def same_on_every_worker(strategy, value: int) -> bool:
+  """Whether every worker holds this `value` (< 2**32; a collective: every
+  worker calls it at the same point). Two values summing to twice one of
+  them is the only miss: for digests, a chance of 1 in 2**32."""
+  total = host_value_sum(strategy)(float(value))
+  return total == float(value) * strategy.num_replicas_in_sync
+
+
 def gradient_bytes(variables, allreduce_dtype: str = "float32") -> int:
   """Bytes one replica sends into the all-reduce: every trainable variable,
   in float32 or in the 16-bit `allreduce_dtype` that compresses it."""

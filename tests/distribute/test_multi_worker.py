@@ -209,6 +209,36 @@ def test_a_bad_tf_config_fails_before_tensorflow_starts(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def _free_ports(n):
+  sockets = [socket.socket() for _ in range(n)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def test_workers_started_with_different_configs_are_refused(tmp_path):
+  """A model size that differs failed in a collective: a shape error (exit
+  1) on one worker and a lost peer (exit 200, 'retry') on the other."""
+  workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+  procs = [subprocess.Popen(
+      [sys.executable, *_train_args(tmp_path / "run",
+                                    f"--config.model.units={8 * (i + 1)}")],
+      cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, env=dict(ENV, PYTHONPATH=helpers.REPO, TF_CONFIG=json.dumps(
+          {"cluster": {"worker": workers},
+           "task": {"type": "worker", "index": i}})))
+           for i in range(2)]
+  for proc in procs:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, err[-2000:]
+    assert err.startswith("dist_keras: error: the workers were started with "
+                          "different configs (this worker's digest "), err
+  assert not (tmp_path / "run" / "config.json").exists()
+
+
 # --- Two hosts of their own: network namespaces joined by a veth pair -------
 
 _NETNS = ("dk_host_a", "dk_host_b")
