@@ -5,8 +5,6 @@ or the config's names, callbacks). `build` is the whole run, top to bottom;
 a built-in and a user's model take the same path.
 """
 import dataclasses
-import hashlib
-import json
 
 import keras
 import tensorflow as tf
@@ -82,16 +80,15 @@ def build(job: Job) -> loop.Trainer:
   written: the Trainer's constructor makes the workdir, last."""
   config, workdir = job.config, job.workdir
   strategy = job.strategy or strategies.get_strategy(config.runtime)
-  _check_workers_share(strategy, config.to_dict())
+  allreduce.check_same_config(strategy, config.to_dict())
   model_fn, dataset_fn = registry.resolve(config, *job.functions)
   resume = checkpoints.find_resume(workdir)  # Where the data resumes.
   keras.utils.set_random_seed(config.runtime.seed)
   model = checks.call_model_fn(model_fn, strategy, config.train.precision)
   notes = compiled.take(model, strategy, config.train)
-  callbacks = user_callbacks.collect(config.train.callbacks, job.callbacks,
-                                     model)
-  notes += filter(None, [user_callbacks.one_step_per_call(callbacks,
-                                                          config.train)])
+  callbacks, note = user_callbacks.collect(
+      config.train.callbacks, job.callbacks, model, config.train)
+  notes += [note] if note else []
   feed = pipelines.Feed(config.train.global_batch_size,
                         config.data.pipeline_per_replica)
   train_ds, batch_spec = pipelines.distribute(
@@ -114,22 +111,3 @@ def build(job: Job) -> loop.Trainer:
   notes += settings.notes(config, on_tpu) + ([resumed] if resumed else [])
   return loop.Trainer(parts, settings.Settings.from_config(config, on_tpu),
                       workdir, config.to_dict(), notes=notes)
-
-
-def _check_workers_share(strategy, config_dict: dict) -> None:
-  """Refuses workers started with different configs, before the model's
-  variables meet in a collective (a model size that differs failed there
-  with a shape error on one worker and a lost peer, exit 200, on the
-  other; other keys trained on). data.data_dir may be each host's own."""
-  if strategies.num_workers(strategy) <= 1:
-    return
-  shared = {**config_dict, "data": {
-      k: v for k, v in config_dict["data"].items() if k != "data_dir"}}
-  text = json.dumps(shared, sort_keys=True, default=str).encode()
-  digest = int.from_bytes(hashlib.blake2b(text, digest_size=4).digest(),
-                          "big")
-  if not allreduce.same_on_every_worker(strategy, digest):
-    raise errors.UserError(
-        f"the workers were started with different configs (this worker's "
-        f"digest {digest:08x}); start every worker with the same --config, "
-        "overrides and config file.")

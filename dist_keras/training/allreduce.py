@@ -8,10 +8,14 @@ gradients itself instead, so that clipping sees the global gradient and the
 all-reduce can be timed, and turns the optimizer's own reduction off
 (keras_internals.disable_optimizer_allreduce).
 """
+import hashlib
+import json
 import math
 
 import numpy as np
 import tensorflow as tf
+
+from dist_keras.errors import UserError
 
 
 def dense_gradients(grads):
@@ -84,12 +88,26 @@ def every_worker(strategy):
   return lambda flag: total(float(flag)) == strategy.num_replicas_in_sync
 
 
-def same_on_every_worker(strategy, value: int) -> bool:
-  """Whether every worker holds this `value` (< 2**32; a collective: every
-  worker calls it at the same point). Two values summing to twice one of
-  them is the only miss: for digests, a chance of 1 in 2**32."""
-  total = host_value_sum(strategy)(float(value))
-  return total == float(value) * strategy.num_replicas_in_sync
+def check_same_config(strategy, config_dict: dict) -> None:
+  """Refuses workers started with different configs, before the model's
+  variables meet in a collective (a model size that differs failed there
+  with a shape error on one worker and a lost peer, exit 200, on the
+  other; other keys trained on). One sum of a 32-bit digest of the config
+  (data.data_dir left out: each host's own); a worker whose digest is the
+  mean of the others' would miss it, a chance of 1 in 2**32."""
+  if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    return  # One process: one config.
+  shared = {**config_dict, "data": {
+      k: v for k, v in config_dict["data"].items() if k != "data_dir"}}
+  text = json.dumps(shared, sort_keys=True, default=str).encode()
+  digest = int.from_bytes(hashlib.blake2b(text, digest_size=4).digest(),
+                          "big")
+  total = host_value_sum(strategy)(float(digest))
+  if total != float(digest) * strategy.num_replicas_in_sync:
+    raise UserError(
+        f"the workers were started with different configs (this worker's "
+        f"digest {digest:08x}); start every worker with the same --config, "
+        "overrides and config file.")
 
 
 def gradient_bytes(variables, allreduce_dtype: str = "float32") -> int:

@@ -24,10 +24,10 @@ _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end",
                 "on_batch_begin", "on_batch_end")
 
 
-def collect(factory: str, given, model) -> list:
+def collect(factory: str, given, model, train_cfg) -> tuple[list, str]:
   """The callbacks passed to fit (`given`), or those the callbacks factory
   train.callbacks (`factory`, PKG.MODULE:FN) returns, checked (against
-  `model` too)."""
+  `model` too), and the line one_step_per_call says ("" if none)."""
   if factory and given is not None:
     raise UserError(
         f"callbacks were passed to fit and train.callbacks={factory!r} "
@@ -37,8 +37,9 @@ def collect(factory: str, given, model) -> list:
     checks.check_signature(make, "train.callbacks")
     given = make()
   callbacks = check(given)
+  note = one_step_per_call(callbacks, train_cfg) or ""
   check_for_model(callbacks, model)
-  return callbacks
+  return callbacks, note
 
 
 def check(callbacks) -> list:
