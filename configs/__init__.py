@@ -133,11 +133,19 @@ def _check_known(config, defaults) -> None:
             if section in defaults else [section])
     for key in keys:
       if key not in known:
-        close = difflib.get_close_matches(key, known, n=1)
+        close = _nearest(key, known)
         raise UserError(
             f"config key {key!r} names no setting"
             + (f" (did you mean {close[0]!r}?)" if close else "")
             + "; every key and its default is in configs/base.py.")
+
+
+def _nearest(key: str, known: list) -> list:
+  """[the known key `key` most likely meant]: its field under another
+  section first (train.seed -> runtime.seed), else the closest spelling."""
+  field = key.rpartition(".")[2]
+  moved = [k for k in known if k.rpartition(".")[2] == field]
+  return moved[:1] or difflib.get_close_matches(key, known, n=1)
 
 
 def _same_type(value, default) -> bool:

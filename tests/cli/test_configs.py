@@ -191,6 +191,13 @@ def test_a_key_base_py_does_not_have_is_refused(tmp_path):
     configs.from_command_line(str(path))
   c = configs.load("lstm_longmem")
   c.unlock()
+  c.train.seed = 1  # A key of another section: that one is meant.
+  with pytest.raises(UserError, match=re.escape(
+      "config key 'train.seed' names no setting (did you mean "
+      "'runtime.seed'?)")):
+    configs.resolve(c)
+  c = configs.load("lstm_longmem")
+  c.unlock()
   c.extra = 1
   with pytest.raises(UserError, match="config key 'extra' names no setting"):
     configs.resolve(c)
