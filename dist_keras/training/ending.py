@@ -88,6 +88,11 @@ def finished_before(trainer) -> dict | None:
     return None
   kept = finished_results(trainer.workdir, step)
   if not agreed(trainer.strategy, trainer.workers, kept is not None):
+    saved = os.path.join(trainer.workdir, run_files.MODEL_FILE)
+    if tf.io.gfile.exists(saved) and not readable_zip(saved):
+      trainer.say(f"{run_files.MODEL_FILE} does not read back (a damaged "
+                  "file): this rerun evaluates the last checkpoint and "
+                  "writes it again")
     return None
   changed = (run_files.config_changes(trainer.workdir, trainer.config_dict,
                                      applied=False) if trainer.chief else "")

@@ -318,7 +318,7 @@ def test_a_run_killed_before_its_results_is_finished_by_the_rerun(
 
 @pytest.mark.parametrize("damage", ["truncated", "garbled"])
 def test_a_damaged_model_keras_is_written_again_by_the_rerun(tmp_path,
-                                                             damage):
+                                                             capsys, damage):
   """A finished workdir whose model.keras does not read back is finished
   again from its last checkpoint (it was an exit 1 on every rerun)."""
   first = _ours(tmp_path, [])
@@ -326,7 +326,11 @@ def test_a_damaged_model_keras_is_written_again_by_the_rerun(tmp_path,
   saved = path.read_bytes()
   path.write_bytes(saved[:len(saved) // 2] if damage == "truncated"
                    else b"not a zip")
-  again = _ours(tmp_path, [])
+  capsys.readouterr()
+  again = _ours(tmp_path, [], **{"log.progress": True})
+  assert ("model.keras does not read back (a damaged file): this rerun "
+          "evaluates the last checkpoint and writes it again") in (
+              capsys.readouterr().out)
   assert again.summary["eval_loss"] == pytest.approx(first.summary["eval_loss"])
   loaded = keras.models.load_model(path)
   for a, b in zip(first.model.get_weights(), loaded.get_weights()):
