@@ -18,6 +18,7 @@ from dist_keras import errors
 from dist_keras.contract import batches
 from dist_keras.errors import UserError
 
+
 def check_signature(fn, what: str, params: tuple = ()) -> None:
   """Raises UserError unless `fn` can be called as what(*params), as
   dist_keras calls it (model_fn(), dataset_fn(split, input_context))."""

@@ -44,7 +44,7 @@ def get_strategy(runtime_cfg, environ=None,
   if name == "multi_worker_mirrored":
     return _once(("multi_worker", environ.get("TF_CONFIG"),
                   *_options_key(runtime_cfg)),
-                 lambda: multi_worker(runtime_cfg))
+                 lambda: multi_worker(runtime_cfg, cluster))
   if name == "one_device":
     device = local_devices(1)[0]  # runtime.num_cpu_devices does not apply.
     return _once(("one_device", device),
@@ -112,7 +112,8 @@ def communication_options(runtime_cfg):
           runtime_cfg.collective.upper()))
 
 
-def multi_worker(runtime_cfg) -> tf.distribute.Strategy:
+def multi_worker(runtime_cfg,
+                 cluster: tfconfig.ClusterSpec) -> tf.distribute.Strategy:
   """MultiWorkerMirroredStrategy over the TF_CONFIG cluster.
 
   Each worker contributes its local GPUs, or ONE CPU device: TensorFlow's
@@ -121,7 +122,6 @@ def multi_worker(runtime_cfg) -> tf.distribute.Strategy:
   gRPC server and waits for every peer to come up.
   """
   options = communication_options(runtime_cfg)
-  cluster = tfconfig.from_env()
   check_port_free(cluster)
   # Every worker says it: the wait below prints nothing until every peer is
   # up (a worker started alone looked hung).

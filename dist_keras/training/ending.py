@@ -34,18 +34,16 @@ def agreed(strategy, workers: int, here: bool) -> bool:
   return allreduce.every_worker(strategy)(here)
 
 
-def finished_results(workdir: str, step: int) -> dict | None:
-  """summary.json when the workdir's run wrote it and model.keras at
-  checkpoint `step` (its training over), else None (a run killed after
-  its last checkpoint: the rerun writes them)."""
+def finished_summary(workdir: str, step: int) -> dict | None:
+  """summary.json when the workdir's run wrote it at checkpoint `step` (its
+  training over), else None (a run killed after its last checkpoint: the
+  rerun writes it)."""
   try:
     summary = run_files.read_json(workdir, run_files.SUMMARY_JSON)
   except (tf.errors.OpError, OSError, ValueError):
     return None
   if not isinstance(summary, dict) or summary.get("steps") != step:
     return None
-  if not readable_zip(os.path.join(workdir, run_files.MODEL_FILE)):
-    return None  # Missing or damaged: the rerun writes it again.
   return summary
 
 
@@ -86,10 +84,11 @@ def finished_before(trainer) -> dict | None:
   step, stopped = checkpoints.saved_at, bool(checkpoints.stopped.numpy())
   if step is None or not (stopped or step >= steps):
     return None
-  kept = finished_results(trainer.workdir, step)
+  saved = os.path.join(trainer.workdir, run_files.MODEL_FILE)
+  model_reads = readable_zip(saved)  # Missing or damaged: written again.
+  kept = finished_summary(trainer.workdir, step) if model_reads else None
   if not agreed(trainer.strategy, trainer.workers, kept is not None):
-    saved = os.path.join(trainer.workdir, run_files.MODEL_FILE)
-    if tf.io.gfile.exists(saved) and not readable_zip(saved):
+    if not model_reads and tf.io.gfile.exists(saved):
       trainer.say(f"{run_files.MODEL_FILE} does not read back (a damaged "
                   "file): this rerun evaluates the last checkpoint and "
                   "writes it again")
