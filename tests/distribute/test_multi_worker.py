@@ -209,16 +209,6 @@ def test_a_bad_tf_config_fails_before_tensorflow_starts(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def _free_ports(n):
-  sockets = [socket.socket() for _ in range(n)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
-
-
 def test_workers_started_with_different_configs_are_refused(tmp_path):
   """A model size that differs failed in a collective: a shape error (exit
   1) on one worker and a lost peer (exit 200, 'retry') on the other."""
