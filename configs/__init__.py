@@ -177,7 +177,7 @@ def set_value(config, key: str, value, spelled: str = "",
     if parse:
       value = _parse(config[section][field], value)
     setattr(config[section], field, value)
-  except (TypeError, ValueError, SyntaxError) as e:
+  except (TypeError, ValueError, SyntaxError, OverflowError) as e:
     raise UserError(f"{spelled}={shown}: {errors.first_line(e)}; fix the value's "
                     "type (see configs/base.py).") from None
 

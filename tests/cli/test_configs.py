@@ -125,6 +125,8 @@ def test_a_config_file_outside_the_package_loads_with_its_argument(tmp_path):
      "int values (default 800)"),
     ({"train.steps": None}, "train.steps=None is of type NoneType"),
     ({"log.progress": 1}, "config['log.progress']=1: Could not override"),
+    # An int too large for a float key (OverflowError inside ConfigDict).
+    ({"train.learning_rate": 10**400}, "int too large to convert to float"),
 ])
 def test_python_values_of_the_wrong_type_are_refused(config, message):
   """ConfigDict's own type safety lets a bool pass for an int (True would
