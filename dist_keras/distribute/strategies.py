@@ -9,6 +9,7 @@ import socket
 
 import tensorflow as tf
 
+from dist_keras.distribute import sigterm
 from dist_keras.distribute import tfconfig
 from dist_keras.distribute import tpus
 from dist_keras.errors import UserError
@@ -132,8 +133,9 @@ def multi_worker(runtime_cfg,
   print(f"dist_keras: {cluster.task_type}:{cluster.task_index} is starting "
         f"TensorFlow's collective runtime; it waits until every other task "
         f"has started ({others})", flush=True)
-  return tf.distribute.MultiWorkerMirroredStrategy(
-      communication_options=options)
+  with sigterm.kept():
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=options)
 
 
 def check_port_free(spec: tfconfig.ClusterSpec) -> None:

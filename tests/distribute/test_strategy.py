@@ -150,3 +150,33 @@ def test_a_port_in_use_is_one_line_before_tensorflows_server(tmp_path):
   assert result.stderr.count("\n") == 1
   # Free again (closed connections do not count): nothing to say.
   strategies.check_port_free(tfconfig.parse(_cluster_with_my_port(port)))
+
+
+_SIGTERM_AFTER_START = """
+import os, signal, sys, time
+from dist_keras.distribute import strategies, tfconfig
+import helpers
+strategies.multi_worker(helpers.tiny_config().runtime, tfconfig.from_env())
+print("started", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(10)
+print("still running 10 s after SIGTERM", flush=True)
+"""
+
+
+def test_a_started_worker_still_stops_on_sigterm():
+  """TensorFlow's collective runtime installs its own C++ SIGTERM handler,
+  which only records the signal: a started worker (building its model, its
+  peers gone) ran on after SIGTERM until SIGKILL."""
+  with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+  cluster = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
+                        "task": {"type": "worker", "index": 0}})
+  result = helpers.run_module(
+      ["-c", _SIGTERM_AFTER_START],
+      env={"TF_CONFIG": cluster,
+           "PYTHONPATH": f"{helpers.REPO}:{helpers.REPO}/tests"}, timeout=120)
+  assert "started" in result.stdout, result.stderr
+  assert "still running" not in result.stdout
+  assert result.returncode == -15, result.stderr[-2000:]

@@ -1,0 +1,32 @@
+"""SIGTERM after TensorFlow's collective runtime starts.
+
+Creating a MultiWorkerMirroredStrategy installs TensorFlow's own SIGTERM
+handler in C++ (tsl's SigtermNotifier, meant for PreemptionCheckpointHandler),
+which only records the signal. Python does not see it (`signal.getsignal`
+still says SIG_DFL), so a worker that had started ignored SIGTERM until
+training installed dist_keras' own handler (training/preemption.py): one
+building its model, or one whose peers crashed, stayed until SIGKILL.
+
+The wait for the peers itself cannot be helped from Python: TensorFlow
+installs its handler inside the call that waits, and that call holds the
+interpreter (no Python thread runs until it returns; checked on TF 2.21),
+so a worker waiting for peers that never come is stopped by SIGKILL only
+(Kubernetes sends one after the grace period). docs/multi_worker.md says so.
+"""
+import contextlib
+import signal
+import threading
+
+
+@contextlib.contextmanager
+def kept():
+  """Puts back, after the block, the SIGTERM handler Python had set before
+  it (the default action unless the program set its own), over the one
+  TensorFlow installed in C++ while the block ran."""
+  before = signal.getsignal(signal.SIGTERM)
+  try:
+    yield
+  finally:
+    main = threading.current_thread() is threading.main_thread()
+    if main and before is not None:  # None: set outside Python; leave it.
+      signal.signal(signal.SIGTERM, before)
