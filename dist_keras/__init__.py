@@ -13,7 +13,11 @@ from dist_keras.errors import UserError
 __version__ = "0.1.0"
 __all__ = ["fit", "FitResult", "UserError", "prepare_runtime"]
 
-from dist_keras import quiet, validate
+from dist_keras import from_checkout
+
+from_checkout.install()
+
+from dist_keras import quiet, validate  # noqa: E402 (configs found first)
 from dist_keras.configs import resolve as _resolve_config
 from dist_keras.contract import imports
 

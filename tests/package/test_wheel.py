@@ -14,6 +14,8 @@ FEW_STEPS = ["--config.train.steps=4", "--config.train.log_every=2",
              "--config.eval.every=0", "--config.data.train_size=256",
              "--config.data.eval_size=64", "--config.log.calibration_steps=0",
              "--config.log.peak_tflops=1.0"]
+NO_EDITABLE_HOOK = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+                    "if 'editable' not in repr(f)]; ")
 USER_CONFIG = '''from dist_keras.configs import base
 
 
@@ -75,7 +77,16 @@ def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
                     "--workdir=default", *FEW_STEPS], elsewhere, site)
   script = _start([str(site / "bin" / "dist-keras-train"), "--config=mine.py",
                    "--workdir=own", *FEW_STEPS], elsewhere, site)
+  # From inside a checkout (a Docker WORKDIR holding the source, a notebook
+  # that %cd's into its clone), the working directory's dist_keras shadows
+  # the installed one; with no editable install's import hook, its
+  # configs/ must still be dist_keras.configs (it was ModuleNotFoundError).
+  in_checkout = _start([sys.executable, "-c", NO_EDITABLE_HOOK
+                        + "import dist_keras.configs as c; print(c.__file__)"],
+                       source, site)
   assert _finished(found).startswith(str(site))  # Not the checkout.
+  assert _finished(in_checkout).strip() == str(
+      source / "configs" / "__init__.py")
   assert "done: 4 steps, eval accuracy" in _finished(default)
   assert '"cell": "lstm"' in (elsewhere / "default" /
                               "config.json").read_text()
