@@ -48,9 +48,9 @@ def from_command_line(spec: str = DEFAULT, overrides=(),
   """The config `spec` names, with `overrides` applied.
 
   Args:
-    spec: a built-in config's name or a config file's path, either with an
-      optional ":ARG" passed to its get_config. A file that exists wins over
-      a built-in of the same name.
+    spec: a built-in config's name or a config file's path (ending in .py),
+      either with an optional ":ARG" passed to its get_config. A built-in's
+      name never means a file (a workdir named like it, say).
     overrides: "section.key=value" texts; a value is parsed as the type of
       the key's current value (bool: true/false/1/0, or a bare
       "section.key" for true; tuple: a literal).
