@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from dist_keras import validate
 from dist_keras import errors
-from dist_keras.contract import batches
+from dist_keras.contract import batches, saving
 from dist_keras.errors import UserError
 
 
@@ -64,7 +64,8 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
 
 def build_state(model, strategy, batch_spec, eval_spec=None) -> None:
   """Creates the model's variables and its compiled loss's and metrics'
-  state, in scope, from a zero batch shaped like `batch_spec`.
+  state, in scope, from a zero batch shaped like `batch_spec`; then checks
+  that the variables are mirrored and that model.keras can be saved.
 
   Keras creates metric variables on their first update; inside a replica
   function that is not allowed, so they are made here (as Keras' own fit
@@ -73,20 +74,27 @@ def build_state(model, strategy, batch_spec, eval_spec=None) -> None:
   the train split's, and the eval split's (`eval_spec`) where Keras'
   test_step will read them (else found only at the first eval).
   """
-  if model.built and not _compiled_from_data(model):
-    # Nothing to build from a batch (a GAN: built, no compiled loss or
-    # metrics; its batches need not be its call's inputs), as Keras' fit.
-    _check_in_scope(model, strategy)
-    return
-  with strategy.scope():
-    loss = _probe(model, batch_spec, "train")
-    if eval_spec is not None and model.loss is not None and (
-        type(model).test_step is keras.Model.test_step):
-      batches.check_batched_like(eval_spec, batch_spec)
-      _probe(model, eval_spec, "eval")
-  _check_scalar(model, loss)
-  model.reset_metrics()
+  # Built, no compiled loss or metrics: nothing to build from a batch (a
+  # GAN, whose batches need not be its call's inputs), as under Keras' fit.
+  if not _built(model) or _compiled_from_data(model):
+    with strategy.scope():
+      loss = _probe(model, batch_spec, "train")
+      if eval_spec is not None and _keras_test_step_has_loss(model):
+        batches.check_batched_like(eval_spec, batch_spec)
+        _probe(model, eval_spec, "eval")
+    _check_scalar(model, loss)
+    model.reset_metrics()
   _check_in_scope(model, strategy)
+  saving.check_savable(model)
+
+
+def _keras_test_step_has_loss(model) -> bool:
+  """Whether the eval runs Keras' test_step and it finds a loss: a compiled
+  one, or the model's own (add_loss, regularisers), which a model trained
+  by Keras' train_step without a compiled loss trains on."""
+  return type(model).test_step is keras.Model.test_step and (
+      model.loss is not None
+      or type(model).train_step is keras.Model.train_step)
 
 
 def _probe(model, batch_spec, split: str):
@@ -134,22 +142,34 @@ def _compiled_from_data(model) -> bool:
              for key in ("loss", "metrics", "weighted_metrics"))
 
 
+def _built(model) -> bool:
+  """Whether the model and every layer in it is built, as Keras' fit asks
+  before it builds a model (a subclassed model's build(shape) leaves the
+  layers its call creates weights in unbuilt)."""
+  layers = model._flatten_layers()  # pylint: disable=protected-access
+  return all(layer.built for layer in layers)  # The model's own included.
+
+
 def _zero_prediction(model, x):
   """What the model returns for `x`, as zeros of its shapes.
 
-  A built model's output shapes come from Keras' shape inference (~1 ms);
-  running it eagerly cost the default LSTM 0.3 s before the first step. An
-  unbuilt model (subclassed, never called) is called, which creates its
-  weights; so is any model whose inference fails, to raise the real error.
+  The shapes come from Keras' shape inference, symbolically, as Keras' fit
+  builds a model: the call runs on no values, so state it updates (a
+  counter, a running mean) moves only in the steps, as under fit. A model
+  not yet built is called on symbolic inputs, which creates its weights
+  (running it eagerly also cost the default LSTM 0.3 s before the first
+  step). A model whose inference fails is called, to raise the real error.
   """
-  if model.built:
-    try:
-      spec = model.compute_output_spec(tf.nest.map_structure(
-          lambda t: keras.KerasTensor(t.shape, t.dtype), x))
-      return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
-                                   spec)
-    except Exception:  # pylint: disable=broad-except
-      pass  # The call below says what is wrong, or works.
+  symbolic = tf.nest.map_structure(
+      lambda t: keras.KerasTensor(t.shape, t.dtype), x)
+  try:
+    if model.built:  # Inference also builds the layers its call builds.
+      spec = model.compute_output_spec(symbolic)
+    else:
+      spec = forward(model, symbolic, training=False)
+    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
+  except Exception:  # pylint: disable=broad-except
+    pass  # The call below says what is wrong, or works.
   return forward(model, x, training=False)
 
 

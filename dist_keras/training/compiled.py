@@ -39,7 +39,7 @@ def take(model, strategy, train_cfg) -> list[str]:
     notes.append(_own_step_note(model, strategy, train_cfg))
   if not evaluates(model):
     notes.append(f"no eval: {type(model).__name__} has no compiled loss and "
-                 "no test_step of its own")
+                 "a train_step but no test_step of its own")
   return [note for note in notes if note]
 
 
@@ -126,9 +126,13 @@ def overrides(model, method: str) -> bool:
 
 
 def evaluates(model) -> bool:
-  """Whether the model can be evaluated: Keras' test_step needs a compiled
-  loss (a GAN compiles none), a model's own test_step knows."""
-  return overrides(model, "test_step") or model.loss is not None
+  """Whether the model has a loss to evaluate, as Keras' evaluate() gives
+  one: a model's own test_step knows; Keras' finds a compiled loss or the
+  model's own losses (add_loss, regularisers), which a model trained by
+  Keras' train_step with no compiled loss trains on. A GAN (no compiled
+  loss, its own train_step) has none."""
+  return (overrides(model, "test_step") or model.loss is not None
+          or not overrides(model, "train_step"))
 
 
 def keeps_ema(optimizer) -> bool:

@@ -1,0 +1,195 @@
+"""What dist_keras checks and builds of a user's model before its first
+step (contract/checks.py, contract/saving.py), against Keras' fit: a model
+Keras cannot save is refused before anything is written, a model is built
+as fit builds it (symbolically: its call runs no extra time), and a model
+with no compiled loss trains and evaluates on its own losses as under fit.
+"""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dist_keras
+import helpers
+import parity_task
+import user_task
+from dist_keras.contract import saving
+
+STEPS = 4
+CONFIG = {"train.global_batch_size": parity_task.GLOBAL_BATCH,
+          "train.steps": STEPS, "train.log_every": STEPS,
+          "train.checkpoint_every": STEPS, "eval.every": 0,
+          "log.calibration_steps": 0, "log.peak_tflops": 1.0,
+          "log.progress": False}
+ONE = tf.distribute.InputContext()
+
+
+def _fit(model_fn, dataset_fn, validate=True):
+  """Keras' fit of STEPS steps on one device, seeded as dist_keras seeds
+  (runtime.seed 0)."""
+  keras.utils.set_random_seed(0)
+  model = model_fn()
+  history = model.fit(dataset_fn("train", ONE), epochs=1,
+                      steps_per_epoch=STEPS, verbose=0, shuffle=False,
+                      validation_data=(dataset_fn("eval", ONE) if validate
+                                       else None))
+  return model, history.history
+
+
+# --- A model Keras cannot save ---------------------------------------------
+
+class Apply(keras.layers.Layer):
+  """Takes a function in __init__ and has no get_config(): Keras' fit
+  trains it, model.save cannot serialize it."""
+
+  def __init__(self, fn):
+    super().__init__()
+    self.fn = fn
+
+  def call(self, x):
+    return self.fn(x)
+
+
+def _unsavable():
+  inputs = keras.Input((parity_task.FEATURES,))
+  model = keras.Model(inputs, keras.layers.Dense(1)(
+      Apply(lambda t: 2.0 * t)(inputs)))
+  model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+  return model
+
+
+def test_a_model_keras_cannot_save_is_refused_before_anything_is_written(
+    tmp_path):
+  """It had trained every step and written checkpoints, then failed to save
+  model.keras with a cut-off NotImplementedError (and so did every rerun)."""
+  with pytest.raises(dist_keras.UserError) as e:
+    helpers.fit_fns(_unsavable, parity_task.dataset_fn, tmp_path / "run",
+                    CONFIG)
+  message = str(e.value)
+  assert message.startswith(
+      "model 'functional' cannot be saved as model.keras (Object Apply was "
+      "created by passing non-serializable argument values in `__init__()`,"
+      " and therefore the object must override `get_config()`"), message
+  assert "give each custom layer, loss or metric a get_config()" in message
+  assert "\n" not in message
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model_fn", [
+    parity_task.plain, parity_task.ema, parity_task.loss_scale,
+    parity_task.schedule, parity_task.weight_decay, parity_task.custom_step,
+    parity_task.custom_loss, parity_task.custom_test_step,
+    parity_task.two_output, parity_task.gan,
+    parity_task.call_without_training, user_task.model_fn,
+    user_task.subclassed_model_fn, user_task.binary_model_fn],
+                         ids=lambda fn: fn.__name__)
+def test_the_models_keras_saves_pass_the_save_check(model_fn):
+  saving.check_savable(model_fn())
+
+
+# --- No compiled loss: the model's own losses ------------------------------
+
+class Reconstruct(keras.Model):
+  """loss=None: its only loss is the add_loss term of its call. Built by
+  model.build(shape), which leaves its Dense layers unbuilt (as Keras
+  warns) until the model is called."""
+
+  def __init__(self):
+    super().__init__()
+    self.encode = keras.layers.Dense(3, activation="tanh")
+    self.decode = keras.layers.Dense(parity_task.FEATURES)
+
+  def call(self, x):
+    reconstructed = self.decode(self.encode(x))
+    self.add_loss(tf.reduce_mean(tf.square(reconstructed - x)))
+    return reconstructed
+
+
+def _built_by_shape():
+  model = Reconstruct()
+  model.build((None, parity_task.FEATURES))
+  model.compile(optimizer=keras.optimizers.SGD(0.1))
+  return model
+
+
+@pytest.mark.filterwarnings("ignore:`build\\(\\)` was called")
+def test_a_model_built_by_shape_with_only_its_own_loss_trains_as_fit(
+    tmp_path):
+  """Its layers were left unbuilt (no variables to train: the first step
+  failed in apply_gradients)."""
+  fitted, history = _fit(_built_by_shape, parity_task.images_dataset_fn,
+                         validate=False)
+  result = helpers.fit_fns(_built_by_shape, parity_task.images_dataset_fn,
+                           tmp_path, CONFIG)
+  assert len(result.model.trainable_variables) == 4
+  assert result.summary["train_loss"] == pytest.approx(history["loss"][-1],
+                                                       rel=1e-6)
+  for a, b in zip(fitted.get_weights(), result.model.get_weights()):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+class AddLoss(keras.layers.Layer):
+  """Adds the reconstruction error of its first input to the model's loss."""
+
+  def call(self, reconstructed, x):
+    self.add_loss(tf.reduce_mean(tf.square(reconstructed - x)))
+    return reconstructed
+
+
+def _functional_add_loss():
+  inputs = keras.Input((parity_task.FEATURES,))
+  hidden = keras.layers.Dense(3, activation="tanh")(inputs)
+  reconstructed = keras.layers.Dense(parity_task.FEATURES)(hidden)
+  model = keras.Model(inputs, AddLoss()(reconstructed, inputs))
+  model.compile(optimizer=keras.optimizers.SGD(0.1))
+  return model
+
+
+def test_a_model_with_only_its_own_loss_is_evaluated_as_keras_evaluates(
+    tmp_path):
+  """Keras' fit reports its val_loss and evaluate() its loss; the run had
+  said "no eval" (so an EarlyStopping on val_loss never saw one)."""
+  _, history = _fit(_functional_add_loss, parity_task.images_dataset_fn)
+  result = helpers.fit_fns(_functional_add_loss,
+                           parity_task.images_dataset_fn, tmp_path, CONFIG)
+  x, _ = parity_task._examples("eval")  # pylint: disable=protected-access
+  evaluated = result.model.evaluate(x, batch_size=len(x), verbose=0,
+                                    return_dict=True)
+  assert result.summary["eval_loss"] == pytest.approx(evaluated["loss"],
+                                                      rel=1e-5)
+  assert result.summary["eval_examples"] == len(x)
+  assert result.history["val_loss"] == pytest.approx(history["val_loss"],
+                                                     rel=1e-5)
+
+
+# --- Built as fit builds: no extra call -------------------------------------
+
+class CountCalls(keras.layers.Layer):
+  """Counts the batches its call runs on (a non-trainable weight)."""
+
+  def build(self, input_shape):
+    self.calls = self.add_weight(shape=(), initializer="zeros",
+                                 trainable=False, name="calls")
+
+  def call(self, x):
+    self.calls.assign_add(1.0)
+    return x
+
+
+def _unbuilt_sequential():
+  model = keras.Sequential([CountCalls(), keras.layers.Dense(1)])
+  model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+  return model
+
+
+def test_an_unbuilt_models_call_runs_as_often_as_under_fit(tmp_path):
+  """fit builds an unbuilt model symbolically; the zero-batch probe had
+  called it once eagerly, one count more than fit's (saved in model.keras).
+  STEPS train batches and 5 eval batches (200 examples, 48 a batch)."""
+  fitted, _ = _fit(_unbuilt_sequential, parity_task.dataset_fn)
+  result = helpers.fit_fns(_unbuilt_sequential, parity_task.dataset_fn,
+                           tmp_path, CONFIG)
+  counts = [float(m.layers[0].calls.numpy()) for m in (fitted, result.model)]
+  assert counts == [STEPS + 5] * 2
+  for a, b in zip(fitted.get_weights(), result.model.get_weights()):
+    np.testing.assert_allclose(a, b, atol=1e-6)
