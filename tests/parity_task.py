@@ -1,8 +1,9 @@
 """Models a Keras user trains with `model.fit`, each using one feature fit
 honours: the model's own train_step, gradient accumulation, EMA, clipping,
 a LossScaleOptimizer, a schedule, weight-decay exclusions, two outputs, a
-GAN's two optimizers; and callbacks factories. Nothing here imports
-dist_keras: tests train these with Keras' fit and with dist_keras alike.
+GAN's two optimizers, an Embedding's sparse gradient; and callbacks
+factories. Nothing here imports dist_keras: tests train these with Keras'
+fit and with dist_keras alike.
 """
 import os
 import tempfile
@@ -52,6 +53,37 @@ def two_output_dataset_fn(split, input_context):
 def images_dataset_fn(split, input_context):
   """x only (a GAN's real samples)."""
   return dataset_fn(split, input_context).map(lambda x, y: x)
+
+
+VOCAB, TOKENS = 12, 5  # 240 lookups of 12 tokens a global batch.
+
+
+def tokens_dataset_fn(split, input_context):
+  """(token ids, class) batches, every token repeated within each batch;
+  batched and sharded as dataset_fn's."""
+  rng = np.random.default_rng({"train": 0, "eval": 1}[split])
+  x = rng.integers(0, VOCAB, (SIZES[split], TOKENS)).astype("int32")
+  ds = tf.data.Dataset.from_tensor_slices((x, x[:, 0] % 3))
+  batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+  if split == "train":
+    ds = ds.repeat().batch(batch, drop_remainder=True)
+  else:
+    ds = ds.batch(batch)
+  return ds.shard(input_context.num_input_pipelines,
+                  input_context.input_pipeline_id)
+
+
+def embedding_adam():
+  """An Embedding under Adam: its gradient is a tf.IndexedSlices, one slice
+  per looked-up token, which Adam squares slice by slice."""
+  model = keras.Sequential([
+      keras.Input((TOKENS,), dtype="int32"),
+      keras.layers.Embedding(VOCAB, 4),
+      keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3)])
+  model.compile(optimizer=keras.optimizers.Adam(0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  return model
 
 
 def _dense(inputs):

@@ -53,8 +53,9 @@ class Jit(enum.Enum):
 class StepOptions:
   """How a train step is compiled and reduces (Settings.step_options).
 
-  `allreduce_dtype` (bfloat16 | float16) casts the gradients for the
-  all-reduce only: half the bytes on the wire, summed in that precision;
+  `allreduce_dtype` (bfloat16 | float16) casts the dense gradients for
+  the all-reduce only: half the bytes on the wire, summed in that
+  precision (an Embedding's slices are gathered uncompressed);
   `bytes_per_pack` packs it (allreduce.all_reduce_gradients).
   """
   jit: Jit = Jit.OFF
@@ -103,9 +104,11 @@ def make_compute_only(model, optimizer):
   def replica_compute(batch):
     _, grads = forward_backward(model, optimizer, batch,
                                 update_metrics=False)
-    grads = allreduce.dense_gradients(grads)  # As the train step does.
-    # Consume every gradient so none is pruned; per replica, no collective.
-    return tf.add_n([tf.reduce_sum(g) for g in grads if g is not None])
+    grads = allreduce.as_reduced(grads)  # As the train step does.
+    # Consume every gradient so none is pruned; per replica, no collective
+    # (an IndexedSlices' values: summing it whole would densify it).
+    return tf.add_n([tf.reduce_sum(getattr(g, "values", g))
+                     for g in grads if g is not None])
 
   return replica_compute
 
@@ -175,13 +178,13 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
       batch = stamps.after_stamp(start, batch)
     loss, grads = compute(batch)
     if timed:
-      grads_ready = stamps.stamp_after(grads, clock)
+      grads_ready = stamps.stamp_after(_parts(grads), clock)
       grads = stamps.after_stamp(grads_ready, grads)
     if reduces:
       grads = allreduce.all_reduce_gradients(
           grads, options.allreduce_dtype, options.bytes_per_pack)
     if timed:
-      reduced = stamps.stamp_after(grads, clock)
+      reduced = stamps.stamp_after(_parts(grads), clock)
       grads = stamps.after_stamp(reduced, grads)
     grad_norm = update(grads)
     if not timed:
@@ -195,12 +198,21 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
   return replica_step
 
 
+def _parts(grads):
+  """The tensors of `grads`, an IndexedSlices' values and indices among
+  them: a stamp reads an element of each tensor, and reading an
+  IndexedSlices as one would densify it (a scatter, timed as a phase)."""
+  return tf.nest.flatten(grads, expand_composites=True)
+
+
 def _compute_fn(model, optimizer, compile_compute: bool):
-  """(batch) -> (loss, dense grads): the replica's compute."""
+  """(batch) -> (loss, grads): the replica's compute. An Embedding's
+  gradient stays an IndexedSlices to the optimizer, as under fit
+  (allreduce.as_reduced)."""
 
   def compute(batch):
     loss, grads = forward_backward(model, optimizer, batch)
-    return loss, allreduce.dense_gradients(grads)  # Compute, not all-reduce.
+    return loss, allreduce.as_reduced(grads)
 
   return tf.function(compute, jit_compile=True) if compile_compute else compute
 
@@ -210,7 +222,7 @@ def _update_fn(optimizer, variables):
   scale = loss_scale_of(optimizer)
 
   def update(grads):
-    norm = tf.linalg.global_norm(grads)  # Same on every replica.
+    norm = allreduce.global_norm(grads)  # Same on every replica.
     optimizer.apply_gradients(zip(grads, variables))
     # The global norm, after the reduction: what tells the host that the
     # gradients became non-finite.

@@ -7,7 +7,7 @@ optimizers, callbacks that stop training, change the rate and keep the best
 model). Keras' fit on one device is the reference; dist_keras on one device
 must equal it, and 2 replicas and 2 workers must equal one device. Each run
 is its own process (tests/scripts/parity_weights.py), started on first use,
-several at a time.
+several at a time; an Embedding's sparse gradient trains in this process.
 """
 import functools
 import glob
@@ -16,10 +16,14 @@ import subprocess
 import sys
 import tempfile
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
+import dist_keras
 import helpers
+import parity_task
 import parity_weights
 
 SCRIPT = os.path.join(helpers.REPO, "tests", "scripts", "parity_weights.py")
@@ -198,3 +202,41 @@ def test_stopped_and_resumed_ends_where_an_uninterrupted_run_ends(
 def test_a_models_own_step_is_timed_as_input_wait_and_model_step(runs):
   assert str(runs["one"]["sync_split/custom_step"]) == "model_step"
   assert str(runs["one"]["sync_split/plain"]) == "None"  # Timing off.
+
+
+def _embedding_weights(workdir, strategy, **config) -> list:
+  """The weights dist_keras trains parity_task.embedding_adam to."""
+  settings = {k: v for k, v in parity_weights.config(
+      "embedding_adam", 1, "one_device").items() if not k.startswith(
+          "runtime.")}
+  result = dist_keras.fit(parity_task.embedding_adam,
+                          parity_task.tokens_dataset_fn, workdir=str(workdir),
+                          config={**settings, **config}, strategy=strategy)
+  return [w.numpy() for w in result.model.weights]
+
+
+def test_an_embeddings_sparse_gradient_trains_what_fit_trains(tmp_path,
+                                                              mirrored):
+  """An Embedding's gradient is a tf.IndexedSlices, a slice per looked-up
+  token, and Adam squares each slice before a repeated token's add up, as
+  fit hands them to it: summed into a dense gradient first, the weights
+  ended 0.11 from fit's. One device = fit; 2 replicas, whose slices are
+  gathered (not summed), = one device, their timed steps and calibration
+  included. In this process: one device and the 2 replicas every test
+  process has."""
+  keras.utils.set_random_seed(0)
+  model = parity_task.embedding_adam()
+  initial = [w.numpy() for w in model.weights]
+  model.fit(parity_task.tokens_dataset_fn("train",
+                                          tf.distribute.InputContext()),
+            epochs=1, steps_per_epoch=parity_weights.STEPS, verbose=0,
+            shuffle=False)
+  one = _embedding_weights(tmp_path / "one",
+                           tf.distribute.OneDeviceStrategy("/cpu:0"))
+  two = _embedding_weights(tmp_path / "m2", mirrored,
+                           **{"log.sync_timing": True,
+                              "log.calibration_steps": 3})
+  for i, expected in enumerate(w.numpy() for w in model.weights):
+    assert np.abs(expected - initial[i]).max() > 1e-4, f"{i} never trained"
+    np.testing.assert_allclose(one[i], expected, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(two[i], one[i], rtol=0, atol=1e-5)

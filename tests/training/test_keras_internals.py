@@ -131,6 +131,39 @@ def test_reduce_in_apply_clips_the_summed_gradient_once(make_optimizer,
       zip(optimizer.variables, ref.variables)))
 
 
+def _first_element(values):
+  """An Embedding-like gradient of the 3-float variable: `values`, every
+  one a slice of element 0."""
+  return tf.IndexedSlices(values, tf.zeros(tf.shape(values), tf.int32),
+                          tf.constant([3]))
+
+
+def test_reduce_in_apply_hands_adam_every_replicas_slice(mirrored):
+  """A model's own train_step with an Embedding: replica r's slice of
+  element 0 (r + 1) must reach Adam as both slices, as one device's would
+  (second moment from 1 + 4), not summed (3 * 3: the weight moves 1 * lr,
+  not 3 / sqrt(5) * lr)."""
+  def make():
+    return keras.optimizers.Adam(0.1)
+
+  var_ref, ref = _built(tf.name_scope("one_device"), make)
+  ref.apply_gradients([(_first_element(tf.constant([1.0, 2.0])), var_ref)])
+  var, optimizer = _built(mirrored.scope(), make)
+  keras_internals.reduce_in_apply(optimizer, allreduce.all_reduce_gradients)
+
+  @tf.function
+  def step():
+    def replica_fn():
+      r = tf.distribute.get_replica_context().replica_id_in_sync_group
+      own = tf.reshape(tf.cast(r, tf.float32) + 1.0, [1])
+      optimizer.apply_gradients([(_first_element(own), var)])
+    mirrored.run(replica_fn)
+
+  step()
+  _assert_replicas_equal(mirrored, [(var, var_ref)] + list(
+      zip(optimizer.variables, ref.variables)))
+
+
 def _sgd_ema_overwrite():
   # The overwrite is the tf.cond whose branch merge_calls; EMA alone has none.
   return keras.optimizers.SGD(0.1, use_ema=True, ema_overwrite_frequency=1)

@@ -10,24 +10,54 @@ from dist_keras.measure import breakdown
 from dist_keras.training import allreduce
 
 
-def test_all_reduce_sums_dense_sparse_and_keeps_none(mirrored):
-  def replica_fn():
-    r = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
-                tf.float32)
-    dense = tf.fill([2, 3], r + 1.0)
-    sparse = tf.IndexedSlices(values=tf.fill([1, 3], r + 1.0),
-                              indices=tf.constant([1]),
-                              dense_shape=tf.constant([4, 3]))
-    return allreduce.all_reduce_gradients([dense, None, sparse])
+def _replica_gradients():
+  """Replica r's dense gradient (r + 1 everywhere), None, and an Embedding's
+  slice of row 1 (r + 1): 2 replicas sum the dense one to 3."""
+  r = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+              tf.float32)
+  sparse = tf.IndexedSlices(values=tf.fill([1, 3], r + 1.0),
+                            indices=tf.constant([1]),
+                            dense_shape=tf.constant([4, 3]))
+  return [tf.fill([2, 3], r + 1.0), None, sparse]
 
-  dense, none, sparse = mirrored.run(replica_fn)
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_all_reduce_sums_dense_gathers_sparse_and_keeps_none(mirrored,
+                                                             dtype):
+  """The IndexedSlices stays one, each replica's slice in it (Adam squares
+  them one by one, as on one device); bfloat16 compresses the dense sum
+  only (TensorFlow's all-gather has no bfloat16 kernel)."""
+  dense, none, sparse = mirrored.run(
+      lambda: allreduce.all_reduce_gradients(_replica_gradients(), dtype))
   assert none is None
   for value in mirrored.experimental_local_results(dense):
     np.testing.assert_array_equal(value, np.full([2, 3], 3.0))  # 1 + 2
-  expected = np.zeros([4, 3])
-  expected[1] = 3.0
   for value in mirrored.experimental_local_results(sparse):
-    np.testing.assert_array_equal(value, expected)
+    assert isinstance(value, tf.IndexedSlices)
+    assert value.values.dtype == tf.float32
+    np.testing.assert_array_equal(value.indices, [1, 1])
+    np.testing.assert_array_equal(value.values, [[1.0] * 3, [2.0] * 3])
+    np.testing.assert_array_equal(value.dense_shape, [4, 3])
+
+
+def test_global_norm_sums_a_tokens_slices_first():
+  """Two slices of row 0 (1 and 2 everywhere) are a row of 3s: its part of
+  the norm is sqrt(3 * 9), not sqrt(3 * (1 + 4)); XLA-compiled alike."""
+  sparse = tf.IndexedSlices(values=tf.constant([[1.0] * 3, [2.0] * 3]),
+                            indices=tf.constant([0, 0]),
+                            dense_shape=tf.constant([4, 3]))
+  grads = [sparse, None, tf.fill([2], 2.0)]
+  expected = np.sqrt(3 * 9 + 2 * 4)
+  assert float(allreduce.global_norm(grads)) == pytest.approx(expected)
+  compiled = tf.function(allreduce.global_norm, jit_compile=True)
+  assert float(compiled(grads)) == pytest.approx(expected)
+
+
+def test_gradients_stay_sparse_off_a_tpu():
+  sparse = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([0, 0]),
+                            tf.constant([4, 3]))
+  kept, none = allreduce.as_reduced([sparse, None])
+  assert kept is sparse and none is None
 
 
 def test_gradient_bytes_counts_every_trainable_float():
