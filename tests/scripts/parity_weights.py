@@ -30,6 +30,7 @@ MODELS = {
     "custom_step": "dataset_fn", "custom_loss": "dataset_fn",
     "two_output": "two_output_dataset_fn",
     "gan": "images_dataset_fn", "callbacks_model": "dataset_fn",
+    "embedding_adam": "tokens_dataset_fn",
 }
 # callbacks_model trains with parity_task.callbacks_fn (EarlyStopping,
 # ReduceLROnPlateau, ModelCheckpoint to $PARITY_BEST) in epochs of 4 steps,

@@ -34,11 +34,12 @@ MODELS = list(parity_weights.MODELS)
 # the other models only vary options of the same update (the slow set's 4
 # replicas train them all).
 DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
-               "loss_scale,two_output,gan,callbacks_model")
+               "loss_scale,two_output,gan,callbacks_model,embedding_adam")
 # Across workers (2 processes a model): the acceptance's five, the GAN's
-# two optimizers and the callbacks that must stop every worker alike.
+# two optimizers, the callbacks that must stop every worker alike and an
+# Embedding's sparse gradient (gathered by the collective runtime).
 WORKERS = ("custom_step,accumulate,ema,global_clipnorm,two_output,gan,"
-           "callbacks_model")
+           "callbacks_model,embedding_adam")
 # The acceptance's five and the GAN (its two optimizers' state): stopped
 # after step 7, then resumed from ckpt-4 by a new fit call.
 RESUMED = "custom_step,accumulate,ema,global_clipnorm,two_output,gan"
