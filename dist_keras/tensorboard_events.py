@@ -4,6 +4,7 @@ Every other worker gets a no-op writer, so callers never branch on the role.
 """
 import json
 
+import numpy as np
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
@@ -21,11 +22,19 @@ class Writer:
                     else tf.summary.create_noop_writer())
 
   def scalars(self, step: int, values: dict) -> None:
-    """Writes each `name: value` at `step` (None values are skipped)."""
+    """Writes each `name: value` at `step` (None values are skipped); an
+    array (a metric of a value per class) as one scalar per element,
+    `name/0`, `name/1`, ... (`name/0_1` for a matrix's), grouped under
+    `name` in TensorBoard."""
     with self._writer.as_default(step=step):
       for name, value in values.items():
-        if value is not None:
+        if value is None:
+          continue
+        if np.ndim(value) == 0:
           tf.summary.scalar(name, value)
+          continue
+        for index, element in np.ndenumerate(np.asarray(value)):
+          tf.summary.scalar(f"{name}/{'_'.join(map(str, index))}", element)
 
   def config(self, config_dict: dict, step: int = 0) -> None:
     """The resolved config as pretty JSON in the Text tab."""

@@ -4,7 +4,12 @@ and worker count, for the loss, every per-output loss and every metric.
 Each replica runs the model's `test_step` on its batches (Keras' own, or the
 model's override), as Keras' `evaluate` does. Replicas that run out of data
 before the others get empty batches from TensorFlow, which never reach the
-model. Keras weighs its per-output loss trackers by a batch's STATIC size,
+model: such a replica runs it on one zero example instead and puts its
+metrics back, so the example counts nowhere. Every replica must run the
+model at every step: a layer updating a variable of aggregation "mean" or
+"sum" synchronises the replicas there (a merge_call, which TensorFlow
+refuses inside a tf.cond and which would wait for a replica that skipped
+it). Keras weighs its per-output loss trackers by a batch's STATIC size,
 unknown for a partial last batch (which then counted like a full one, so
 the per-output losses moved with the replica count); each of their updates
 is re-weighed here by the batch's examples.
@@ -25,23 +30,24 @@ def make_eval_pass(strategy, model):
   pass of a finite eval dataset; it updates the model's metrics."""
   trackers = keras_internals.output_loss_trackers(model)
 
-  def run_test_step(batch, examples):
-    # Read now (identity: a variable itself would be read after the update).
-    before = [(tf.identity(t.total.value), tf.identity(t.count.value))
-              for t in trackers]
-    logs = model.test_step(batch)
-    with tf.control_dependencies(tf.nest.flatten(logs)):
-      _reweigh(trackers, before, examples)
-      return tf.identity(examples)
-
   def replica_step(batch):
     x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
     examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+    variables = list(model.metrics_variables)
+    # Read now (identity: a variable itself would be read after the update).
+    before = [(tf.identity(t.total.value), tf.identity(t.count.value))
+              for t in trackers]
+    kept = [tf.identity(v.value) for v in variables]
     # An empty batch is not run through the model: TF 2.21's oneDNN fused
     # Conv2D+Relu fails on one ("input depth must be evenly divisible by
-    # filter depth") on AVX-512 hosts, and it counts nowhere anyway.
-    return tf.cond(examples > 0, lambda: run_test_step(batch, examples),
-                   lambda: tf.constant(0.0))
+    # filter depth") on AVX-512 hosts.
+    logs = model.test_step(_never_empty(batch, examples > 0))
+    with tf.control_dependencies(tf.nest.flatten(logs)):
+      _reweigh(trackers, before, examples)
+      restored = tf.cond(examples > 0, tf.no_op, lambda: tf.group(
+          [v.assign(value) for v, value in zip(variables, kept)]))
+    with tf.control_dependencies([restored]):
+      return tf.identity(examples)
 
   def add_batch(totals, batch):
     examples = strategy.reduce(
@@ -53,6 +59,20 @@ def make_eval_pass(strategy, model):
     return _reduce(dataset, tf.zeros([2]), add_batch)
 
   return eval_pass
+
+
+def _never_empty(batch, has_examples):
+  """`batch`, or one zero example in place of an empty one: each dense
+  tensor's zeros ("" for strings), of its shape but for the batch size."""
+  def one_zero(t):
+    if not isinstance(t, tf.Tensor) or t.shape.rank == 0:
+      return t  # Ragged and sparse ones reach the model as they are.
+    zeros = lambda: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
+    padded = tf.cond(has_examples, lambda: t, zeros)
+    padded.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+    return padded
+
+  return tf.nest.map_structure(one_zero, batch)
 
 
 def _reweigh(trackers, before, examples) -> None:

@@ -33,12 +33,24 @@ class MetricState:
     return [np.asarray(t) for t in self._read()]
 
   def results(self, state) -> dict:
-    """{name: value} of `model.get_metrics_result()` for `state`."""
+    """{name: value} of `model.get_metrics_result()` for `state`, as `fit`
+    logs them: a float, or a numpy array for a metric whose result is one
+    (F1Score(average=None): a value per class)."""
     mapping = [(v, tf.constant(s, dtype=v.dtype))
                for v, s in zip(self.variables, state)]
     with keras.StatelessScope(state_mapping=mapping):
-      values = self.model.get_metrics_result()
-    return {name: float(value) for name, value in values.items()}
+      # Converted inside the scope: a result() that returns its variable
+      # itself (the Keras guide's CategoricalTruePositives) reads `state`
+      # only here; outside, it would read the live (or per-replica) one.
+      values = {name: np.asarray(value)
+                for name, value in self.model.get_metrics_result().items()}
+    return {name: _logged(value) for name, value in values.items()}
+
+
+def _logged(value: np.ndarray):
+  """A metric's value as Keras' fit logs it (python_utils.pythonify_logs):
+  a float where float() takes it, else the array."""
+  return float(value.reshape(())) if value.size == 1 else value
 
 
 class TrainMetrics:

@@ -1,8 +1,10 @@
 """What a run reports: its header and last lines, progress and eval lines,
 and summary.json (summary_json)."""
 import os
+import shlex
 
 import numpy as np
+import tensorflow as tf
 
 from dist_keras.distribute import strategies
 from dist_keras.measure import breakdown, mfu, timing
@@ -14,9 +16,18 @@ def metrics_text(values: dict) -> str:
   metric."""
   ordered = {**({"loss": values["loss"]} if "loss" in values else {}),
              **values}
-  return "  ".join(f"{name} {value:.4f}" if abs(value) < 1e4
-                   else f"{name} {value:.4g}"
+  return "  ".join(f"{name} {number_text(value)}"
                    for name, value in ordered.items())
+
+
+def number_text(value, shown: int = 6) -> str:
+  """'0.1234', '1.235e+04'; an array's (a metric of a value per class)
+  first `shown` values in brackets: '[0.0570 0.2090 0.1150 0.6040]'."""
+  if np.ndim(value):
+    flat = np.ravel(value)
+    more = f" ...{flat.size} values" if flat.size > shown else ""
+    return f"[{' '.join(number_text(v) for v in flat[:shown])}{more}]"
+  return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
 
 
 def perplexity(loss: float) -> float:
@@ -71,25 +82,39 @@ def done_line(summary: dict) -> str:
                                                     "eval_examples")]
   if "eval_loss" in summary:
     metrics.append(("loss", summary["eval_loss"]))
-  text = ", ".join(f"{name} {value:.4f}" for name, value in metrics)
+  text = ", ".join(f"{name} {number_text(value)}" for name, value in metrics)
   stopped = " (stopped by a callback)" if summary.get("stopped_early") else ""
-  return f"done: {summary['steps']} steps{stopped}" + (
+  steps = summary["steps"]
+  return f"done: {steps} step{'' if steps == 1 else 's'}{stopped}" + (
       f", eval {text}" if text else "")
 
 
-def header(strategy, workdir: str) -> str:
+def header(strategy, workdir: str, tensorboard: bool) -> str:
   """The run's first lines: where it trains, where it writes."""
   return (f"dist_keras: {strategies.display_name(strategy)} with "
           f"{strategy.num_replicas_in_sync} replica(s) on "
-          f"{mfu.device_kind(strategy)}; workdir {workdir}\n"
-          f"TensorBoard: tensorboard --logdir {workdir}")
+          f"{mfu.device_kind(strategy)}; workdir {workdir}"
+          + tensorboard_line(workdir, tensorboard))
 
 
-def footer(summary: dict, workdir: str) -> str:
+def footer(summary: dict, workdir: str, tensorboard: bool) -> str:
   """The run's last lines: how it ended, where the results are."""
   return (f"{done_line(summary)}; results in "
-          f"{os.path.join(workdir, run_files.SUMMARY_JSON)}\n"
-          f"TensorBoard: tensorboard --logdir {workdir}")
+          f"{os.path.join(workdir, run_files.SUMMARY_JSON)}"
+          + tensorboard_line(workdir, tensorboard))
+
+
+def tensorboard_line(workdir: str, writing: bool) -> str:
+  """'\\nTensorBoard: tensorboard --logdir W', a command to paste (W quoted
+  for a shell), when this run writes events or an earlier one did; else
+  ''."""
+  try:
+    shown = writing or tf.io.gfile.glob(
+        os.path.join(workdir, "events.out.tfevents.*"))
+  except tf.errors.OpError:  # (A worker that cannot see the chief's.)
+    shown = False
+  return (f"\nTensorBoard: tensorboard --logdir {shlex.quote(workdir)}"
+          if shown else "")
 
 
 def throughput_line(meters) -> str:
@@ -109,8 +134,11 @@ def summary_json(run_fields: dict, run, meters) -> dict:
            else "compute, straggler, allreduce")
   return {
       **run_fields,
-      **{f"train_{name}": value for name, value in run.logged.items()},
-      **{f"eval_{name}": value for name, value in run.final_eval.items()},
+      # A metric of a value per class as a list (JSON has no arrays).
+      **{f"train_{name}": np.asarray(value).tolist()
+         for name, value in run.logged.items()},
+      **{f"eval_{name}": np.asarray(value).tolist()
+         for name, value in run.final_eval.items()},
       "examples_per_sec": eps,
       "examples_per_sec_per_replica": eps / replicas if eps else None,
       # Wall ms per step over the log windows (the warm-up one left out).
