@@ -4,16 +4,18 @@ arguments at its door (a validated config, a Strategy, the user's functions
 or the config's names, callbacks). `build` is the whole run, top to bottom;
 a built-in and a user's model take the same path.
 """
+import contextlib
 import dataclasses
 
 import keras
 import tensorflow as tf
 
-from dist_keras import errors, registry
+from dist_keras import errors, registry, validate
 from dist_keras.contract import checks
 from dist_keras.distribute import pipelines, strategies
 from dist_keras.training import allreduce, checkpoints, compiled, loop, lr
-from dist_keras.training import report, settings, user_callbacks
+from dist_keras.training import preemption, run_files, settings
+from dist_keras.training import user_callbacks
 
 
 @dataclasses.dataclass
@@ -46,68 +48,85 @@ class Job:
       config.runtime names (made once, here: TensorFlow has started).
     functions: (model_fn, dataset_fn); None for the config's name.
     callbacks: the user's Keras callbacks; None: train.callbacks'.
+    to_exit: the command line's run, which ends its process: the SIGTERM
+      and Ctrl-C handler stays to the exit (a signal after the last line
+      changes nothing; a caller of fit gets its own handlers back).
   """
   config: object
   workdir: str
   strategy: object = None
   functions: tuple = (None, None)
   callbacks: list | None = None
+  to_exit: bool = False
 
 
 def run(job: Job) -> FitResult:
   """Builds the run, trains it and reports."""
-  with build(job) as trainer:
-    talk = trainer.chief and job.config.log.progress
-    if talk:
-      print(report.header(trainer.strategy, job.workdir), flush=True)
-    try:
-      summary = trainer.run()
-    except tf.errors.InvalidArgumentError as e:
-      bad = errors.bad_data_value(e)
-      if bad is None:
-        raise
-      raise bad from e
-  if talk:
-    print(report.footer(summary, job.workdir), flush=True)
+  try:
+    with build(job) as trainer:
+      try:
+        summary = trainer.run()
+      except tf.errors.InvalidArgumentError as e:
+        bad = errors.bad_data_value(e)
+        if bad is None:
+          raise
+        raise bad from e
+  except preemption.StoppedAtOnce as e:  # Before training began.
+    raise e.error() from None
   return FitResult(trainer.model, summary, job.workdir,
                    dict(trainer.history.history))
 
 
 def build(job: Job) -> loop.Trainer:
   """The whole run, in order, built but not trained (tools and tests that
-  drive steps themselves use it too; use the Trainer in a `with`: it closes
-  its writers and scratch files). Everything is checked before anything is
-  written: the Trainer's constructor makes the workdir, last."""
+  drive steps themselves use it too; use the Trainer in a `with`: it lets
+  go of its writers and scratch files, the workdir and the stop signals).
+  Nothing is written before every check has passed: a run refused here
+  removes the workdir it made (it held only the lock)."""
   config, workdir = job.config, job.workdir
+  if not workdir:  # (The command line refused it before TensorFlow.)
+    raise errors.UserError(validate.NO_WORKDIR.format(workdir=""))
   strategy = job.strategy or strategies.get_strategy(config.runtime)
-  allreduce.check_same_config(strategy, config.to_dict())
-  model_fn, dataset_fn = registry.resolve(config, *job.functions)
-  resume = checkpoints.find_resume(workdir)  # Where the data resumes.
-  keras.utils.set_random_seed(config.runtime.seed)
-  model = checks.call_model_fn(model_fn, strategy, config.train.precision)
-  notes = compiled.take(model, strategy, config.train)
-  callbacks, note = user_callbacks.collect(
-      config.train.callbacks, job.callbacks, model, config.train)
-  notes += [note] if note else []
-  feed = pipelines.Feed(config.train.global_batch_size,
-                        config.data.pipeline_per_replica)
-  train_ds, batch_spec = pipelines.distribute(
-      strategy, dataset_fn, "train", feed, start_step=resume.step)
-  eval_ds, eval_spec = pipelines.distribute(
-      strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
-  # Loss and metrics state, from the batches of both splits.
-  checks.build_state(model, strategy, batch_spec, eval_spec)
-  # The batch-size rule, then every optimizer built in scope (a replica
-  # function may not create slots), with the gradient all-reduce where the
-  # step needs it (compiled.py).
-  rate = lr.apply(model.optimizer, config.train)
-  optimizers = compiled.prepare_optimizers(model, strategy)
-  saved, resumed = checkpoints.restored(
-      workdir, model, optimizers, strategy, config.train.max_checkpoints,
-      resume)
-  on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
-  parts = loop.Parts(strategy, model, train_ds, eval_ds, saved, rate,
-                     callbacks)
-  notes += settings.notes(config, on_tpu) + ([resumed] if resumed else [])
-  return loop.Trainer(parts, settings.Settings.from_config(config, on_tpu),
-                      workdir, config.to_dict(), notes=notes)
+  with contextlib.ExitStack() as undo:
+    # SIGTERM's and Ctrl-C's handler from here to the run's last line, set
+    # once the strategy exists: a multi-worker one sets TensorFlow's own
+    # while it starts (distribute/sigterm.py).
+    stop = undo.enter_context(preemption.StopRequest(
+        strategy, strategies.num_workers(strategy) > 1,
+        config.train.log_every, keep=job.to_exit, before_training=True))
+    if strategies.is_chief(strategy):
+      # The lock before anything reads the workdir: the checkpoint another
+      # run is writing there is not another model's, nor damaged.
+      undo.callback(run_files.release, workdir, run_files.prepare(workdir))
+    allreduce.check_same_config(strategy, config.to_dict())
+    model_fn, dataset_fn = registry.resolve(config, *job.functions)
+    resume = checkpoints.find_resume(workdir)  # Where the data resumes.
+    keras.utils.set_random_seed(config.runtime.seed)
+    model = checks.call_model_fn(model_fn, strategy, config.train.precision)
+    notes = compiled.take(model, strategy, config.train)
+    callbacks, note = user_callbacks.collect(
+        config.train.callbacks, job.callbacks, model, config.train)
+    feed = pipelines.Feed(config.train.global_batch_size,
+                          config.data.pipeline_per_replica)
+    train_ds, batch_spec = pipelines.distribute(
+        strategy, dataset_fn, "train", feed, start_step=resume.step)
+    eval_ds, eval_spec = pipelines.distribute(
+        strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
+    # Loss and metrics state, from the batches of both splits.
+    checks.build_state(model, strategy, batch_spec, eval_spec)
+    # The batch-size rule, then every optimizer built in scope (a replica
+    # function may not create slots), with the all-reduce (compiled.py).
+    rate = lr.apply(model.optimizer, config.train)
+    optimizers = compiled.prepare_optimizers(model, strategy)
+    saved, resumed = checkpoints.restored(
+        workdir, model, optimizers, strategy, config.train.max_checkpoints,
+        resume)
+    on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+    parts = loop.Parts(strategy, model, train_ds, eval_ds, saved, rate, stop,
+                       callbacks)
+    notes += [note] + settings.notes(config, on_tpu) + [resumed]
+    trainer = loop.Trainer(
+        parts, settings.Settings.from_config(config, on_tpu), workdir,
+        config.to_dict(), notes=[n for n in notes if n])
+    undo.pop_all()  # The Trainer's close lets go of both.
+  return trainer

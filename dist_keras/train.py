@@ -57,7 +57,8 @@ def main(argv) -> None:
       raise errors.UserError(f"unexpected arguments {argv[1:]}; the options "
                              "are --config, --workdir, --config.KEY=VALUE.")
     config = configs.from_command_line(_CONFIG.value, _OVERRIDES)
-    sys.exit(_train(config, _WORKDIR.value or default_workdir()))
+    workdir = _WORKDIR.value
+    sys.exit(_train(config, default_workdir() if workdir is None else workdir))
   except errors.KNOWN as e:
     _fail(e, e.exit_code)
   except KeyboardInterrupt as e:  # Not an Exception: Ctrl-C.
@@ -84,6 +85,7 @@ def _train(config, workdir: str) -> int:
   # starts (a typo fails in a fraction of a second, not after TensorFlow's
   # start-up or as a gRPC hang later).
   validate.config(config)
+  validate.workdir_named(workdir)
   # The strategy against TF_CONFIG (its contradictions), too.
   cluster = tfconfig.from_env()
   tfconfig.choose(config.runtime.strategy, cluster)
@@ -109,7 +111,7 @@ def _train(config, workdir: str) -> int:
   from dist_keras.distribute import pipelines  # pylint: disable=g-import-not-at-top
   if cluster is None:  # One host: run() ends it with os._exit.
     pipelines.keep_until_exit()
-  api.run(api.Job(config, workdir))
+  api.run(api.Job(config, workdir, to_exit=True))
   return 0
 
 
@@ -152,6 +154,8 @@ def _fail(error: Exception, code: int) -> None:
 def _say_error(message: str) -> None:
   """The error's line on stderr, if stderr is still there: a closed pipe
   (`| tee` whose session ended) must not turn exit 143 into exit 1."""
+  if sys.stderr is None:  # Closed when Python started (`2>&-`).
+    return
   try:
     print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
   except OSError:
@@ -209,6 +213,7 @@ def _exit_bad_command_line(message: str) -> None:
 
 def run() -> None:
   """Console-script entry point (`dist-keras-train`)."""
+  _fill_closed_streams()
   try:
     app.run(main, flags_parser=_parse_flags)
   except SystemExit as e:
@@ -224,9 +229,27 @@ def run() -> None:
     if code != e.code:
       print(e.code, file=sys.stderr)  # What sys.exit("...") prints.
     for stream in (sys.stdout, sys.stderr):
-      with contextlib.suppress(OSError):  # A closed pipe: the code stands.
-        stream.flush()
+      if stream is not None:  # (None: closed when Python started.)
+        with contextlib.suppress(OSError):  # A closed pipe: the code stands.
+          stream.flush()
     os._exit(code)
+
+
+def _fill_closed_streams() -> None:
+  """/dev/null in place of a stdout or stderr closed when Python started
+  (`>&-`; sys.stdout is then None): the first file the run opened would
+  take that descriptor, and a library's write to "stdout" would land in
+  it."""
+  for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+    if stream is not None:
+      continue
+    try:
+      os.fstat(fd)
+    except OSError:  # Free: fill it.
+      devnull = os.open(os.devnull, os.O_WRONLY)
+      if devnull != fd:
+        os.dup2(devnull, fd)
+        os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,20 @@ def config(c) -> None:
             "0: no all-reduce calibration after training")
 
 
+NO_WORKDIR = ("--workdir={workdir} names no folder (an unset variable?); "
+              "pass the run's folder (a rerun with the same one resumes), "
+              "or leave --workdir out for a new runs/<timestamp>.")
+
+
+def workdir_named(path) -> None:
+  """Raises UserError for an empty workdir (`--workdir=$WORKDIR` with the
+  variable unset): it would train into the current folder, or a new
+  runs/<timestamp> on every run, so that no rerun after a preemption would
+  resume. (api.build refuses one passed to fit with the same line.)"""
+  if not path:
+    raise UserError(NO_WORKDIR.format(workdir=path or ""))
+
+
 def workdir(path: str) -> None:
   """Raises UserError if the local folder `path` cannot be made or written:
   it, or the nearest part of it that exists, is a file or is not writable.

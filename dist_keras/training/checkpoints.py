@@ -236,7 +236,7 @@ def restored(workdir: str, model, optimizers, strategy, max_to_keep: int,
     line = "; ".join(filter(None, [repaired, saved.restore(resume)])) or None
     check_workers_agree(strategy, resume.step,
                         strategies.num_workers(strategy), workdir)
-  except Exception:
+  except BaseException:  # (A stop request before training, too.)
     saved.close()
     raise
   return saved, line

@@ -1,6 +1,7 @@
 """How a run ends with the model it saves: the weights training ends with
 (a callback may restore others, as EarlyStopping(restore_best_weights=True)
-does), and a rerun of a workdir whose training has ended.
+does), its results (summary.json, model.keras), and a rerun of a workdir
+whose training has ended.
 
 summary.json's eval is of the model saved as model.keras, and a rerun
 of a finished workdir keeps what its run wrote (the checkpoint holds the
@@ -14,7 +15,8 @@ import zipfile
 import keras
 import tensorflow as tf
 
-from dist_keras.training import allreduce, ray_report, run_files
+from dist_keras.training import allreduce, compiled, ray_report, report
+from dist_keras.training import run_files
 
 
 def fingerprint(model) -> str:
@@ -67,6 +69,55 @@ def finished_line(step: int, steps: int, stopped: bool) -> str:
   return (f"this workdir already finished at step {step} ({why}): its "
           f"summary.json and model.keras are kept as that run wrote them "
           f"({more})")
+
+
+def past_steps_line(step: int | None, steps: int, stopped: bool) -> str:
+  """The line for a workdir whose checkpoint is past train.steps, but whose
+  results were not written (a run stopped there, rerun with fewer steps):
+  nothing is trained, and they are written for the step it is at."""
+  if step is None or stopped or step <= steps:
+    return ""
+  return (f"this workdir is at step {step} (train.steps={steps} is below "
+          f"it): nothing is trained; its results are written for step "
+          f"{step} (pass a new --workdir to train {steps} steps)")
+
+
+def finalize(trainer, run, hooks, logs) -> None:
+  """As fit ends: an EMA optimizer swaps its averages into the model, then
+  the callbacks' train end may restore others (EarlyStopping(
+  restore_best_weights=True)); the final eval, which summary.json
+  reports, is of the model that is saved."""
+  model = trainer.model
+  model.optimizer.finalize_variable_values(model.trainable_weights)
+  why = []
+  if compiled.keeps_ema(model.optimizer):
+    why.append("the optimizer's averages are now the model's weights")
+  before = fingerprint(model) if trainer.parts.callbacks else None
+  hooks.on_train_end(logs)
+  if before is not None and agreed(
+      trainer.strategy, trainer.workers, fingerprint(model) != before):
+    why.append("a callback set other weights as training ended")
+  if why:
+    trainer.say(f"{' and '.join(why)} (as under fit); the model saved is "
+                "evaluated again:")
+    run.final_eval = trainer.evaluate()
+
+
+def finish(trainer, run) -> dict:
+  """summary.json and model.keras, once the callbacks are done; from then
+  on a stop request changes nothing."""
+  meters = trainer.meters
+  eps = meters.throughput.examples_per_sec
+  if eps:
+    trainer.say(report.throughput_line(meters))
+  summary = report.summary_json(report.run_fields(trainer, run), run, meters)
+  trainer.say(meters.utilisation.line(eps))
+  trainer.tensorboard.flush()
+  if trainer.chief:
+    run_files.save_model(trainer.workdir, trainer.model)
+    run_files.write_json(trainer.workdir, run_files.SUMMARY_JSON, summary)
+  trainer.stop.ended = True
+  return summary
 
 
 def load_saved(workdir: str, model) -> None:

@@ -40,6 +40,9 @@ class Parts:
   eval_ds: object
   checkpoints: Checkpoints
   rate: lr.Rate
+  # The run's SIGTERM/Ctrl-C handler, installed since the strategy exists;
+  # the Trainer's close lets go of it.
+  stop: preemption.StopRequest
   callbacks: list = dataclasses.field(default_factory=list)  # The users'.
 
 
@@ -49,15 +52,14 @@ class Trainer:
   def __init__(self, parts: Parts, settings: Settings, workdir: str,
                config_dict: dict, notes=()):
     self.parts, self.settings, self.workdir = parts, settings, workdir
-    self.strategy, self.model = parts.strategy, parts.model
+    self.strategy, self.model, self.stop = (parts.strategy, parts.model,
+                                            parts.stop)
     self.replicas = self.strategy.num_replicas_in_sync
     self.workers = strategies.num_workers(self.strategy)
     self.chief = strategies.is_chief(self.strategy)
     self.custom_step = compiled.overrides(self.model, "train_step")
     self.config_dict = config_dict
     self.notes = list(notes)  # Said when run() starts, after the header.
-    if self.chief:  # Every check has passed: the first write.
-      run_files.prepare(workdir)
     self.tensorboard = tensorboard_events.Writer(workdir, self.chief and settings.tensorboard)
     self.metric_state = metrics.MetricState(self.model)
     self.train_metrics = metrics.TrainMetrics(self.metric_state)
@@ -67,16 +69,17 @@ class Trainer:
 
   def say(self, message: str) -> None:
     if self.chief and self.settings.progress:
-      try:
-        print(message, flush=True)
-      except OSError:  # Its terminal closed (SIGHUP follows) or its pipe.
-        preemption.stdout_lost()
+      preemption.say(message)
 
   def close(self) -> None:
-    """Closes the summaries and deletes a non-chief's scratch files."""
-    self.tensorboard.close()
-    self.parts.checkpoints.close()
-    run_files.release(self.workdir)  # (Held by the chief alone.)
+    """Closes the summaries, deletes a non-chief's scratch files, lets go
+    of the workdir and of the stop signals (api.build took both)."""
+    try:
+      self.tensorboard.close()
+      self.parts.checkpoints.close()
+    finally:
+      run_files.release(self.workdir)  # (Held by the chief alone.)
+      self.stop.__exit__(None, None, None)
 
   def __enter__(self):
     return self
@@ -86,14 +89,27 @@ class Trainer:
 
   def run(self) -> dict:
     """Trains to train.steps (or until a callback stops training),
-    evaluating at every epoch's end and checkpointing on the way; returns
-    summary.json (a finished workdir's own, kept)."""
+    evaluating at every epoch's end and checkpointing on the way, between
+    the run's first and last lines; returns summary.json (a finished
+    workdir's own, kept)."""
+    tensorboard = self.settings.tensorboard
+    self.say(report.header(self.strategy, self.workdir, tensorboard))
+    summary = self._train()
+    self.say(report.footer(summary, self.workdir, tensorboard))
+    return summary
+
+  def _train(self) -> dict:
+    """run() between its first and last lines."""
     kept = ending.finished_before(self)
     if kept is not None:
+      self.stop.ended = True  # Nothing is trained or written.
       return kept
     run = self._start()
     iterator = iter(self.parts.train_ds)
     call = self._step_functions()
+    # From here a stop request is answered at a step boundary, with a
+    # checkpoint of that step.
+    self.stop.before_training = False
     with self._actions(run, iterator) as hooks:
       hooks.on_train_begin()
       logs = {}
@@ -101,29 +117,9 @@ class Trainer:
         logs = self._epoch(run, hooks, call, iterator)
       if run.final_eval is None:  # Resumed where training had ended.
         run.final_eval = self.evaluate()
-      self._finalize(run, hooks, logs)
+      ending.finalize(self, run, hooks, logs)
     pipelines.hold(iterator)
-    return self._finish(run)
-
-  def _finalize(self, run, hooks, logs) -> None:
-    """As fit ends: an EMA optimizer swaps its averages into the model, then
-    the callbacks' train end may restore others (EarlyStopping(
-    restore_best_weights=True)); the final eval, which summary.json
-    reports, is of the model that is saved."""
-    optimizer = self.model.optimizer
-    optimizer.finalize_variable_values(self.model.trainable_weights)
-    why = []
-    if compiled.keeps_ema(optimizer):
-      why.append("the optimizer's averages are now the model's weights")
-    before = ending.fingerprint(self.model) if self.parts.callbacks else None
-    hooks.on_train_end(logs)
-    if before is not None and ending.agreed(
-        self.strategy, self.workers, ending.fingerprint(self.model) != before):
-      why.append("a callback set other weights as training ended")
-    if why:
-      self.say(f"{' and '.join(why)} (as under fit); the model saved is "
-               "evaluated again:")
-      run.final_eval = self.evaluate()
+    return ending.finish(self, run)
 
   def _epoch(self, run, hooks, call, iterator) -> dict:
     """One epoch: calls of steps to its end, then the eval; returns the
@@ -150,7 +146,11 @@ class Trainer:
     """The run's notes, config, TensorBoard layout and meters."""
     changed = (run_files.config_changes(self.workdir, self.config_dict)
                if self.chief else "")
-    for note in [*self.notes, changed, self.parts.rate.line]:
+    checkpoints = self.parts.checkpoints
+    past = ending.past_steps_line(checkpoints.saved_at,
+                                  self.settings.schedule.steps,
+                                  bool(checkpoints.stopped.numpy()))
+    for note in [*self.notes, changed, past, self.parts.rate.line]:
       if note:
         self.say(note)
     if self.chief:
@@ -169,7 +169,6 @@ class Trainer:
         allreduce.gradient_bytes(self.model.trainable_variables,
                                  self.settings.step_options[
                                      "allreduce_dtype"]))
-    checkpoints = self.parts.checkpoints
     self.run_state = actions.RunState(
         self.settings.schedule, checkpoints.saved_at or 0,
         multi_worker=self.workers > 1,
@@ -183,15 +182,15 @@ class Trainer:
   @contextlib.contextmanager
   def _actions(self, run, iterator):
     """The CallbackList of one run (its order is the order of actions at a
-    boundary), with the profiler and the SIGTERM/Ctrl-C handler around it."""
+    boundary), with the profiler around it (and the SIGTERM/Ctrl-C handler
+    api.build installed)."""
     users = user_callbacks.for_worker(
         self.parts.callbacks, self.chief,
         os.path.join(self.parts.checkpoints.scratch or "", "callbacks"))
     batch_logs = user_callbacks.want_batch_logs(users)
+    stop = self.stop
     with profiler.Profiler(self.settings.profile_steps, self.workdir,
-                           self.chief) as prof, preemption.StopRequest(
-                               self.strategy, self.workers > 1,
-                               self.settings.schedule.log_every) as stop:
+                           self.chief) as prof:
       before = [actions.Progress(run, self, self.settings.progress_seconds),
                 actions.LogWindow(run, self),
                 actions.Profile(run, prof),
@@ -283,17 +282,3 @@ class Trainer:
     self.tensorboard.scalars(step, values)
     self.say(report.eval_line(step, result, seconds, traced))
     return result
-
-  def _finish(self, run) -> dict:
-    """summary.json and model.keras, once the callbacks are done."""
-    eps = self.meters.throughput.examples_per_sec
-    if eps:
-      self.say(report.throughput_line(self.meters))
-    summary = report.summary_json(report.run_fields(self, run), run,
-                                 self.meters)
-    self.say(self.meters.utilisation.line(eps))
-    self.tensorboard.flush()
-    if self.chief:
-      run_files.save_model(self.workdir, self.model)
-      run_files.write_json(self.workdir, run_files.SUMMARY_JSON, summary)
-    return summary

@@ -11,14 +11,24 @@ at once. Under multi-worker training every worker must stop at the SAME step
 (a worker that leaves early strands the others in a collective), and the
 signal may reach only one of them, so the workers agree with one tiny
 all-reduce every `agree_every` steps instead of every step.
+
+The handler covers the whole run (api.build installs it once the strategy
+exists, the Trainer's close puts the previous one back, or, on the command
+line, keeps it to the process's exit), in three windows: before training
+begins a request stops the run at once (there is no step to checkpoint);
+while training, at the next step boundary with a checkpoint; after the last
+step's checkpoint it only hurries the results along, and once they are
+written it changes nothing.
 """
 import contextlib
+import errno
 import os
 import signal
 import stat
 import sys
 import threading
 
+from dist_keras import errors
 from dist_keras.training import allreduce
 
 _NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
@@ -28,6 +38,23 @@ _NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
 class Skipped(KeyboardInterrupt):
   """A stop request inside work that may be cut short (StopRequest.
   skippable): the work is dropped, the run goes on to write its results."""
+
+
+class StoppedAtOnce(KeyboardInterrupt):
+  """A stop request before training began: raised where the run was (a
+  KeyboardInterrupt, so that no `except Exception` of the model's or data's
+  checks takes it for their failure); `error()` is what the run raises."""
+
+  def __init__(self, signum):
+    super().__init__(signum)
+    self.signum = signum
+
+  def error(self) -> Exception:
+    kind = (errors.Interrupted if self.signum == signal.SIGINT
+            else errors.Preempted)
+    return kind(f"stopped by {_NAMES[self.signum]} before training began; "
+                "rerun the same command to resume from the workdir's last "
+                "checkpoint, if any.")
 
 
 def _silence(fds) -> None:
@@ -46,28 +73,53 @@ def _terminals(fds) -> set:
   return {fd for fd in fds if stat.S_ISCHR(os.fstat(fd).st_mode)}
 
 
-def stdout_lost() -> None:
-  """After a failed write to stdout: it, and a terminal on stderr (the same
-  closed one), go to /dev/null; training goes on (a SIGHUP stops it)."""
-  _silence({1, *_terminals((2,))})
+def say(line: str, err: bool = False) -> None:
+  """Prints one of the run's lines on stdout (stderr: `err`): the one way
+  the run writes to its terminal. One that fails (EIO: its terminal
+  closed; EPIPE: `| head` has gone; ENOSPC: /dev/full) goes to /dev/null,
+  and after EIO a terminal on the other stream too (the same closed one):
+  the run goes on (a SIGHUP stops it). One closed when Python started
+  (`>&-`) is None: nothing to print."""
+  stream = sys.stderr if err else sys.stdout
+  if stream is None:
+    return
+  try:
+    print(line, file=stream, flush=True)
+  except OSError as e:
+    try:
+      fd = stream.fileno()
+    except (OSError, ValueError):  # Not a file (a test's capture).
+      return
+    _silence({fd, *(_terminals((1, 2)) if e.errno == errno.EIO else ())})
 
 
 class StopRequest:
-  """Catches SIGTERM, SIGINT and SIGHUP while training; tells the loop when
-  to stop.
+  """Catches SIGTERM, SIGINT and SIGHUP for a run (a `with`); tells the
+  loop when to stop.
 
   Attributes:
     signal: the first signal this process received (signal.SIGTERM,
       SIGINT or SIGHUP), or None (none, or only a peer worker got one).
   """
 
-  def __init__(self, strategy, multi_worker: bool, agree_every: int):
+  def __init__(self, strategy, multi_worker: bool, agree_every: int,
+               keep: bool = False, before_training: bool = False):
     self.strategy, self.multi_worker = strategy, multi_worker
     self.agree_every = agree_every
     self.signal = None
+    # Before training begins a request stops the run where it is: nothing
+    # of it needs a checkpoint, and a model's build or a restore can take
+    # minutes.
+    self.before_training = before_training
     # Once the last step is checkpointed, a stop request only hurries the
     # results along: nothing is left to stop.
     self.training_done = False
+    # Once the results are written (or the run failed), a request changes
+    # nothing: the run's exit code is decided.
+    self.ended = False
+    # The command line keeps the handler to the process's exit: a SIGTERM
+    # after a finished run's last line must not make it exit -15.
+    self._keep = keep
     self._skippable = False
     self._previous = {}
     self._agree = None
@@ -90,23 +142,35 @@ class StopRequest:
     return self
 
   def __exit__(self, *exc_info):
+    self.ended = True
+    if self._keep:
+      return
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
     self._previous = {}
 
   def _on_signal(self, signum, frame):  # pylint: disable=unused-argument
-    if signum == signal.SIGINT and self.signal == signal.SIGINT:
-      raise KeyboardInterrupt  # The second Ctrl-C: stop now.
-    self.signal = self.signal or signum
     if signum == signal.SIGHUP:
       _silence(_terminals((1, 2)))
+    if self.ended:
+      return
+    if signum == signal.SIGINT and self.signal == signal.SIGINT:
+      # The second Ctrl-C: stop now.
+      if self.training_done:
+        raise errors.Interrupted(
+            "stopped by a second Ctrl-C after the last step's checkpoint, "
+            "before the run's results (model.keras, summary.json) were all "
+            "written; rerun the same command to write them.")
+      raise KeyboardInterrupt
+    self.signal = self.signal or signum
+    if self.before_training:
+      raise StoppedAtOnce(signum)
     if signum == signal.SIGINT:
-      print("dist_keras: Ctrl-C: " + (
+      say("dist_keras: Ctrl-C: " + (
           "training is done and checkpointed; writing its results (Ctrl-C "
           "again stops at once: a rerun then writes them)"
           if self.training_done else "stopping after this step with a "
-          "checkpoint (Ctrl-C again stops at once, without one)"),
-            file=sys.stderr, flush=True)
+          "checkpoint (Ctrl-C again stops at once, without one)"), err=True)
     if self._skippable:
       raise Skipped
 

@@ -19,9 +19,23 @@ MODEL_FILE = "model.keras"
 CHECKPOINTS = "checkpoints"
 
 
-def prepare(workdir: str) -> None:
-  """Creates `workdir` and holds it for this process (release() lets go),
-  or raises UserError saying why it cannot be used."""
+def prepare(workdir: str) -> str | None:
+  """Creates `workdir` and holds it for this process, or raises UserError
+  saying why it cannot be used; returns what it created (the outermost
+  new folder, or the lock file in a folder that had none; None: nothing),
+  which release() removes when the run wrote nothing else there.
+
+  The run's first touch of the workdir: before anything reads it (a
+  checkpoint another run is writing must not be taken for a damaged one,
+  or for another model's) or writes it."""
+  created = _new_part(workdir)
+  _check(workdir)
+  _hold(workdir)
+  return created
+
+
+def _check(workdir: str) -> None:
+  """Makes `workdir` and checks that the run can write there."""
   try:
     tf.io.gfile.makedirs(workdir)
     probe = os.path.join(workdir, ".write_test")
@@ -39,7 +53,20 @@ def prepare(workdir: str) -> None:
           f"--workdir={workdir} holds {name} as a "
           f"{'file' if folder else 'folder'}, where the run writes its "
           f"{'checkpoints folder' if folder else name}; move it away.")
-  _hold(workdir)
+
+
+def _new_part(workdir: str) -> str | None:
+  """The outermost folder of `workdir` that does not exist yet, or its
+  lock file if the folder exists without one; None if both exist."""
+  if "://" in workdir:  # (No lock file, and no parents to make there.)
+    return None if tf.io.gfile.exists(workdir) else workdir
+  path = os.path.abspath(workdir)
+  if os.path.exists(path):
+    lock = os.path.join(path, _LOCK_FILE)
+    return None if os.path.exists(lock) else lock
+  while not os.path.exists(os.path.dirname(path)):
+    path = os.path.dirname(path)
+  return path
 
 
 # Workdirs this process holds: {absolute path: its open lock file}. One
@@ -73,11 +100,36 @@ def _hold(workdir: str) -> None:
   _HELD[key] = lock
 
 
-def release(workdir: str) -> None:
-  """Lets go of a workdir prepare() held."""
+def release(workdir: str, created: str | None = None) -> None:
+  """Lets go of a workdir prepare() held; with `created` (what prepare
+  made), a run that failed before it wrote anything removes it: a bad
+  model or dataset leaves no folder behind. (Only while this process
+  holds the lock: never another run's.)"""
   lock = _HELD.pop(os.path.abspath(workdir), None)
-  if lock is not None:
+  if lock is None:
+    return
+  try:
+    _remove_unused(created)
+  finally:
     lock.close()
+
+
+def _remove_unused(created: str | None) -> None:
+  if not created or not _only_locks(created):
+    return
+  if tf.io.gfile.isdir(created):
+    tf.io.gfile.rmtree(created)
+  else:
+    tf.io.gfile.remove(created)
+
+
+def _only_locks(path: str) -> bool:
+  """Whether `path` holds nothing but lock files (in empty folders)."""
+  if not tf.io.gfile.isdir(path):
+    return (os.path.basename(path) == _LOCK_FILE
+            and tf.io.gfile.exists(path))
+  return all(name == _LOCK_FILE for _, _, names in tf.io.gfile.walk(path)
+             for name in names)
 
 
 def write_json(workdir: str, name: str, data: dict) -> str:

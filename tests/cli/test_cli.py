@@ -397,3 +397,71 @@ def test_unwritable_workdir_exits_2(tmp_path):
   assert result.stderr.strip().splitlines()[-1] == (
       f"dist_keras: error: --workdir={blocker}/run is not writable ({blocker} "
       "is a file); pass a folder you can write to.")
+
+
+def test_an_empty_workdir_is_refused_in_one_line(tmp_path):
+  """`--workdir=$WORKDIR` with the variable unset: it trained into a new
+  runs/<timestamp> (every retry after a preemption started over)."""
+  result = helpers.run_module(["-m", "dist_keras.train", "--workdir=",
+                               *TINY], cwd=tmp_path)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.splitlines() == [
+      "dist_keras: error: --workdir= names no folder (an unset variable?); "
+      "pass the run's folder (a rerun with the same one resumes), or leave "
+      "--workdir out for a new runs/<timestamp>."]
+  assert not os.listdir(tmp_path)
+
+
+def test_fit_refuses_an_empty_workdir(tmp_path, monkeypatch):
+  """(It trained into the current folder.)"""
+  import dist_keras  # pylint: disable=g-import-not-at-top
+  import user_task  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(errors.UserError, match="^--workdir= names no folder"):
+    dist_keras.fit(user_task.model_fn, user_task.dataset_fn, workdir="",
+                   config={"train.steps": 2, "log.progress": False,
+                           "train.global_batch_size": user_task.GLOBAL_BATCH},
+                   strategy="one_device")
+  assert not os.listdir(tmp_path)
+
+
+def test_a_stdout_that_fails_does_not_end_the_run(tmp_path):
+  """Every line of the run goes through one guarded print: a stdout that
+  fails (here /dev/full: ENOSPC from the header on) goes to /dev/null
+  and the run ends as done (it was exit 1 at the header; the same with
+  EPIPE at the last line after `| head`)."""
+  if not os.path.exists("/dev/full"):
+    pytest.skip("no /dev/full here")
+  workdir = tmp_path / "run"
+  with open("/dev/full", "w", encoding="utf-8") as full:
+    result = subprocess.run(
+        [sys.executable, "-m", "dist_keras.train", f"--workdir={workdir}",
+         *TINY], cwd=helpers.REPO, stdout=full, stderr=subprocess.PIPE,
+        text=True, timeout=300, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                 PYTHONPATH=helpers.REPO))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stderr == ""
+  assert json.loads((workdir / "summary.json").read_text())["steps"] == 4
+
+
+def test_a_stdout_closed_at_the_start_is_no_error_at_the_exit(monkeypatch):
+  """`>&-`: Python's sys.stdout is None; the exit's flush took it for a
+  stream (AttributeError, exit 1, after a finished run)."""
+  from dist_keras import train  # pylint: disable=g-import-not-at-top
+
+  class _Exited(Exception):
+    pass
+
+  def finished(*args, **kwargs):
+    raise SystemExit(0)
+
+  def exit_now(code):
+    raise _Exited(code)
+
+  monkeypatch.setattr(train.app, "run", finished)
+  monkeypatch.setattr(train.os, "_exit", exit_now)
+  monkeypatch.setattr(sys, "stdout", None)
+  with pytest.raises(_Exited) as exited:
+    train.run()
+  assert exited.value.args == (0,)

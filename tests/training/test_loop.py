@@ -4,6 +4,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import types
 import weakref
 
@@ -221,6 +223,79 @@ def test_checkpoint_of_another_model_is_refused_not_overwritten(
   assert sorted(os.listdir(workdir / "checkpoints")) == before
   assert (workdir / "config.json").read_text() == config_json
   assert helpers.event_files(str(workdir)) == events
+  assert _lock_is_free(workdir)  # Let go of, though refused.
+
+
+def _lock_is_free(workdir) -> bool:
+  """Whether another process can take `workdir`'s lock now."""
+  return subprocess.run(
+      [sys.executable, "-c", "import fcntl, sys\n"
+       "f = open(sys.argv[1], 'a')\n"
+       "fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+       str(workdir / ".lock")], check=False).returncode == 0
+
+
+@contextlib.contextmanager
+def _held_by_another_run(workdir):
+  """`workdir` locked by another process (pid 12345 in its lock file), as
+  a run training there holds it."""
+  holder = subprocess.Popen(
+      [sys.executable, "-c", (
+          "import fcntl, sys, time\n"
+          f"f = open({str(workdir / '.lock')!r}, 'a+')\n"
+          "fcntl.flock(f, fcntl.LOCK_EX)\n"
+          "f.truncate(0); f.write('12345'); f.flush()\n"
+          "print('held', flush=True)\n"
+          "time.sleep(120)")], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    yield
+  finally:
+    holder.kill()
+    holder.wait()
+
+
+def test_a_workdir_in_use_is_refused_before_anything_reads_it(
+    tiny_run, tmp_path, mirrored):
+  """The lock comes first: a checkpoint the other run is writing was read
+  as another model's (or as damaged), and an unreadable TensorFlow list of
+  them rewritten, before the second run was told the workdir is in use."""
+  workdir = _copy_of(tiny_run, tmp_path)
+  listing = workdir / "checkpoints" / "checkpoint"
+  listing.write_text("half written")
+  other = helpers.tiny_config()
+  other.model.cell = "simple_rnn"  # What the other run's files look like.
+  with _held_by_another_run(workdir), pytest.raises(
+      ValueError, match=r"^--workdir=\S+ is in use by another run \(process "
+      r"12345\); wait for it to end, or pass another --workdir.$"):
+    helpers.train(other, str(workdir), mirrored)
+  assert listing.read_text() == "half written"
+
+
+def test_a_finished_workdirs_rerun_lets_go_of_it(tiny_run, tmp_path,
+                                                  mirrored):
+  workdir = _copy_of(tiny_run, tmp_path)
+  helpers.train(helpers.tiny_config(), str(workdir), mirrored)
+  assert _lock_is_free(workdir)
+
+
+def test_a_workdir_past_train_steps_says_so_and_writes_its_results(
+    tiny_run, tmp_path, mirrored, capsys):
+  """A run stopped at ckpt-8 (its results not written), rerun with
+  train.steps=4: as for a finished workdir, the line says train.steps is
+  below the step it is at (it said nothing, and wrote `done: 8 steps`)."""
+  workdir = _copy_of(tiny_run, tmp_path)
+  for name in (run_files.SUMMARY_JSON, run_files.MODEL_FILE):
+    os.remove(workdir / name)
+  c = helpers.tiny_config()
+  c.train.steps, c.log.progress = 4, True
+  summary = helpers.train(c, str(workdir), mirrored)
+  out = capsys.readouterr().out
+  assert ("this workdir is at step 8 (train.steps=4 is below it): nothing "
+          "is trained; its results are written for step 8 (pass a new "
+          "--workdir to train 4 steps)") in out
+  assert summary["steps"] == 8 and "\ndone: 8 steps," in out
+  assert (workdir / run_files.MODEL_FILE).exists()
 
 
 SYNC_TAGS = ["sync/input_wait_ms", "sync/compute_ms", "sync/allreduce_ms",

@@ -4,17 +4,20 @@ stays ignored; from the Python API a Ctrl-C is a KeyboardInterrupt after
 that checkpoint, and the same call resumes from it. The command line's
 exits are in tests/cli/test_cli.py, the multi-worker agreement in
 tests/distribute/test_multi_worker.py."""
+import functools
+import os
 import re
 import signal
+import sys
 
 import keras
 import pytest
 
 import dist_keras
 import user_task
-from dist_keras import errors
-from dist_keras.measure import calibration
-from dist_keras.training import preemption
+from dist_keras import api, errors
+from dist_keras.measure import calibration, mfu
+from dist_keras.training import preemption, report, run_files
 
 CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
           "train.steps": 12, "train.log_every": 4,
@@ -175,3 +178,162 @@ def test_ctrl_c_after_the_last_step_skips_the_calibration_and_finishes(
   assert "calibration skipped: Ctrl-C (SIGINT)" in capsys.readouterr().out
   assert (tmp_path / "summary.json").exists()
   assert (tmp_path / "model.keras").exists()
+
+
+class _Killed(Exception):
+  """What SIGTERM's default action (the process ends, exit -15) is here."""
+
+
+@pytest.fixture
+def sigterm_kills():
+  """SIGTERM as an unhandled one would end the process, but raising
+  _Killed (the test session goes on); restored afterwards with SIGINT's
+  and SIGHUP's."""
+  def killed(signum, frame):  # pylint: disable=unused-argument
+    raise _Killed
+
+  previous = {signum: signal.getsignal(signum) for signum in (
+      signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+  signal.signal(signal.SIGTERM, killed)
+  yield killed
+  for signum, handler in previous.items():
+    signal.signal(signum, handler)
+
+
+def _sending(monkeypatch, module, name, *signums):
+  """`module.name` sends `signums` to this process, then does its work:
+  each signal arrives at that point of the run, whatever the timing."""
+  real = getattr(module, name)
+
+  def sending(*args, **kwargs):
+    for signum in signums:
+      signal.raise_signal(signum)
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(module, name, sending)
+
+
+def _fit(workdir, **kwargs):
+  """dist_keras.fit of user_task on CONFIG; Python's own KeyboardInterrupt
+  (a Ctrl-C no handler took) fails the test instead of ending pytest."""
+  try:
+    return dist_keras.fit(kwargs.pop("model_fn", user_task.model_fn),
+                          user_task.dataset_fn, workdir=str(workdir),
+                          config={**CONFIG, **kwargs.pop("config", {})},
+                          **kwargs)
+  except KeyboardInterrupt as e:
+    if isinstance(e, errors.Interrupted):
+      raise
+    pytest.fail(f"Python's own KeyboardInterrupt ended the run: {e!r}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_request_while_the_results_are_written_still_writes_them(
+    tmp_path, mirrored, ctrl_c_raises, sigterm_kills, capsys, monkeypatch,
+    signum):
+  """After the last step's checkpoint (errors.md, After the last step):
+  model.keras and summary.json are written and the run ends as done (it
+  was killed there, -15, and a Ctrl-C said no checkpoint was saved)."""
+  _sending(monkeypatch, run_files, "save_model", signum)
+  result = _fit(tmp_path, strategy=mirrored)
+  assert result.summary["steps"] == 12
+  assert sorted(p.name for p in tmp_path.glob("*.keras")) == ["model.keras"]
+  assert (tmp_path / "summary.json").exists()
+  if signum == signal.SIGINT:
+    assert ("Ctrl-C: training is done and checkpointed; writing its results"
+            in capsys.readouterr().err)
+  assert signal.getsignal(signal.SIGTERM) is sigterm_kills  # Given back.
+
+
+def test_a_second_ctrl_c_while_the_results_are_written_leaves_them_to_a_rerun(
+    tmp_path, mirrored, ctrl_c_raises, monkeypatch):
+  _sending(monkeypatch, run_files, "save_model", signal.SIGINT,
+           signal.SIGINT)
+  with pytest.raises(errors.Interrupted, match=(
+      r"^stopped by a second Ctrl-C after the last step's checkpoint, "
+      r"before the run's results \(model.keras, summary.json\) were all "
+      r"written; rerun the same command to write them.$")):
+    _fit(tmp_path, strategy=mirrored)
+  assert (tmp_path / "checkpoints" / "ckpt-12.index").exists()
+  assert not list(tmp_path.glob("*.keras"))
+  assert not (tmp_path / "summary.json").exists()
+  monkeypatch.undo()
+  assert _fit(tmp_path, strategy=mirrored).summary["steps"] == 12
+  assert (tmp_path / "model.keras").exists()
+
+
+def _model_fn_then(signum):
+  """user_task's model_fn, then `signum` while the run builds it."""
+  def model_fn():
+    model = user_task.model_fn()
+    signal.raise_signal(signum)
+    return model
+  return model_fn
+
+
+@pytest.mark.parametrize("where", ["building the model", "starting"])
+@pytest.mark.parametrize("signum,error,said", [
+    (signal.SIGTERM, errors.Preempted, "SIGTERM"),
+    (signal.SIGINT, errors.Interrupted, r"Ctrl-C \(SIGINT\)")])
+def test_a_stop_request_before_training_stops_the_run_at_once(
+    tmp_path, mirrored, ctrl_c_raises, sigterm_kills, monkeypatch, where,
+    signum, error, said):
+  """From the strategy's creation to the first step: nothing to
+  checkpoint, so the run stops where it is, in one line (SIGTERM killed
+  it, -15, while the Trainer started, e.g. measuring the MFU peak; a
+  model's checks took it for the model's failure). A new workdir stopped
+  while the model was built is removed: it held only the lock."""
+  workdir = tmp_path / "run"
+  model_fn = user_task.model_fn
+  if where == "starting":
+    _sending(monkeypatch, mfu, "for_run", signum)
+  else:
+    model_fn = _model_fn_then(signum)
+  with pytest.raises(error, match=(
+      f"^stopped by {said} before training began; rerun the same command "
+      "to resume from the workdir's last checkpoint, if any.$")):
+    _fit(workdir, strategy=mirrored, model_fn=model_fn)
+  assert not (workdir / "checkpoints").exists()
+  assert workdir.exists() == (where == "starting")
+  assert signal.getsignal(signal.SIGTERM) is sigterm_kills
+
+
+def test_a_stop_request_after_the_results_are_written_changes_nothing(
+    tmp_path, mirrored, ctrl_c_raises, sigterm_kills, capsys, monkeypatch):
+  """The last line is being printed: the run is done, and a SIGTERM must
+  not make a launcher restart it (it was -15, or 143 after `done:`)."""
+  _sending(monkeypatch, report, "footer", signal.SIGTERM, signal.SIGINT,
+           signal.SIGINT)
+  result = _fit(tmp_path, strategy=mirrored, config={"log.progress": True})
+  assert result.summary["steps"] == 12
+  assert "Ctrl-C" not in capsys.readouterr().err
+
+
+def test_the_command_lines_run_keeps_the_handler_to_its_exit(
+    tmp_path, mirrored, sigterm_kills, monkeypatch):
+  """The command line's process ends with the run: its handler stays (a
+  SIGTERM between the last line and the exit was -15); fit gives the
+  caller's back (the other tests)."""
+  monkeypatch.setattr(api, "Job", functools.partial(api.Job, to_exit=True))
+  assert _fit(tmp_path, strategy=mirrored).summary["steps"] == 12
+  assert signal.getsignal(signal.SIGTERM) is not sigterm_kills
+  signal.raise_signal(signal.SIGTERM)  # Nothing happens.
+  signal.raise_signal(signal.SIGINT)
+
+
+@pytest.mark.parametrize("closed", ["pipe", "None"])
+def test_a_failing_stdout_costs_its_lines_only(monkeypatch, closed):
+  """EPIPE (a `| head` that has gone): that stream goes to /dev/null and
+  the run goes on; one closed when Python started is None."""
+  reader, writer = os.pipe()
+  os.close(reader)
+  stream = open(writer, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+  monkeypatch.setattr(sys, "stdout", stream if closed == "pipe" else None)
+  try:
+    preemption.say("a line nobody reads")
+    preemption.say("and the next")
+    if closed == "pipe":
+      assert os.path.samestat(os.fstat(writer), os.stat(os.devnull))
+  finally:
+    monkeypatch.undo()
+    stream.close()

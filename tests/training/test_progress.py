@@ -1,9 +1,12 @@
 """Progress between log lines (actions.Progress): each call that traced a
 step function is reported, and a heartbeat comes when log.progress_seconds
-pass without a line; with a fake clock, no TensorFlow."""
+pass without a line; with a fake clock, no TensorFlow. And the run's last
+lines (report.footer)."""
+import shlex
+
 import pytest
 
-from dist_keras.training import actions
+from dist_keras.training import actions, report
 from dist_keras.training.settings import Schedule
 
 
@@ -94,3 +97,34 @@ def test_the_rate_is_in_milliseconds_below_a_second(progress):
   for _ in range(40):
     call(1, 0.8)
   assert said[-1] == "step  39/100  800 ms/step  ETA 0:00:48"
+
+
+def _summary(steps):
+  return {"steps": steps, "eval_accuracy": 0.5, "eval_loss": 1.25}
+
+
+@pytest.mark.parametrize("writing,events,shown", [
+    (True, False, True), (False, True, True), (False, False, False)])
+def test_the_tensorboard_line_is_there_when_there_is_something_to_show(
+    tmp_path, writing, events, shown):
+  """With log.tensorboard off and no event files from an earlier run the
+  line pointed at nothing (and said so twice)."""
+  if events:
+    (tmp_path / "events.out.tfevents.1.host").write_bytes(b"")
+  footer = report.footer(_summary(8), str(tmp_path), writing)
+  assert footer.splitlines()[0].startswith("done: 8 steps, eval accuracy")
+  assert (f"\nTensorBoard: tensorboard --logdir {tmp_path}" in footer) == (
+      shown)
+
+
+def test_the_tensorboard_command_can_be_pasted_into_a_shell(tmp_path):
+  workdir = str(tmp_path / "my run's folder")
+  assert report.tensorboard_line(workdir, True) == (
+      "\nTensorBoard: tensorboard --logdir "
+      f"{shlex.quote(workdir)}")
+  assert shlex.split(report.tensorboard_line(workdir, True))[-1] == workdir
+
+
+def test_the_done_line_counts_one_step_as_one():
+  assert report.done_line(_summary(1)).startswith("done: 1 step, eval ")
+  assert report.done_line(_summary(2)).startswith("done: 2 steps, eval ")

@@ -140,3 +140,25 @@ def test_an_unreadable_config_json_is_said_before_it_is_replaced(
   assert run_files.config_changes(str(tmp_path), {"a": 1}) == (
       f"this workdir's config.json is unreadable ({error}), so what changed "
       "since its last run is unknown (config.json now holds this run's)")
+
+
+def test_what_prepare_made_goes_when_the_run_fails_before_writing(tmp_path):
+  """The lock is taken before the model and data are checked (nothing
+  may read the workdir before it): a run refused then removes the folders
+  it made, or the lock file it added, and nothing else."""
+  workdir = str(tmp_path / "new" / "run")
+  created = run_files.prepare(workdir)
+  assert created == str(tmp_path / "new")
+  run_files.release(workdir, created)
+  assert os.listdir(tmp_path) == []
+  (tmp_path / "mine").mkdir()
+  (tmp_path / "mine" / "notes.txt").write_text("the user's")
+  created = run_files.prepare(str(tmp_path / "mine"))
+  assert created == str(tmp_path / "mine" / ".lock")
+  run_files.release(str(tmp_path / "mine"), created)
+  assert os.listdir(tmp_path / "mine") == ["notes.txt"]
+  created = run_files.prepare(workdir)
+  (tmp_path / "new" / "run" / "config.json").write_text("{}")
+  run_files.release(workdir, created)  # It wrote: all stays.
+  assert sorted(os.listdir(tmp_path / "new" / "run")) == [".lock",
+                                                          "config.json"]
