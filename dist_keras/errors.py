@@ -15,6 +15,7 @@ Exit codes (documented in the README):
   201 no checkpoint in the workdir reads back (all damaged): RETRYABLE, a
       copy still arriving or a flaky read heals; else restore the folder.
 """
+import errno
 import importlib.util
 import re
 
@@ -72,9 +73,29 @@ class NoIntactCheckpoint(RuntimeError):
   exit_code = EXIT_NO_INTACT_CHECKPOINT
 
 
+class NoSpace(OSError):
+  """The disk filled up while the run wrote (a checkpoint, an event file,
+  model.keras): a condition of the machine, not a bug, so its own line; exit
+  1 all the same, as restarting without freeing space would fail again."""
+
+  exit_code = EXIT_UNEXPECTED
+
+
+def no_space(error: BaseException):
+  """A NoSpace for an error that a full disk raised (Python's ENOSPC, or
+  TensorFlow's error text saying so), else None."""
+  text = str(error)
+  if (getattr(error, "errno", None) != errno.ENOSPC
+      and "No space left on device" not in text):
+    return None
+  return NoSpace(f"no space left on device ({cause(text)}); free space "
+                 "where the workdir is and rerun the same command: it "
+                 "resumes from the last checkpoint kept there.")
+
+
 # Errors with their own exit code (the rest exit 1, or 200 when a peer is
 # lost).
-KNOWN = (UserError, Preempted, NoIntactCheckpoint)
+KNOWN = (UserError, Preempted, NoIntactCheckpoint, NoSpace)
 
 
 # Lines of a TensorFlow runtime error that say where, not what.

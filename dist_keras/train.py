@@ -64,9 +64,9 @@ def main(argv) -> None:
   except KeyboardInterrupt as e:  # Not an Exception: Ctrl-C.
     _fail(_interrupted(e), errors.EXIT_INTERRUPTED)
   except Exception as e:  # pylint: disable=broad-except
-    lost = peer_lost(e)
-    if lost:
-      _fail(lost, lost.exit_code)
+    known = peer_lost(e) or errors.no_space(e)
+    if known:
+      _fail(known, known.exit_code)
     _fail(e, errors.EXIT_UNEXPECTED)
 
 
@@ -144,7 +144,7 @@ def _fail(error: Exception, code: int) -> None:
   if _VERBOSE.value:
     traceback.print_exc()
   message = str(error).splitlines()[0] if str(error) else type(error).__name__
-  if code == errors.EXIT_UNEXPECTED:
+  if code == errors.EXIT_UNEXPECTED and not isinstance(error, errors.KNOWN):
     message = (f"{errors.unexpected(error)} (unexpected; rerun with "
                "--verbose for the traceback)")
   _say_error(message)

@@ -1,4 +1,5 @@
 """`python -m dist_keras.train` as a user runs it: output, files, errors."""
+import errno
 import json
 import os
 import signal
@@ -465,3 +466,33 @@ def test_a_stdout_closed_at_the_start_is_no_error_at_the_exit(monkeypatch):
   with pytest.raises(_Exited) as exited:
     train.run()
   assert exited.value.args == (0,)
+
+
+_FULL_DISK = """
+import errno, sys
+from dist_keras import train
+def _train(config, workdir):
+  raise OSError(errno.ENOSPC, "No space left on device", workdir + "/model.tmp.keras")
+train._train = _train
+train.run()
+"""
+
+
+def test_a_full_disk_is_said_in_one_line_not_as_a_bug(tmp_path):
+  """It was 'OSError: [Errno 28] ... (unexpected; rerun with --verbose ...)',
+  or TensorFlow's ResourceExhaustedError naming a temp file, as for a bug;
+  a rerun after freeing space resumes (docs/errors.md)."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  result = helpers.run_module(["-c", _FULL_DISK, f"--workdir={tmp_path}"],
+                              timeout=120)
+  assert result.returncode == 1, result.stderr
+  assert result.stderr == (
+      f"dist_keras: error: no space left on device ([Errno 28] No space left "
+      f"on device: '{tmp_path}/model.tmp.keras'); free space where the "
+      "workdir is and rerun the same command: it resumes from the last "
+      "checkpoint kept there.\n")
+  tf_text = ("w/checkpoints/ckpt-16_temp/part-00000-of-00001.data-00000-of-"
+             "00001.tempstate123; No space left on device [Op:SaveV2]")
+  assert "No space left on device [Op:SaveV2]" in str(
+      errors.no_space(RuntimeError(tf_text)))
+  assert errors.no_space(OSError(errno.EACCES, "Permission denied")) is None
