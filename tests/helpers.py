@@ -109,3 +109,29 @@ def scalar_tags(logdir: str) -> dict:
 def event_files(root: str) -> list[str]:
   return glob.glob(os.path.join(root, "**", "events.out.tfevents.*"),
                    recursive=True)
+
+
+def eval_three_examples(strategy, layer):
+  """A [Input(2), `layer`, Dense(1)] model (mse, mae), compiled in scope,
+  evaluated by dist_keras' eval pass on 3 examples in per-replica batches
+  of 1: over 2 replicas the second step leaves one replica empty. Returns
+  (x, y, model, the eval's results)."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from dist_keras.training import evaluation, metrics  # pylint: disable=g-import-not-at-top
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((2,)), layer, keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+  x = np.arange(6, dtype="float32").reshape(3, 2)
+  y = x[:, :1]
+  ds = strategy.distribute_datasets_from_function(
+      lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(1))
+  with strategy.scope():  # The metrics' state, as a run builds it.
+    model.compute_metrics(x, y, model(x), None)
+    model.compute_loss(x, y, model(x))
+  if hasattr(layer, "calls"):
+    layer.calls.assign(0.0)  # The builds' calls above do not count.
+  result = evaluation.evaluate(evaluation.make_eval_pass(strategy, model),
+                               metrics.MetricState(model), ds)
+  return x, y, model, result

@@ -280,30 +280,19 @@ def test_settings_only_builtins_read_are_refused_for_a_users_side(
 
 def test_an_empty_replica_batch_never_reaches_the_model(mirrored):
   """3 eval examples in per-replica batches of 1 over 2 replicas: the
-  second step leaves replica 1 an empty batch. It counts nowhere and is not
-  run (TF 2.21's oneDNN Conv2D+Relu fails on an empty batch on AVX-512
-  hosts), so a model that cannot take one still evaluates every example."""
-  from dist_keras.training import evaluation, metrics  # pylint: disable=g-import-not-at-top
+  second step leaves replica 1 an empty batch. It counts nowhere and never
+  reaches the model (TF 2.21's oneDNN Conv2D+Relu fails on an empty batch
+  on AVX-512 hosts; the replica runs one zero example instead, its metrics
+  put back), so a model that cannot take one still evaluates every example."""
 
   class NoEmptyBatch(keras.layers.Layer):
     def call(self, x):
       tf.debugging.assert_positive(tf.shape(x)[0], message="empty batch")
       return x
 
-  with mirrored.scope():
-    model = keras.Sequential([keras.Input((2,)), NoEmptyBatch(),
-                              keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
-  x = np.arange(6, dtype="float32").reshape(3, 2)
-  ds = mirrored.distribute_datasets_from_function(
-      lambda ctx: tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(1))
-  with mirrored.scope():  # The metrics' state, as a run builds it.
-    model.compute_metrics(x, x[:, :1], model(x), None)
-    model.compute_loss(x, x[:, :1], model(x))
-  result = evaluation.evaluate(evaluation.make_eval_pass(mirrored, model),
-                               metrics.MetricState(model), ds)
+  x, y, model, result = helpers.eval_three_examples(mirrored, NoEmptyBatch())
   assert result["examples"] == 3
-  mae = np.abs(np.asarray(model(x)) - x[:, :1]).mean()
+  mae = np.abs(np.asarray(model(x)) - y).mean()
   assert result["mae"] == pytest.approx(mae, rel=1e-6)
 
 

@@ -179,26 +179,13 @@ def test_a_layer_updating_a_synchronised_variable_evaluates(mirrored,
   replica 1 empty. Every example counts once, no empty batch reaches the
   model, and the layer counts one call per step, as one device's model
   counts one per batch of 2 (it had failed: merge_call inside a tf.cond)."""
-  from dist_keras.training import evaluation, metrics  # pylint: disable=g-import-not-at-top
-
   with mirrored.scope():
     layer = CountsCalls(aggregation)
-    model = keras.Sequential([keras.Input((2,)), layer,
-                              keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
-  x = np.arange(6, dtype="float32").reshape(3, 2)
-  ds = mirrored.distribute_datasets_from_function(
-      lambda ctx: tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(1))
-  with mirrored.scope():  # The metrics' state, as a run builds it.
-    model.compute_metrics(x, x[:, :1], model(x), None)
-    model.compute_loss(x, x[:, :1], model(x))
-  layer.calls.assign(0.0)
-  result = evaluation.evaluate(evaluation.make_eval_pass(mirrored, model),
-                               metrics.MetricState(model), ds)
+  x, y, model, result = helpers.eval_three_examples(mirrored, layer)
   assert (result["examples"], result["steps"]) == (3, 2)
   assert float(layer.calls.numpy()) == 2.0
   prediction = np.asarray(model(x))
   assert result["mae"] == pytest.approx(
-      np.abs(prediction - x[:, :1]).mean(), rel=1e-6)
+      np.abs(prediction - y).mean(), rel=1e-6)
   assert result["loss"] == pytest.approx(
-      np.square(prediction - x[:, :1]).mean(), rel=1e-6)
+      np.square(prediction - y).mean(), rel=1e-6)
