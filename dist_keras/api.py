@@ -84,8 +84,7 @@ def build(job: Job) -> loop.Trainer:
   Nothing is written before every check has passed: a run refused here
   removes the workdir it made (it held only the lock)."""
   config, workdir = job.config, job.workdir
-  if not workdir:  # (The command line refused it before TensorFlow.)
-    raise errors.UserError(validate.NO_WORKDIR.format(workdir=""))
+  validate.workdir_named(workdir)  # (The command line's, before TF.)
   strategy = job.strategy or strategies.get_strategy(config.runtime)
   with contextlib.ExitStack() as undo:
     # SIGTERM's and Ctrl-C's handler from here to the run's last line, set

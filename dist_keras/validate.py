@@ -119,7 +119,7 @@ def workdir_named(path) -> None:
   """Raises UserError for an empty workdir (`--workdir=$WORKDIR` with the
   variable unset): it would train into the current folder, or a new
   runs/<timestamp> on every run, so that no rerun after a preemption would
-  resume. (api.build refuses one passed to fit with the same line.)"""
+  resume. (api.build checks one passed to fit here too.)"""
   if not path:
     raise UserError(NO_WORKDIR.format(workdir=path or ""))
 

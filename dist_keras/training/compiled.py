@@ -80,7 +80,8 @@ def _per_replica_denominator(model, replicas: int) -> str | None:
 def _per_replica_batch_norm(model, replicas: int) -> str | None:
   """The line BatchNormalization layers that normalise by each replica's
   own batch get (Keras' default, synchronized=False)."""
-  own = [layer.name for layer in _layers(model)
+  layers = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  own = [layer.name for layer in layers
          if isinstance(layer, keras.layers.BatchNormalization)
          and not layer.synchronized]
   if replicas <= 1 or not own:
@@ -89,13 +90,6 @@ def _per_replica_batch_norm(model, replicas: int) -> str | None:
           f" by each replica's own batch of 1/{replicas} of the examples, as "
           "under fit with MirroredStrategy; BatchNormalization(synchronized="
           "True) uses the global batch's statistics, as one device does")
-
-
-def _layers(layer):
-  """Every layer inside `layer`, nested models' too."""
-  for inner in getattr(layer, "layers", []):
-    yield inner
-    yield from _layers(inner)
 
 
 def _own_step_note(model, strategy, train_cfg) -> str:

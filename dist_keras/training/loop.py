@@ -93,9 +93,13 @@ class Trainer:
     the run's first and last lines; returns summary.json (a finished
     workdir's own, kept)."""
     tensorboard = self.settings.tensorboard
-    self.say(report.header(self.strategy, self.workdir, tensorboard))
+    # Built only where printed: each reads the workdir for event files.
+    talk = self.chief and self.settings.progress
+    if talk:
+      self.say(report.header(self.strategy, self.workdir, tensorboard))
     summary = self._train()
-    self.say(report.footer(summary, self.workdir, tensorboard))
+    if talk:
+      self.say(report.footer(summary, self.workdir, tensorboard))
     return summary
 
   def _train(self) -> dict:
