@@ -9,8 +9,11 @@ Model: weak scaling (the per-replica batch is fixed, so the global batch grows
 with N), and NO overlap of compute and communication: each step computes,
 then all-reduces the whole gradient as one message. So
 
-  step = compute + allreduce(N, gradient_bytes)
+  step = compute + allreduce(N, gradient_bytes) + allgather(N, gathered_bytes)
   efficiency = compute / step,   speedup = N * efficiency
+
+(gathered_bytes: an Embedding's gradient slices, which TensorFlow
+all-gathers rather than all-reduces; a run's summary.json records both.)
 
 Overlapping the all-reduce with the backward pass, as bucketed all-reduce
 does, would do better; these figures are the pessimistic bound.
@@ -55,6 +58,10 @@ def parse_args(argv=None):
   p.add_argument("--gradient_bytes", type=float,
                  help="Bytes of gradient each replica all-reduces per step "
                  "(overrides --workdir's).")
+  p.add_argument("--gathered_bytes", type=float,
+                 help="Bytes of Embedding gradient slices (and their "
+                 "indices) each replica all-gathers per step (default: "
+                 "--workdir's, else 0).")
   p.add_argument("--workdir",
                  help="A dist_keras run folder: read compute_ms and "
                  "gradient_bytes from its summary.json.")
@@ -73,15 +80,19 @@ def parse_args(argv=None):
   return p.parse_args(argv)
 
 
-def model_inputs(args) -> tuple[float, float]:
-  """(compute_ms, gradient_bytes) from the flags, else from --workdir."""
+def model_inputs(args) -> tuple[float, costmodel.Traffic]:
+  """(compute_ms, the bytes a replica sends) from the flags, else from
+  --workdir."""
   compute_ms, gradient_bytes = args.compute_ms, args.gradient_bytes
-  if args.workdir and (compute_ms is None or gradient_bytes is None):
+  gathered = args.gathered_bytes
+  if args.workdir and None in (compute_ms, gradient_bytes, gathered):
     summary = _read_summary(args.workdir)
     if compute_ms is None:
       compute_ms = _summary_value(summary, "compute_ms", args.workdir)
     if gradient_bytes is None:
       gradient_bytes = _summary_value(summary, "gradient_bytes", args.workdir)
+    if gathered is None and "gathered_bytes" in summary:
+      gathered = _summary_value(summary, "gathered_bytes", args.workdir)
   if compute_ms is None or gradient_bytes is None:
     raise BadInput("need --compute_ms and --gradient_bytes, or --workdir of a "
                    "dist_keras run.")
@@ -91,7 +102,9 @@ def model_inputs(args) -> tuple[float, float]:
   if not (math.isfinite(gradient_bytes) and gradient_bytes > 0):
     raise BadInput(f"gradient_bytes={gradient_bytes!r} must be > 0; pass the "
                    "bytes of gradient one replica all-reduces.")
-  return compute_ms, gradient_bytes
+  if not (math.isfinite(gathered or 0) and (gathered or 0) >= 0):
+    raise BadInput(f"gathered_bytes={gathered!r} must be >= 0.")
+  return compute_ms, costmodel.Traffic(gradient_bytes, gathered or 0)
 
 
 def _read_summary(workdir: str) -> dict:
@@ -144,51 +157,65 @@ def device_counts(text: str) -> list[int]:
   return counts
 
 
-def predict(compute_ms, gradient_bytes, link, counts) -> list[dict]:
-  """One row per device count: all-reduce and step ms, speedup, efficiency."""
+def predict(compute_ms, traffic, link, counts) -> list[dict]:
+  """One row per device count: all-reduce (and all-gather) and step ms,
+  speedup, efficiency."""
+  alpha, bandwidth = link["latency_us"] * 1e-6, link["bandwidth_gbps"] * 1e9
   rows = []
   for n in counts:
-    comm_ms = 1e3 * costmodel.allreduce_seconds(
-        n, gradient_bytes, link["latency_us"] * 1e-6,
-        link["bandwidth_gbps"] * 1e9)
-    step_ms = compute_ms + comm_ms  # No overlap: communication waits.
+    row = {"devices": n, "allreduce_ms": 1e3 * costmodel.allreduce_seconds(
+        n, traffic.allreduced, alpha, bandwidth)}
+    if traffic.gathered:
+      row["allgather_ms"] = 1e3 * costmodel.allgather_seconds(
+          n, traffic.gathered, alpha, bandwidth)
+    # No overlap: communication waits.
+    step_ms = compute_ms + row["allreduce_ms"] + row.get("allgather_ms", 0)
     efficiency = compute_ms / step_ms
-    rows.append({"devices": n, "allreduce_ms": comm_ms, "step_ms": step_ms,
-                 "speedup": n * efficiency, "efficiency": efficiency})
+    rows.append({**row, "step_ms": step_ms, "speedup": n * efficiency,
+                 "efficiency": efficiency})
   return rows
 
 
 def print_table(link, rows) -> None:
   print(f"{link['label']}: bus bandwidth {link['bandwidth_gbps']:g} GB/s, "
         f"latency {link['latency_us']:g} us per ring step")
-  print(f"{'devices':>7} {'allreduce ms':>12} {'step ms':>10} "
-        f"{'speedup':>8} {'efficiency':>10}")
+  gathers = "allgather_ms" in rows[0]
+  print(f"{'devices':>7} {'allreduce ms':>12} "
+        + (f"{'allgather ms':>12} " if gathers else "")
+        + f"{'step ms':>10} {'speedup':>8} {'efficiency':>10}")
   for r in rows:
-    print(f"{r['devices']:>7} {r['allreduce_ms']:>12.3f} {r['step_ms']:>10.3f}"
-          f" {r['speedup']:>8.2f} {r['efficiency']:>10.1%}")
+    print(f"{r['devices']:>7} {r['allreduce_ms']:>12.3f} "
+          + (f"{r['allgather_ms']:>12.3f} " if gathers else "")
+          + f"{r['step_ms']:>10.3f} {r['speedup']:>8.2f} "
+          f"{r['efficiency']:>10.1%}")
   print()
 
 
 def main(argv=None) -> int:
   try:
     args = parse_args(argv)
-    compute_ms, gradient_bytes = model_inputs(args)
+    compute_ms, traffic = model_inputs(args)
     chosen = links(args)
     counts = device_counts(args.devices)
   except BadInput as e:
     return common.fail(PROG, e)
-  print(f"compute {compute_ms:g} ms per replica step, {gradient_bytes:,.0f} "
-        "gradient bytes; weak scaling, no compute/communication overlap, "
-        "ring all-reduce\n")
+  gathered = (f", {traffic.gathered:,.0f} gathered (ring all-gather)"
+              if traffic.gathered else "")
+  print(f"compute {compute_ms:g} ms per replica step, "
+        f"{traffic.allreduced:,.0f} gradient bytes (ring all-reduce)"
+        f"{gathered}; weak scaling, no compute/communication overlap\n")
   results = {}
   for name, link in chosen.items():
-    rows = predict(compute_ms, gradient_bytes, link, counts)
+    rows = predict(compute_ms, traffic, link, counts)
     print_table(link, rows)
     results[name] = dict(link, rows=rows)
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"compute_ms": compute_ms, "gradient_bytes": gradient_bytes,
-                 "model": "ring all-reduce, weak scaling, no overlap",
+      json.dump({"compute_ms": compute_ms,
+                 "gradient_bytes": traffic.allreduced,
+                 "gathered_bytes": traffic.gathered,
+                 "model": "ring all-reduce (and all-gather of slices), weak "
+                 "scaling, no overlap",
                  "links": results}, f, indent=2)
   return 0
 

@@ -59,17 +59,17 @@ def no_communication_step_ms(strategy, replica_compute, iterator,
 
 
 def check(strategy, real_step_ms: float, ideal_step_ms: float,
-          gradient_bytes: int, measured_allreduce_ms,
+          traffic: costmodel.Traffic, measured_allreduce_ms,
           deterministic: bool) -> dict:
   """summary.json's calibration fields: the ideal speedup and the
   all-reduce model's prediction (allreduce_model_check)."""
   return {"ideal_step_ms": ideal_step_ms,
           "ideal_speedup": real_step_ms / ideal_step_ms,
-          **allreduce_model_check(strategy, gradient_bytes,
+          **allreduce_model_check(strategy, traffic,
                                   measured_allreduce_ms, deterministic)}
 
 
-def lines(out: dict, gradient_bytes: int, measured_allreduce_ms,
+def lines(out: dict, traffic: costmodel.Traffic, measured_allreduce_ms,
           multi_replica: bool) -> list[str]:
   """What a run prints of its calibration (`out`: check's result)."""
   real_ms = out["ideal_step_ms"] * out["ideal_speedup"]
@@ -80,7 +80,7 @@ def lines(out: dict, gradient_bytes: int, measured_allreduce_ms,
     said.append(f"all-reduce model not fitted: {out['allreduce_fit_error']}")
   elif measured_allreduce_ms is not None and multi_replica:
     said.append(
-        f"all-reduce of {gradient_bytes:,} gradient bytes: measured "
+        f"{_sent(traffic)}: measured "
         f"{measured_allreduce_ms:.2f} ms, alpha-beta model "
         f"{out['allreduce_predicted_ms']:.2f} ms (alpha "
         f"{out['allreduce_alpha_us']:.0f} us, bus bandwidth "
@@ -88,10 +88,18 @@ def lines(out: dict, gradient_bytes: int, measured_allreduce_ms,
   return said
 
 
-def allreduce_model_check(strategy, gradient_bytes: int,
+def _sent(traffic: costmodel.Traffic) -> str:
+  said = f"all-reduce of {traffic.allreduced:,} gradient bytes"
+  if traffic.gathered:
+    said += f" and all-gather of {traffic.gathered:,} (embedding slices)"
+  return said
+
+
+def allreduce_model_check(strategy, traffic: costmodel.Traffic,
                           measured_allreduce_ms,
                           deterministic: bool = False) -> dict:
-  """Fits the ring model on this strategy; predicts the gradients' all-reduce.
+  """Fits the ring model on this strategy; predicts the gradients' sync
+  (the all-reduce, and the all-gather of an Embedding's slices).
 
   Messages up to 4x the gradient size are measured (enough to bracket it,
   and quick). Returns alpha, bandwidth, the prediction and its ratio to the
@@ -107,14 +115,14 @@ def allreduce_model_check(strategy, gradient_bytes: int,
     # and noise on a busy host tilted the line the wrong way (a negative
     # slope). Not much more: bandwidth per byte grows with message size on
     # a CPU, so far larger messages make small gradients look cheaper.
-    fit = costmodel.calibrate(strategy, max_bytes=max(4 * gradient_bytes,
+    fit = costmodel.calibrate(strategy, max_bytes=max(4 * max(traffic),
                                                       _MIN_SWEEP_BYTES),
                               repeats=10,
                               budget_s=math.inf if deterministic else 0.5)
   except ValueError as e:  # A bad fit must not cost the finished run.
     return {"allreduce_predicted_ms": None, "allreduce_fit_error": str(e)}
-  predicted = 1e3 * costmodel.allreduce_seconds(
-      n, gradient_bytes, fit["alpha_s"], fit["bandwidth_Bps"])
+  predicted = 1e3 * costmodel.sync_seconds(
+      n, traffic, fit["alpha_s"], fit["bandwidth_Bps"])
   return {"allreduce_alpha_us": 1e6 * fit["alpha_s"],
           "allreduce_bandwidth_GBps": fit["bandwidth_Bps"] / 1e9,
           "allreduce_predicted_ms": predicted,

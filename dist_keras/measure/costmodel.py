@@ -21,6 +21,7 @@ TensorFlow start-up to print a table.
 import math
 import statistics
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,6 +33,15 @@ MIN_REPEATS = 3
 # (at least MIN_REPEATS run): big messages get fewer repeats.
 DEFAULT_BUDGET_S = 1.0
 _FLOAT32_BYTES = 4
+
+
+class Traffic(NamedTuple):
+  """Bytes one replica sends per step: `allreduced`, its dense gradients
+  (summed by a ring all-reduce); `gathered`, an Embedding's gradient slices
+  and their indices (TensorFlow all-gathers an IndexedSlices: nothing sums
+  them on the way)."""
+  allreduced: int
+  gathered: int = 0
 
 
 def allreduce_seconds(num_devices: int, message_bytes: float, alpha: float,
@@ -47,6 +57,36 @@ def allreduce_seconds(num_devices: int, message_bytes: float, alpha: float,
   Raises:
     ValueError: a value out of the ranges above.
   """
+  _check_link(num_devices, message_bytes, alpha, bandwidth)
+  if num_devices == 1:
+    return 0.0
+  steps = 2 * (num_devices - 1)
+  return alpha * steps + (message_bytes / bandwidth) * steps / num_devices
+
+
+def allgather_seconds(num_devices: int, message_bytes: float, alpha: float,
+                      bandwidth: float) -> float:
+  """Seconds a ring all-gather takes when each of `num_devices` contributes
+  `message_bytes` (arguments as allreduce_seconds'): n-1 steps, each
+  passing one device's whole part on, t = (n-1) * (alpha + S / B), with B
+  the bus bandwidth as nccl-tests reports it for an all-gather."""
+  _check_link(num_devices, message_bytes, alpha, bandwidth)
+  return (num_devices - 1) * (alpha + message_bytes / bandwidth)
+
+
+def sync_seconds(num_devices: int, traffic: Traffic, alpha: float,
+                 bandwidth: float) -> float:
+  """Seconds a step's gradient synchronisation takes: the all-reduce of the
+  dense gradients, then the all-gather of the gathered ones (if any)."""
+  seconds = allreduce_seconds(num_devices, traffic.allreduced, alpha,
+                              bandwidth)
+  if traffic.gathered:
+    seconds += allgather_seconds(num_devices, traffic.gathered, alpha,
+                                 bandwidth)
+  return seconds
+
+
+def _check_link(num_devices, message_bytes, alpha, bandwidth) -> None:
   _check_devices(num_devices, minimum=1)
   if not message_bytes >= 0:
     raise ValueError(f"message_bytes={message_bytes!r} must be >= 0.")
@@ -55,10 +95,6 @@ def allreduce_seconds(num_devices: int, message_bytes: float, alpha: float,
                      ">= 0.")
   if not bandwidth > 0:
     raise ValueError(f"bandwidth={bandwidth!r} must be > 0 bytes/second.")
-  if num_devices == 1:
-    return 0.0
-  steps = 2 * (num_devices - 1)
-  return alpha * steps + (message_bytes / bandwidth) * steps / num_devices
 
 
 def fit(num_devices: int, sizes_bytes, seconds) -> tuple[float, float]:

@@ -4,6 +4,7 @@ steps, MFU. The loop tells it what ran; it hands back TensorBoard values."""
 import numpy as np
 
 from dist_keras.measure import breakdown
+from dist_keras.measure import costmodel
 from dist_keras.measure import timing
 
 
@@ -13,7 +14,9 @@ class RunMeters:
   def __init__(self, global_batch_size: int, replicas: int, utilisation,
                gradient_bytes: int):
     self.global_batch_size, self.replicas = global_batch_size, replicas
-    self.utilisation, self.gradient_bytes = utilisation, gradient_bytes
+    self.utilisation = utilisation
+    # The variables' dense count until a timed step counts what it sent.
+    self.traffic = costmodel.Traffic(gradient_bytes)
     self.throughput = timing.Throughput(global_batch_size)
     self.sync_log = breakdown.SyncLog()
     self.window = timing.Window()
@@ -24,6 +27,9 @@ class RunMeters:
     breakdown of a timed step but the first (it warmed the function up)."""
     self.window.steps += steps
     self.largest_call = max(self.largest_call, steps)
+    if "sent_bytes" in out:
+      self.traffic = costmodel.Traffic(
+          *(int(b) for b in np.asarray(out["sent_bytes"])))
     if "stamps" not in out or step <= 1:
       return
     stamped = [np.asarray(out[k]) for k in ("step_start", "inputs_ready",
@@ -47,7 +53,9 @@ class RunMeters:
                      **self.utilisation.scalars(eps)})
     if window.breakdown:
       values.update(self.sync_log.add(window.breakdown))
-      values["sync/gradient_bytes"] = self.gradient_bytes
+      values["sync/gradient_bytes"] = self.traffic.allreduced
+      if self.traffic.gathered:
+        values["sync/gathered_bytes"] = self.traffic.gathered
     return values, seconds / window.steps
 
   def seconds_left(self, steps_left: int, window_seconds: float) -> float:

@@ -205,7 +205,7 @@ class Calibrate(keras.callbacks.Callback):
         measured = self._calibrate(count)
     except preemption.Skipped:
       return False
-    for line in calibration.lines(self.run.calibrated, meters.gradient_bytes,
+    for line in calibration.lines(self.run.calibrated, meters.traffic,
                                   measured, trainer.replicas > 1):
       trainer.say(line)
     return True
@@ -220,7 +220,7 @@ class Calibrate(keras.callbacks.Callback):
     measured = meters.sync_log.means().get("allreduce_ms")
     self.run.calibrated = calibration.check(
         trainer.strategy, 1e3 * meters.throughput.step_seconds, ideal_ms,
-        meters.gradient_bytes, measured, deterministic=self.run.multi_worker)
+        meters.traffic, measured, deterministic=self.run.multi_worker)
     return measured
 
 

@@ -77,22 +77,17 @@ def all_reduce_gradients(grads, dtype: str = "float32",
   return [next(reduced) if g is not None else None for g in grads]
 
 
-def global_norm(grads):
-  """The global norm of the gradients as summed: an IndexedSlices' repeated
-  rows added first (tf.linalg.global_norm alone would add each slice's
-  square), without building the dense table."""
-  return tf.linalg.global_norm(
-      [_rows_summed(g) for g in grads if g is not None])
-
-
-def _rows_summed(grad):
-  """An IndexedSlices' values with each index's slices summed (padded with
-  zero rows to the static number of slices, which XLA needs); else `grad`."""
-  if not isinstance(grad, tf.IndexedSlices):
-    return grad
-  _, row = tf.unique(grad.indices)
-  return tf.math.unsorted_segment_sum(grad.values, row,
-                                      tf.shape(grad.indices)[0])
+def all_finite(grads):
+  """Whether every gradient value is finite: the check Keras'
+  LossScaleOptimizer makes to apply or skip an update, and what tells the
+  host the gradients diverged. An IndexedSlices' slices are read as they
+  are (summing a token's slices first, as a global norm would, cost ~1 ms
+  of a 28 ms Mirrored LSTM step, 2026-12-05, for a number only a
+  divergence line printed)."""
+  parts = [g.values if isinstance(g, tf.IndexedSlices) else g
+           for g in grads if g is not None]
+  return tf.reduce_all(tf.stack(
+      [tf.reduce_all(tf.math.is_finite(p)) for p in parts] or [True]))
 
 
 def host_value_sum(strategy):
@@ -147,12 +142,32 @@ def check_same_config(strategy, config_dict: dict) -> None:
 
 
 def gradient_bytes(variables, allreduce_dtype: str = "float32") -> int:
-  """Bytes one replica sends into the all-reduce: every trainable variable,
-  in float32 or in the 16-bit `allreduce_dtype` that compresses it. A
-  variable whose gradient is an IndexedSlices (an Embedding's) counts at
-  its dense size, though it sends its batch's slices and their indices
-  (all_reduce_gradients): the variables alone do not tell which those are."""
+  """Bytes one replica would all-reduce if every trainable variable's
+  gradient were dense, in float32 or the 16-bit `allreduce_dtype`: the
+  count before a timed step has run (sent_bytes, from the gradients
+  themselves, replaces it)."""
   itemsize = (None if allreduce_dtype == "float32"
               else tf.as_dtype(allreduce_dtype).size)
   return sum(math.prod(v.shape) * (itemsize or np.dtype(v.dtype).itemsize)
              for v in variables)
+
+
+def sent_bytes(grads, allreduce_dtype: str = "float32"):
+  """An int64 [all-reduced, gathered] pair: the bytes one replica sends of
+  `grads` (as_reduced's) in all_reduce_gradients. Dense gradients count in
+  the dtype they are reduced in; an IndexedSlices' values and indices, as
+  gathered, at this step's number of slices (a tensor: a dynamic batch
+  shape is counted too)."""
+  dense, gathered = [tf.constant(0, tf.int64)], [tf.constant(0, tf.int64)]
+  for g in grads:
+    if isinstance(g, tf.IndexedSlices):
+      gathered += [_bytes(g.values, g.values.dtype),
+                   _bytes(g.indices, g.indices.dtype)]
+    elif g is not None:
+      dense.append(_bytes(g, g.dtype if allreduce_dtype == "float32"
+                          else tf.as_dtype(allreduce_dtype)))
+  return tf.stack([tf.add_n(dense), tf.add_n(gathered)])
+
+
+def _bytes(tensor, dtype) -> tf.Tensor:
+  return tf.size(tensor, out_type=tf.int64) * tf.as_dtype(dtype).size

@@ -4,7 +4,7 @@ model (steps.py) or of the model's own train_step (model_step.py).
 
 One call per n steps instead of per step: host round trips dominate on TPUs
 (and cost ~1 ms of dispatch per step here). A call stops early after a step
-whose loss (or gradient norm, or a model's own logs) is not finite, so the
+whose loss (or gradients, or a model's own logs) is not finite, so the
 host sees that step before anything is saved. The loops are explicit
 tf.while_loops, not AutoGraph: a conversion that fails (the source
 unreadable, or changed on disk under a running process) falls back to
@@ -55,36 +55,36 @@ def run_dry_error(first: int, n: int, steps_wanted: int) -> UserError:
 
 def _compiled_steps(one_step):
   """`(iterator, n) -> dict`: up to n of dist_keras' steps; the summed
-  'loss' and 'skipped', the last 'grad_norm', and 'steps' run."""
+  'loss' and 'skipped', the last 'finite_grads', and 'steps' run."""
 
   @tf.function(autograph=False)
   def train_steps(iterator, n):
-    def run_one(done, loss, norm, skipped, stop):
-      del norm, stop
+    def run_one(done, loss, finite, skipped, stop):
+      del finite, stop
       out = one_step(iterator)
-      return (done + 1, loss + out["loss"], out["grad_norm"],
+      return (done + 1, loss + out["loss"], out["finite_grads"],
               skipped + out["skipped"], _diverged(out))
 
-    def keep_going(done, loss, norm, skipped, stop):
-      del loss, norm, skipped
+    def keep_going(done, loss, finite, skipped, stop):
+      del loss, finite, skipped
       return tf.logical_and(done < n, tf.logical_not(stop))
 
-    done, loss, norm, skipped, _ = tf.while_loop(
+    done, loss, finite, skipped, _ = tf.while_loop(
         keep_going, run_one, (tf.constant(0), tf.constant(0.0),
-                              tf.constant(0.0), tf.constant(0),
+                              tf.constant(True), tf.constant(0),
                               tf.constant(False)))
-    return {"loss": loss, "grad_norm": norm, "steps": done,
+    return {"loss": loss, "finite_grads": finite, "steps": done,
             "skipped": skipped}
 
   return train_steps
 
 
 def _diverged(out):
-  """A non-finite loss, or a non-finite gradient norm that loss scaling did
-  not skip."""
+  """A non-finite loss, or non-finite gradients that loss scaling did not
+  skip."""
   return tf.logical_or(
       tf.logical_not(tf.math.is_finite(out["loss"])),
-      tf.logical_and(tf.logical_not(tf.math.is_finite(out["grad_norm"])),
+      tf.logical_and(tf.logical_not(out["finite_grads"]),
                      tf.equal(out["skipped"], 0)))
 
 

@@ -10,7 +10,7 @@ from dist_keras.training import steps
 
 
 def check(run, out: dict, optimizer, checkpoints) -> None:
-  """Raises errors.Diverged at the first non-finite loss or gradient norm
+  """Raises errors.Diverged at the first non-finite loss or gradient
   (a model's own step: at the first non-finite value in its logs).
 
   Under float16 loss scaling an overflowing gradient is expected now and
@@ -23,15 +23,15 @@ def check(run, out: dict, optimizer, checkpoints) -> None:
       return
     what = f"the model's train_step returned {run.step_logs}"
   else:
-    loss, norm = float(out["loss"]), float(out["grad_norm"])
+    loss, finite = float(out["loss"]), bool(out["finite_grads"])
     skipped = int(out["skipped"])
     run.skipped_steps += skipped
     scale = steps.loss_scale_of(optimizer)
     if skipped and np.isfinite(loss) and float(scale.numpy()) >= 1.0:
       return
-    if np.isfinite(loss) and np.isfinite(norm):
+    if np.isfinite(loss) and finite:
       return
-    what = f"loss {loss} and gradient norm {norm}"
+    what = f"loss {loss}" if finite else f"non-finite gradients (loss {loss})"
   kept = (f"the last good checkpoint "
           f"({os.path.basename(checkpoints.last_saved())}) is kept"
           if checkpoints.saved_at is not None

@@ -143,7 +143,8 @@ def summary_json(run_fields: dict, run, meters) -> dict:
       "examples_per_sec_per_replica": eps / replicas if eps else None,
       # Wall ms per step over the log windows (the warm-up one left out).
       **timing.step_time_stats(meters.throughput.window_ms),
-      "gradient_bytes": meters.gradient_bytes,
+      "gradient_bytes": meters.traffic.allreduced,
+      "gathered_bytes": meters.traffic.gathered,
       # Means over the instrumented steps (None with log.sync_timing off).
       # A model's own train_step splits into input wait and model_step only.
       "sync_split": split if means else None,

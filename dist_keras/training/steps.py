@@ -132,11 +132,12 @@ def make_train_step(strategy, model, options: StepOptions = StepOptions(),
   compiled model on every replica.
 
   The dict holds 'loss' (the global batch's loss: the replicas' losses
-  summed), 'grad_norm' (the global norm of the all-reduced, unscaled
-  gradient) and 'skipped'; the compiled metrics are updated in place. With
+  summed), 'finite_grads' (whether every all-reduced gradient value is
+  finite) and 'skipped'; the compiled metrics are updated in place. With
   `timed`, the step is instrumented with in-graph stamps (stamps.STAMPS)
   and the dict also holds 'step_start', 'inputs_ready', per-replica
-  'stamps' and every replica's 'collective_waits' for breakdown.split_step.
+  'stamps' and every replica's 'collective_waits' for breakdown.split_step,
+  and 'sent_bytes' (allreduce.sent_bytes, the first replica's).
 
   The optimizer applies the gradients as reduced here (its own all-reduce
   is off: keras_internals.disable_optimizer_allreduce), so its clipping and
@@ -180,20 +181,21 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
     if timed:
       grads_ready = stamps.stamp_after(_parts(grads), clock)
       grads = stamps.after_stamp(grads_ready, grads)
+      sent = allreduce.sent_bytes(grads, options.allreduce_dtype)
     if reduces:
       grads = allreduce.all_reduce_gradients(
           grads, options.allreduce_dtype, options.bytes_per_pack)
     if timed:
       reduced = stamps.stamp_after(_parts(grads), clock)
       grads = stamps.after_stamp(reduced, grads)
-    grad_norm = update(grads)
+    finite = update(grads)
     if not timed:
-      return loss, grad_norm, (), ()
+      return loss, finite, (), (), ()
     # Reading every variable orders the last stamp after all their updates.
     end = stamps.stamp_after([tf.identity(v.value) for v in variables], clock)
     waits = stamps.gather_collective_wait(grads_ready, reduced, end)
-    return (loss, grad_norm, tf.stack([start, grads_ready, reduced, end]),
-            waits)
+    return (loss, finite, tf.stack([start, grads_ready, reduced, end]),
+            waits, sent)
 
   return replica_step
 
@@ -218,15 +220,14 @@ def _compute_fn(model, optimizer, compile_compute: bool):
 
 
 def _update_fn(optimizer, variables):
-  """(reduced grads) -> their global norm, unscaled, once applied."""
-  scale = loss_scale_of(optimizer)
+  """(reduced grads) -> whether they were all finite, once applied (the
+  same on every replica: what tells the host the gradients diverged, or
+  that a loss-scaled update skipped them)."""
 
   def update(grads):
-    norm = allreduce.global_norm(grads)  # Same on every replica.
+    finite = allreduce.all_finite(grads)
     optimizer.apply_gradients(zip(grads, variables))
-    # The global norm, after the reduction: what tells the host that the
-    # gradients became non-finite.
-    return norm if scale is None else norm / scale
+    return finite
 
   return update
 
@@ -238,17 +239,18 @@ def _distributed_step(strategy, replica_step, optimizer, timed):
 
   def one_step(iterator):
     out, batch, kwargs = read_batch(strategy, iterator, timed)
-    loss, grad_norm, stamped, waits = strategy.run(
+    loss, finite, stamped, waits, sent = strategy.run(
         replica_step, args=(batch,), kwargs=kwargs)
     out["loss"] = strategy.reduce(_SUM, loss, axis=None)
-    out["grad_norm"] = strategy.experimental_local_results(grad_norm)[0]
+    out["finite_grads"] = strategy.experimental_local_results(finite)[0]
     # A loss-scaled update skips a step whose gradients overflowed.
     out["skipped"] = (tf.constant(0) if scale is None else tf.cast(
-        tf.logical_not(tf.math.is_finite(out["grad_norm"])), tf.int32))
+        tf.logical_not(out["finite_grads"]), tf.int32))
     if timed:
       out["stamps"] = tf.stack(strategy.experimental_local_results(stamped))
       # The same gathered vector on every replica: take the first.
       out["collective_waits"] = strategy.experimental_local_results(waits)[0]
+      out["sent_bytes"] = strategy.experimental_local_results(sent)[0]
     return out
 
   return step_function(one_step)

@@ -29,6 +29,25 @@ def test_ring_model_values(n, expected):
   assert got == pytest.approx({2: 1.020e-3, 4: 1.560e-3}[n], rel=1e-12)
 
 
+def test_ring_allgather_passes_each_part_n_minus_1_times():
+  # (n-1) * (alpha + S/B): alpha = 10 us, S = 1 MB, B = 1 GB/s, 4 devices.
+  assert costmodel.allgather_seconds(4, 1e6, 10e-6, 1e9) == pytest.approx(
+      3 * (10e-6 + 1e-3), rel=1e-12)
+  assert costmodel.allgather_seconds(1, 1e6, 10e-6, 1e9) == 0.0
+
+
+def test_sync_adds_the_gather_of_slices_to_the_allreduce():
+  dense = costmodel.Traffic(allreduced=1e6)
+  both = costmodel.Traffic(allreduced=1e6, gathered=2e6)
+  assert costmodel.sync_seconds(2, dense, 10e-6, 1e9) == (
+      costmodel.allreduce_seconds(2, 1e6, 10e-6, 1e9))
+  assert costmodel.sync_seconds(2, both, 10e-6, 1e9) == pytest.approx(
+      costmodel.allreduce_seconds(2, 1e6, 10e-6, 1e9)
+      + costmodel.allgather_seconds(2, 2e6, 10e-6, 1e9), rel=1e-12)
+  with pytest.raises(ValueError, match="message_bytes=-1"):
+    costmodel.allgather_seconds(2, -1, 0.0, 1.0)
+
+
 def test_infinite_bandwidth_leaves_only_latency():
   assert costmodel.allreduce_seconds(8, 1e9, 1e-6, math.inf) == 14e-6
 
@@ -179,6 +198,17 @@ def test_scaling_tool_reads_a_run_summary(tmp_path):
   assert result.returncode == 0, result.stderr
   # 4 MB at 4 GB/s on 2 devices: 1 ms; efficiency 10 / 11.
   assert "      2        1.000     11.000     1.82      90.9%" in result.stdout
+
+
+def test_scaling_tool_adds_the_gather_of_a_runs_embedding_slices(tmp_path):
+  (tmp_path / "summary.json").write_text(json.dumps(
+      {"compute_ms": 10.0, "gradient_bytes": 4e6, "gathered_bytes": 2e6}))
+  result = _tool(f"--workdir={tmp_path}", "--bandwidth_gbps=4",
+                 "--latency_us=0", "--devices=2")
+  assert result.returncode == 0, result.stderr
+  # All-reduce 1 ms as above; all-gather (2-1) * 2 MB / 4 GB/s = 0.5 ms.
+  assert ("      2        1.000        0.500     11.500     1.74      87.0%"
+          in result.stdout)
 
 
 @pytest.mark.parametrize("args,message", [

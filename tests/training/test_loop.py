@@ -17,7 +17,7 @@ import dist_keras
 import helpers
 from dist_keras import data, models, validate
 from dist_keras.distribute import pipelines, strategies
-from dist_keras.training import run_files
+from dist_keras.training import allreduce, run_files
 
 CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
                  "perf/examples_per_sec", "perf/examples_per_sec_per_replica",
@@ -325,8 +325,19 @@ def test_logged_steps_carry_the_sync_breakdown(tiny_run):
   assert {"sync_replica/0/compute_ms", "sync_replica/1/compute_ms"} <= set(
       tags)
   assert dict(tags["sync/gradient_bytes"])[4] == summary["gradient_bytes"]
+  assert dict(tags["sync/gathered_bytes"])[4] == summary["gathered_bytes"]
   assert 0 < summary["sync_fraction"] < 1
   assert summary["compute_ms"] > 0
+
+
+def test_the_sent_bytes_are_the_gradients_as_sent(tiny_run):
+  """The Embedding's table (16 tokens x 8) is not all-reduced: a replica
+  gathers its batch's slices, 16 sequences x 12 tokens of 8 float32s, and
+  their int32 indices."""
+  model = tiny_run.model
+  dense = allreduce.gradient_bytes(model.trainable_variables) - 16 * 8 * 4
+  assert tiny_run.summary["gradient_bytes"] == dense
+  assert tiny_run.summary["gathered_bytes"] == 16 * 12 * (8 * 4 + 4)
 
 
 def test_sync_timing_off_writes_no_sync_tags(tmp_path, mirrored):

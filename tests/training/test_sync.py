@@ -40,17 +40,19 @@ def test_all_reduce_sums_dense_gathers_sparse_and_keeps_none(mirrored,
     np.testing.assert_array_equal(value.dense_shape, [4, 3])
 
 
-def test_global_norm_sums_a_tokens_slices_first():
-  """Two slices of row 0 (1 and 2 everywhere) are a row of 3s: its part of
-  the norm is sqrt(3 * 9), not sqrt(3 * (1 + 4)); XLA-compiled alike."""
-  sparse = tf.IndexedSlices(values=tf.constant([[1.0] * 3, [2.0] * 3]),
+def test_all_finite_reads_every_value_slices_included():
+  """Finite as Keras' LossScaleOptimizer checks it: any NaN or inf, an
+  IndexedSlices' among them, is not; a large finite value is; XLA alike."""
+  def sparse(value):
+    return tf.IndexedSlices(values=tf.constant([[1.0] * 3, [value] * 3]),
                             indices=tf.constant([0, 0]),
                             dense_shape=tf.constant([4, 3]))
-  grads = [sparse, None, tf.fill([2], 2.0)]
-  expected = np.sqrt(3 * 9 + 2 * 4)
-  assert float(allreduce.global_norm(grads)) == pytest.approx(expected)
-  compiled = tf.function(allreduce.global_norm, jit_compile=True)
-  assert float(compiled(grads)) == pytest.approx(expected)
+  compiled = tf.function(allreduce.all_finite, jit_compile=True)
+  for check in (allreduce.all_finite, compiled):
+    assert bool(check([sparse(1e30), None, tf.fill([2], 2.0)]))
+    assert not bool(check([sparse(np.nan), tf.fill([2], 2.0)]))
+    assert not bool(check([sparse(2.0), tf.constant([1.0, np.inf])]))
+  assert bool(allreduce.all_finite([None]))
 
 
 def test_gradients_stay_sparse_off_a_tpu():
@@ -122,3 +124,16 @@ def test_host_value_sum_adds_every_replicas_value(mirrored):
   total = allreduce.host_value_sum(mirrored)
   assert total(3.0) == 6.0  # 2 replicas, each contributing this process's 3.
   assert total(0.0) == 0.0
+
+
+def test_sent_bytes_count_dense_gradients_and_gathered_slices():
+  """Dense gradients at the all-reduce's dtype; an IndexedSlices' values
+  and indices as they are (gathered, never compressed)."""
+  sparse = tf.IndexedSlices(tf.ones([5, 3]), tf.range(5),  # int32 indices.
+                            tf.constant([9, 3]))
+  grads = [sparse, None, tf.ones([2, 4])]
+  np.testing.assert_array_equal(allreduce.sent_bytes(grads),
+                                [8 * 4, 5 * 3 * 4 + 5 * 4])
+  np.testing.assert_array_equal(allreduce.sent_bytes(grads, "bfloat16"),
+                                [8 * 2, 5 * 3 * 4 + 5 * 4])
+  np.testing.assert_array_equal(allreduce.sent_bytes([None]), [0, 0])
