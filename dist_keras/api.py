@@ -112,7 +112,8 @@ def build(job: Job) -> loop.Trainer:
     eval_ds, eval_spec = pipelines.distribute(
         strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
     # Loss and metrics state, from the batches of both splits.
-    checks.build_state(model, strategy, batch_spec, eval_spec)
+    evaluates = checks.build_state(model, strategy, batch_spec, eval_spec)
+    notes.append(compiled.no_eval_note(model, evaluates))
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).
     rate = lr.apply(model.optimizer, config.train)
@@ -122,7 +123,7 @@ def build(job: Job) -> loop.Trainer:
         resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     parts = loop.Parts(strategy, model, train_ds, eval_ds, saved, rate, stop,
-                       callbacks)
+                       callbacks, evaluates)
     notes += [note] + settings.notes(config, on_tpu) + [resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,

@@ -62,10 +62,11 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   return model
 
 
-def build_state(model, strategy, batch_spec, eval_spec=None) -> None:
+def build_state(model, strategy, batch_spec, eval_spec=None) -> bool:
   """Creates the model's variables and its compiled loss's and metrics'
   state, in scope, from a zero batch shaped like `batch_spec`; then checks
   that the variables are mirrored and that model.keras can be saved.
+  Returns whether the eval has a loss to report (evaluates).
 
   Keras creates metric variables on their first update; inside a replica
   function that is not allowed, so they are made here (as Keras' own fit
@@ -76,25 +77,74 @@ def build_state(model, strategy, batch_spec, eval_spec=None) -> None:
   """
   # Built, no compiled loss or metrics: nothing to build from a batch (a
   # GAN, whose batches need not be its call's inputs), as under Keras' fit.
-  if not _built(model) or _compiled_from_data(model):
+  probe = not _built(model) or _compiled_from_data(model)
+  if probe:
     with strategy.scope():
       loss = _probe(model, batch_spec, "train")
-      if eval_spec is not None and _keras_test_step_has_loss(model):
-        batches.check_batched_like(eval_spec, batch_spec)
+  has_eval_loss = evaluates(model, strategy, batch_spec, eval_spec)
+  if probe:
+    if (eval_spec is not None and has_eval_loss
+        and not overrides(model, "test_step")):
+      batches.check_batched_like(eval_spec, batch_spec)
+      with strategy.scope():
         _probe(model, eval_spec, "eval")
     _check_scalar(model, loss)
     model.reset_metrics()
   _check_in_scope(model, strategy)
   saving.check_savable(model)
+  return has_eval_loss
 
 
-def _keras_test_step_has_loss(model) -> bool:
-  """Whether the eval runs Keras' test_step and it finds a loss: a compiled
-  one, or the model's own (add_loss, regularisers), which a model trained
-  by Keras' train_step without a compiled loss trains on."""
-  return type(model).test_step is keras.Model.test_step and (
-      model.loss is not None
-      or type(model).train_step is keras.Model.train_step)
+def overrides(model, method: str) -> bool:
+  """Whether the model's class overrides keras.Model's `method`."""
+  return getattr(type(model), method) is not getattr(keras.Model, method)
+
+
+def evaluates(model, strategy, batch_spec, eval_spec=None) -> bool:
+  """Whether the eval has a loss to report, as Keras' evaluate() finds
+  one: its own test_step's, or Keras' test_step's compiled loss or the
+  model's own losses (add_loss terms, regularisers) on the eval batches.
+  A GAN (its own train_step, no loss; its call does not take the batches)
+  has none: evaluate() would fail on it.
+
+  Raises:
+    UserError: a model trained by Keras' train_step that has no loss at
+      all (its first step would fail: "No loss to compute").
+  """
+  if (overrides(model, "test_step") or overrides(model, "compute_loss")
+      or model.loss is not None):
+    return True
+  eval_spec = batch_spec if eval_spec is None else eval_spec
+  if overrides(model, "train_step"):
+    return bool(_adds_losses(model, strategy, eval_spec, training=False))
+  if _adds_losses(model, strategy, batch_spec, training=True) is False:
+    raise UserError(
+        f"model {model.name!r} has no loss to train on: it was compiled "
+        "without a loss and adds none of its own (add_loss() in its call, "
+        "weight regularisers); compile the model with a loss= or add_loss()"
+        " in its call (or give it a train_step of its own).")
+  # A call that fails on the eval batches (None) is said by their probe.
+  return _adds_losses(model, strategy, eval_spec, training=False) is not False
+
+
+def _adds_losses(model, strategy, batch_spec, training: bool):
+  """Whether model.losses holds any loss after the model's call on batches
+  like `batch_spec`, where Keras' train_step and test_step find add_loss
+  terms and regularisers; None if the call cannot take the batches' x (a
+  GAN's real samples). The call is traced, not run: no state moves."""
+  x, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
+  found = []
+
+  def call(x):
+    forward(model, x, training=training)
+    found.append(len(model.losses))
+
+  with strategy.scope():
+    try:
+      tf.function(call, autograph=False).get_concrete_function(x)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError):
+      return None
+  return bool(found[-1])
 
 
 def _probe(model, batch_spec, split: str):

@@ -13,7 +13,7 @@ Python silently.
 import tensorflow as tf
 
 from dist_keras.errors import UserError
-from dist_keras.training import model_step, steps
+from dist_keras.training import model_step, steps, watch
 
 
 class Calls:
@@ -21,7 +21,8 @@ class Calls:
   run traces two functions either way)."""
 
   def __init__(self, strategy, model, options: steps.StepOptions,
-               own_step: bool):
+               own_step: bool, call_watch: watch.CallWatch):
+    self.watch = call_watch  # Lines while a call runs long.
     if own_step:
       jit = options.jit is not steps.Jit.OFF
       self.timed = model_step.make_train_step(strategy, model, True, jit)
@@ -38,9 +39,14 @@ class Calls:
     minutes for a large model, which the loop reports)."""
     function = self.timed if timed else self.plain
     traces = function.experimental_get_tracing_count()
-    out = function(iterator) if timed else function(iterator, tf.constant(n))
+    kind = "timed" if timed else "plain"
+    with self.watch.call(f"tracing and compiling the {kind} step function"
+                         if not traces else
+                         f"running a call of {n} step{'s' * (n > 1)}"):
+      out = function(iterator) if timed else function(iterator,
+                                                      tf.constant(n))
     if function.experimental_get_tracing_count() > traces:
-      out["traced"] = "timed" if timed else "plain"
+      out["traced"] = kind
     return out
 
 

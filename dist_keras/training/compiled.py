@@ -8,6 +8,7 @@ has the table)."""
 import keras
 import tensorflow as tf
 
+from dist_keras.contract.checks import overrides  # (loop.py reads it here.)
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, keras_internals
 
@@ -37,9 +38,6 @@ def take(model, strategy, train_cfg) -> list[str]:
                  "(train.jit_compile=true)")
   if overrides(model, "train_step"):
     notes.append(_own_step_note(model, strategy, train_cfg))
-  if not evaluates(model):
-    notes.append(f"no eval: {type(model).__name__} has no compiled loss and "
-                 "a train_step but no test_step of its own")
   return [note for note in notes if note]
 
 
@@ -114,19 +112,15 @@ def _own_step_note(model, strategy, train_cfg) -> str:
           + scaled)
 
 
-def overrides(model, method: str) -> bool:
-  """Whether the model's class overrides keras.Model's `method`."""
-  return getattr(type(model), method) is not getattr(keras.Model, method)
-
-
-def evaluates(model) -> bool:
-  """Whether the model has a loss to evaluate, as Keras' evaluate() gives
-  one: a model's own test_step knows; Keras' finds a compiled loss or the
-  model's own losses (add_loss, regularisers), which a model trained by
-  Keras' train_step with no compiled loss trains on. A GAN (no compiled
-  loss, its own train_step) has none."""
-  return (overrides(model, "test_step") or model.loss is not None
-          or not overrides(model, "train_step"))
+def no_eval_note(model, evaluates: bool) -> str | None:
+  """The line a model with no loss to evaluate gets (checks.evaluates):
+  Keras' evaluate() would fail on it, so there is no eval."""
+  if evaluates:
+    return None
+  return (f"no eval: {type(model).__name__} has no compiled loss, no "
+          "test_step of its own and no loss of its own (add_loss, "
+          "regularisers) in a call on the eval batches, so Keras' evaluate()"
+          " would have none to report")
 
 
 def keeps_ema(optimizer) -> bool:

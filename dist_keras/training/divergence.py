@@ -21,7 +21,8 @@ def check(run, out: dict, optimizer, checkpoints) -> None:
   if "finite" in out:
     if bool(out["finite"]):
       return
-    what = f"the model's train_step returned {run.step_logs}"
+    logs = {k: np.asarray(v).tolist() for k, v in run.step_logs.items()}
+    what = f"the model's train_step returned {logs}"
   else:
     loss, finite = float(out["loss"]), bool(out["finite_grads"])
     skipped = int(out["skipped"])

@@ -25,7 +25,7 @@ from dist_keras import tensorboard_events
 from dist_keras.training import actions, allreduce, calls, divergence
 from dist_keras.training import compiled, ending, evaluation, lr, metrics
 from dist_keras.training import preemption, ray_report, report, run_files
-from dist_keras.training import steps
+from dist_keras.training import steps, watch
 from dist_keras.training import user_callbacks
 from dist_keras.training.checkpoints import Checkpoints
 from dist_keras.training.settings import Settings, auto_steps_per_call
@@ -44,6 +44,7 @@ class Parts:
   # the Trainer's close lets go of it.
   stop: preemption.StopRequest
   callbacks: list = dataclasses.field(default_factory=list)  # The users'.
+  evaluates: bool = True  # Has a loss to evaluate (checks.evaluates).
 
 
 class Trainer:
@@ -66,6 +67,8 @@ class Trainer:
     self.eval_pass = evaluation.make_eval_pass(self.strategy, self.model)
     self.history = None  # keras.callbacks.History, once run.
     self.run_state = None  # actions.RunState, once run.
+    self.call_watch = watch.CallWatch(settings.progress_seconds if (
+        self.chief and settings.progress) else 0, self.say)
 
   def say(self, message: str) -> None:
     if self.chief and self.settings.progress:
@@ -75,6 +78,7 @@ class Trainer:
     """Closes the summaries, deletes a non-chief's scratch files, lets go
     of the workdir and of the stop signals (api.build took both)."""
     try:
+      self.call_watch.close()
       self.tensorboard.close()
       self.parts.checkpoints.close()
     finally:
@@ -234,7 +238,8 @@ class Trainer:
     return calls.Calls(self.strategy, self.model, steps.StepOptions(
         jit=steps.Jit.of(options["jit_compile"]),
         allreduce_dtype=options["allreduce_dtype"],
-        bytes_per_pack=options["bytes_per_pack"]), self.custom_step)
+        bytes_per_pack=options["bytes_per_pack"]), self.custom_step,
+        self.call_watch)
 
   def _call(self, run, call, iterator) -> None:
     """One call of steps after run.step; checked before anything reads or
@@ -248,7 +253,9 @@ class Trainer:
       raise calls.run_dry_error(run.step + 1, n, schedule.steps) from e
     ran = int(out.get("steps", 1))
     run.step, run.out = run.step + ran, out
-    run.step_logs = {k: float(v) for k, v in out.get("logs", {}).items()}
+    # As fit logs them: a vector (a value per class) stays an array.
+    run.step_logs = {k: metrics.logged(v)
+                     for k, v in out.get("logs", {}).items()}
     # Every step, before anything is saved: a non-finite update must never
     # reach a checkpoint.
     try:
@@ -264,13 +271,14 @@ class Trainer:
   def evaluate(self, hooks=None) -> dict:
     """One pass of the eval split, logged; the callbacks' test hooks around
     it (the pass is one call: one test batch hook)."""
-    if not compiled.evaluates(self.model):
+    if not self.parts.evaluates:
       return {}
     hooks = hooks or keras.callbacks.CallbackList([], model=self.model)
     hooks.on_test_begin()
     hooks.on_test_batch_begin(0)
-    result = evaluation.evaluate(self.eval_pass, self.metric_state,
-                                 self.parts.eval_ds)
+    with self.call_watch.call("evaluating"):
+      result = evaluation.evaluate(self.eval_pass, self.metric_state,
+                                   self.parts.eval_ds)
     batches, seconds, traced = (result.pop(k)
                                 for k in ("steps", "seconds", "traced"))
     if traced and self.run_state:  # Start-up cost, as a step's trace is.

@@ -44,12 +44,14 @@ class MetricState:
       # only here; outside, it would read the live (or per-replica) one.
       values = {name: np.asarray(value)
                 for name, value in self.model.get_metrics_result().items()}
-    return {name: _logged(value) for name, value in values.items()}
+    return {name: logged(value) for name, value in values.items()}
 
 
-def _logged(value: np.ndarray):
-  """A metric's value as Keras' fit logs it (python_utils.pythonify_logs):
-  a float where float() takes it, else the array."""
+def logged(value):
+  """A metric's (or a model's own train_step's) value as Keras' fit logs
+  it (python_utils.pythonify_logs): a float where float() takes it, else
+  the numpy array (a value per class)."""
+  value = np.asarray(value)
   return float(value.reshape(())) if value.size == 1 else value
 
 

@@ -2,7 +2,8 @@
 step (contract/checks.py, contract/saving.py), against Keras' fit: a model
 Keras cannot save is refused before anything is written, a model is built
 as fit builds it (symbolically: its call runs no extra time), and a model
-with no compiled loss trains and evaluates on its own losses as under fit.
+with no compiled loss trains and evaluates on its own losses as under fit
+(and one with no loss at all is refused, as fit fails on it).
 """
 import keras
 import numpy as np
@@ -53,7 +54,7 @@ class Apply(keras.layers.Layer):
 def _unsavable():
   inputs = keras.Input((parity_task.FEATURES,))
   model = keras.Model(inputs, keras.layers.Dense(1)(
-      Apply(lambda t: 2.0 * t)(inputs)))
+      Apply(lambda t: 2.0 * t)(inputs)), name="unsavable")
   model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
   return model
 
@@ -67,7 +68,7 @@ def test_a_model_keras_cannot_save_is_refused_before_anything_is_written(
                     CONFIG)
   message = str(e.value)
   assert message.startswith(
-      "model 'functional' cannot be saved as model.keras (Object Apply was "
+      "model 'unsavable' cannot be saved as model.keras (Object Apply was "
       "created by passing non-serializable argument values in `__init__()`,"
       " and therefore the object must override `get_config()`"), message
   assert "give each custom layer, loss or metric a get_config()" in message
@@ -158,6 +159,99 @@ def test_a_model_with_only_its_own_loss_is_evaluated_as_keras_evaluates(
   assert result.summary["eval_loss"] == pytest.approx(evaluated["loss"],
                                                       rel=1e-5)
   assert result.summary["eval_examples"] == len(x)
+  assert result.history["val_loss"] == pytest.approx(history["val_loss"],
+                                                     rel=1e-5)
+
+
+class ReconstructByItsOwnStep(Reconstruct):
+  """Its own train_step, on the add_loss term of its call (logged as
+  'recon'); no compiled loss, no test_step of its own."""
+
+  def train_step(self, x):
+    with tf.GradientTape() as tape:
+      self(x, training=True)
+      loss = tf.add_n(self.losses)
+    grads = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply(grads, self.trainable_variables)
+    return {"recon": loss}
+
+
+def _own_step_add_loss():
+  model = ReconstructByItsOwnStep()
+  model.build((None, parity_task.FEATURES))
+  model.compile(optimizer=keras.optimizers.SGD(0.1))
+  return model
+
+
+@pytest.mark.filterwarnings("ignore:`build\\(\\)` was called")
+def test_an_own_train_step_on_its_add_loss_is_evaluated_as_keras_evaluates(
+    tmp_path):
+  """Keras' evaluate() reports the add_loss term as 'loss' (its test_step
+  finds it in model.losses) and fit's history has val_loss beside the
+  step's 'recon'; the run had said "no eval"."""
+  fitted, history = _fit(_own_step_add_loss, parity_task.images_dataset_fn)
+  result = helpers.fit_fns(_own_step_add_loss,
+                           parity_task.images_dataset_fn, tmp_path, CONFIG)
+  assert set(result.history) == set(history) == {"recon", "val_loss"}
+  for name, values in history.items():
+    np.testing.assert_allclose(result.history[name], values, rtol=1e-5,
+                               err_msg=name)
+  x, _ = parity_task._examples("eval")  # pylint: disable=protected-access
+  evaluated = result.model.evaluate(x, batch_size=len(x), verbose=0,
+                                    return_dict=True)
+  assert result.summary["eval_loss"] == pytest.approx(evaluated["loss"],
+                                                      rel=1e-5)
+  assert result.summary["eval_examples"] == len(x)
+  for a, b in zip(fitted.get_weights(), result.model.get_weights()):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_a_gan_with_no_loss_of_its_own_has_no_eval(tmp_path):
+  """Keras' evaluate() fails on it (its call does not take the real
+  samples; it has no loss), so the run has no eval."""
+  x, _ = parity_task._examples("eval")  # pylint: disable=protected-access
+  with pytest.raises(ValueError):
+    parity_task.gan().evaluate(x, verbose=0)
+  result = helpers.fit_fns(parity_task.gan, parity_task.images_dataset_fn,
+                           tmp_path, CONFIG)
+  assert not [k for k in result.summary if k.startswith("eval_")]
+  assert set(result.history) == {"d_loss", "g_loss"}
+
+
+def _no_loss(regularizer=None):
+  def model_fn():
+    model = keras.Sequential(
+        [keras.Input((parity_task.FEATURES,)),
+         keras.layers.Dense(1, use_bias=False, kernel_regularizer=regularizer)],
+        name="no_loss")
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    return model
+  return model_fn
+
+
+def test_a_model_with_no_loss_at_all_is_refused_before_anything_is_written(
+    tmp_path):
+  """compile(loss=None), no add_loss, no regulariser: Keras' fit fails at
+  its first step ("No loss to compute"), and so had the run, after writing
+  its workdir. A regulariser is a loss of its own: that model trains as
+  under fit."""
+  with pytest.raises(ValueError, match="No loss to compute"):
+    _fit(_no_loss(), parity_task.dataset_fn)
+  with pytest.raises(dist_keras.UserError) as e:
+    helpers.fit_fns(_no_loss(), parity_task.dataset_fn, tmp_path / "run",
+                    CONFIG)
+  message = str(e.value)
+  assert message.startswith(
+      "model 'no_loss' has no loss to train on: it was compiled without a "
+      "loss and adds none of its own"), message
+  assert "compile the model with a loss= or add_loss()" in message
+  assert "\n" not in message
+  assert not (tmp_path / "run").exists()
+  _, history = _fit(_no_loss("l2"), parity_task.dataset_fn)
+  result = helpers.fit_fns(_no_loss("l2"), parity_task.dataset_fn,
+                           tmp_path / "l2", CONFIG)
+  assert result.summary["train_loss"] == pytest.approx(history["loss"][-1],
+                                                       rel=1e-5)
   assert result.history["val_loss"] == pytest.approx(history["val_loss"],
                                                      rel=1e-5)
 

@@ -108,10 +108,10 @@ def _f1_model_fn():
   return model
 
 
-def _keras_fit_history():
+def _keras_fit_history(model_fn=_f1_model_fn):
   """Keras' fit on one device, on the same batches, from the same seed."""
   keras.utils.set_random_seed(0)
-  model = _f1_model_fn()
+  model = model_fn()
   one = tf.distribute.InputContext()
   dataset_fn = _dataset_fn(onehot=True)
   return model.fit(dataset_fn("train", one), epochs=1, steps_per_epoch=10,
@@ -154,6 +154,78 @@ def test_a_metric_of_a_value_per_class_is_logged_as_fit_logs_it(
   out = capsys.readouterr().out
   assert "step 10/10  loss" in out and "  f1_score [0." in out
   assert "done: 10 steps, eval accuracy" in out
+
+
+class OwnStep(keras.Model):
+  """Keras' guide's own train_step, returning its metrics' values (a
+  vector: F1Score(average=None)); with `confidence`, also a vector of its
+  own, the mean predicted probability of each class."""
+
+  confidence = False
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      loss = self.compute_loss(y=y, y_pred=y_pred)
+    grads = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply(grads, self.trainable_variables)
+    for metric in self.metrics:
+      if metric.name == "loss":
+        metric.update_state(loss)
+      else:
+        metric.update_state(y, y_pred)
+    logs = {m.name: m.result() for m in self.metrics}
+    if self.confidence:
+      logs["confidence"] = tf.reduce_mean(y_pred, axis=0)
+    return logs
+
+
+class OwnStepWithConfidence(OwnStep):
+  confidence = True
+
+
+def _own_step_model_fn(model_class):
+  def model_fn():
+    inputs = keras.Input((5,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    model = model_class(inputs, keras.layers.Dense(
+        CLASSES, activation="softmax")(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss="categorical_crossentropy",
+                  metrics=["accuracy", keras.metrics.F1Score(average=None)])
+    return model
+  return model_fn
+
+
+@pytest.mark.parametrize("model_class", [OwnStep, OwnStepWithConfidence])
+def test_a_vector_in_an_own_train_steps_logs_is_logged_as_fit_logs_it(
+    tmp_path, model_class, capsys):
+  """Its logs' vectors (the F1 of each class; the confidence of each)
+  are fit's arrays in History, lists in summary.json, a scalar per
+  element in TensorBoard (the run had failed at the first step: float()
+  of the step's logs)."""
+  model_fn = _own_step_model_fn(model_class)
+  result = dist_keras.fit(model_fn, _dataset_fn(onehot=True),
+                          workdir=str(tmp_path),
+                          config={**CONFIG, "log.progress": True},
+                          strategy="one_device")
+  fitted = _keras_fit_history(model_fn)
+  assert set(result.history) == set(fitted)
+  for name, values in fitted.items():
+    np.testing.assert_allclose(result.history[name], values, rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+  vectors = ["f1_score"] + (["confidence"] if model_class.confidence else [])
+  on_disk = json.loads((tmp_path / "summary.json").read_text())
+  tags = helpers.scalar_tags(str(tmp_path))
+  out = capsys.readouterr().out
+  for name in vectors:
+    assert result.history[name][0].shape == (CLASSES,)
+    assert len(on_disk[f"train_{name}"]) == CLASSES
+    assert [step for step, _ in tags[f"{name}/0"]] == [5, 10]
+    assert tags[f"{name}/{CLASSES - 1}"][-1][1] == pytest.approx(
+        on_disk[f"train_{name}"][-1])
+    assert f"  {name} [0." in out
 
 
 class CountsCalls(keras.layers.Layer):
