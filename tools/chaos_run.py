@@ -27,6 +27,7 @@ import time
 
 import common
 import launch_local
+import local_cluster
 
 LAUNCHER = os.path.abspath(launch_local.__file__)  # It runs with cwd=REPO.
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM,
@@ -73,7 +74,7 @@ def worker_pids(parent: int) -> dict[int, int]:
   pids = {}
   for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
     try:
-      state, ppid, _ = launch_local.process_stat(pid)
+      state, ppid, _ = local_cluster.process_stat(pid)
       if ppid != parent or state == "Z":
         continue
       with open(f"/proc/{pid}/environ", "rb") as f:

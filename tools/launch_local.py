@@ -20,68 +20,38 @@ failure: code >= 128 (killed by a signal, or the program's own "peer lost"
 code in that range) or one of --retryable_codes. Codes 1 and 2 (bugs, bad
 flags) never restart: the rerun would fail the same way.
 
+A port taken between its pick and its worker's bind: the ports are free when
+picked, but the workers bind them seconds later (Python and TensorFlow start
+first), and any process may take one in between. A dist_keras worker then
+refuses it (exit 2, "port N is in use on this machine"); with --num_workers
+the launcher stops every worker, picks fresh ports and starts them all again,
+up to PORT_RETRIES times, saying so in one line. These restarts do not count
+against --max_restarts; any other exit 2, a port of --worker_hosts (yours to
+choose) or another program's bind error is a failure as before.
+
 Security: TF's collective gRPC ports are unauthenticated; anyone who can reach
 them can join or disturb the cluster. Keep --host and --worker_hosts on
 loopback or a private network.
 
-Limits: ports are free when chosen but another process could take one before
-its worker binds it (rare; a restart picks fresh ones). A launcher killed with
-SIGKILL cannot stop its workers.
+Limits: a launcher killed with SIGKILL cannot stop its workers.
 """
 import argparse
 import functools
-import json
-import os
 import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
 
 import common
 from common import BadInput
+from local_cluster import Cluster, free_ports
 
 PROG = "launch_local"
 EXIT_CANNOT_START = 127  # The shell's code for "command not found".
 # Signals that stop the launcher; each is forwarded as SIGTERM to the workers.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-POLL_SECONDS = 0.05
-# How long to wait for a relay thread to drain a dead worker's last lines.
-DRAIN_SECONDS = 2.0
+# Fresh picks after a worker found its port taken (see above): a collision
+# is rare, so three in a row mean something holds ports on purpose.
+PORT_RETRIES = 3
 say = functools.partial(common.say, PROG)  # One launcher line on stderr.
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-  """Returns `n` distinct TCP ports that are free on `host` right now.
-
-  All sockets stay bound until every port is chosen, so the OS cannot hand
-  out the same port twice.
-  """
-  sockets = []
-  try:
-    for _ in range(n):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      sockets.append(s)
-      s.bind((host, 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
-
-
-def make_tf_config(hosts: list[str], index: int) -> dict:
-  """TF_CONFIG (as a dict) for worker `index` of the cluster `hosts`.
-
-  No "chief" task: TF makes worker 0 the chief, which writes checkpoints.
-  """
-  return {"cluster": {"worker": list(hosts)},
-          "task": {"type": "worker", "index": index}}
-
-
-def exit_status(returncode: int) -> int:
-  """A Popen returncode as a shell exit status: killed by signal S -> 128+S."""
-  return 128 - returncode if returncode < 0 else returncode
 
 
 def is_retryable(code: int, extra_codes=frozenset()) -> bool:
@@ -198,148 +168,6 @@ def _check(args: argparse.Namespace, command: list[str]) -> None:
     raise BadInput(f"--max_restarts={args.max_restarts} must be >= 0.")
 
 
-def group_running(pgid: int) -> bool:
-  """Whether process group `pgid` has a member that is not a zombie.
-
-  kill() counts zombies as members, but they run nothing; an init process
-  that reaps orphans slowly (or never, in some containers) must not hold the
-  launcher for the whole grace period.
-  """
-  try:
-    os.killpg(pgid, 0)
-  except ProcessLookupError:
-    return False
-  if not os.path.isdir("/proc"):
-    return True  # Not Linux: trust kill().
-  for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      state, _, pgrp = process_stat(int(pid))
-    except (OSError, ValueError):
-      continue  # Ended while we looked.
-    if pgrp == pgid and state not in ("Z", "X"):
-      return True
-  return False
-
-
-def process_stat(pid: int) -> tuple[str, int, int]:
-  """(state, parent pid, process group) of a Linux process, from /proc.
-
-  Raises:
-    OSError: the process has ended (or this is not Linux).
-  """
-  with open(f"/proc/{pid}/stat") as f:
-    # After the ")" closing the command name: state, ppid, pgrp, ...
-    state, ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
-  return state, int(ppid), int(pgrp)
-
-
-def _relay(pipe, out, prefix: bytes) -> None:
-  """Copies `pipe` to `out` line by line, each line after `prefix`."""
-  with pipe:
-    for line in iter(pipe.readline, b""):
-      if not line.endswith(b"\n"):
-        line += b"\n"
-      with common.OUTPUT_LOCK:
-        try:
-          out.write(prefix + line)
-          out.flush()
-        except (OSError, ValueError):
-          # Our own output is gone (closed pipe); keep draining anyway so
-          # the worker never blocks on a full pipe.
-          pass
-
-
-class Cluster:
-  """The worker processes of one attempt: start, watch, stop.
-
-  Each worker leads its own session (process group), so a signal to the
-  group also reaches the worker's own subprocesses, and a Ctrl-C at the
-  terminal reaches only the launcher, which then stops the workers in order.
-  """
-
-  def __init__(self, command, hosts, indices, grace_seconds, signals):
-    """`signals`: the launcher's list of received signal numbers (shared)."""
-    self._command = command
-    self._hosts = hosts
-    self._indices = indices
-    self._grace_seconds = grace_seconds
-    self._signals = signals
-    self._workers = []  # (index, Popen, relay threads)
-
-  def start(self) -> None:
-    """Starts one process per index. Raises OSError if the command can't."""
-    for index in self._indices:
-      env = dict(os.environ, PYTHONUNBUFFERED="1",
-                 TF_CONFIG=json.dumps(make_tf_config(self._hosts, index)))
-      proc = subprocess.Popen(self._command, env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              start_new_session=True)
-      prefix = f"[w{index}] ".encode()
-      threads = [threading.Thread(target=_relay, args=(pipe, out, prefix),
-                                  daemon=True)
-                 for pipe, out in ((proc.stdout, sys.stdout.buffer),
-                                   (proc.stderr, sys.stderr.buffer))]
-      for t in threads:
-        t.start()
-      self._workers.append((index, proc, threads))
-
-  def wait(self):
-    """Blocks until a worker fails, all succeed, or a signal arrives.
-
-    Returns:
-      (index, exit status) of the first worker seen failing, else None (all
-      exited 0, or the launcher got a signal: see the shared list).
-    """
-    while not self._signals:
-      running = False
-      for index, proc, threads in self._workers:
-        code = proc.poll()
-        if code:
-          self._drain(threads)  # Its last words come before our verdict.
-          return index, exit_status(code)
-        running = running or code is None
-      if not running:
-        return None
-      time.sleep(POLL_SECONDS)
-    return None
-
-  def stop(self) -> None:
-    """SIGTERMs every worker's group; SIGKILLs what is left after grace.
-
-    Also runs after a clean finish, for subprocesses a worker left behind.
-    A further signal to the launcher during the grace period cuts it short.
-    """
-    self._signal_groups(signal.SIGTERM)
-    deadline = time.monotonic() + self._grace_seconds
-    signals_seen = len(self._signals)
-    while (any(self._alive(proc) for _, proc, _ in self._workers)
-           and time.monotonic() < deadline
-           and len(self._signals) == signals_seen):
-      time.sleep(POLL_SECONDS)
-    self._signal_groups(signal.SIGKILL)
-    for _, proc, threads in self._workers:
-      proc.wait()
-      self._drain(threads)
-
-  def _signal_groups(self, signum: int) -> None:
-    for _, proc, _ in self._workers:
-      try:
-        os.killpg(proc.pid, signum)  # Session leader: its pgid is its pid.
-      except ProcessLookupError:
-        pass  # The group has ended.
-
-  @staticmethod
-  def _alive(proc) -> bool:
-    """Whether the worker or anything in its process group still runs."""
-    return proc.poll() is None or group_running(proc.pid)
-
-  @staticmethod
-  def _drain(threads) -> None:
-    # Bounded: a subprocess that escaped the group may hold the pipe open.
-    for t in threads:
-      t.join(DRAIN_SECONDS)
-
-
 def _cluster_hosts(args) -> list[str]:
   """This attempt's addresses: the hand-made list, or fresh free ports."""
   if args.hosts:
@@ -352,8 +180,10 @@ def _cluster_hosts(args) -> list[str]:
   return [f"{args.host}:{port}" for port in ports]
 
 
-def _attempt(args, signals):
-  """Runs the cluster once; returns (index, exit status) of a failure."""
+def _attempt(args, signals, port_retry: int = 0):
+  """Runs the cluster once; returns (index, exit status) of a failure, or
+  None, and whether it was a port taken that `port_retry` (the number of
+  this retry, 0: none left) starts again on fresh ports."""
   hosts = _cluster_hosts(args)
   indices = ([args.task_index] if args.hosts
              else list(range(args.num_workers)))
@@ -361,23 +191,32 @@ def _attempt(args, signals):
   try:
     cluster.start()
     failure = cluster.wait()
-    if failure and len(indices) > 1:
+    taken = (cluster.port_taken(failure) if failure and port_retry
+             and not args.hosts else None)
+    if taken:
+      say(f"port {taken} of worker {failure[0]} was taken by another process "
+          "after the launcher picked it; restarting every worker on fresh "
+          f"ports ({port_retry}/{PORT_RETRIES})")
+    elif failure and len(indices) > 1:
       say(f"worker {failure[0]} exited with code {failure[1]}; "
           "stopping the others")
     elif failure:
       say(f"worker {failure[0]} exited with code {failure[1]}")
     elif signals:
       say(f"got {signal.Signals(signals[0]).name}; stopping the workers")
-    return failure
+    return failure, bool(taken)
   finally:
     cluster.stop()
 
 
 def run(args, signals: list[int]) -> int:
-  """Runs the cluster, restarting after retryable failures; an exit status."""
-  for attempt in range(args.max_restarts + 1):
+  """Runs the cluster, restarting after retryable failures and after a port
+  taken before its worker bound it; an exit status."""
+  restarts = port_retries = 0
+  while True:
+    retry = port_retries + 1 if port_retries < PORT_RETRIES else 0
     try:
-      failure = _attempt(args, signals)
+      failure, taken = _attempt(args, signals, retry)
     except BadInput as e:
       return common.fail(PROG, e)
     except OSError as e:
@@ -387,12 +226,15 @@ def run(args, signals: list[int]) -> int:
       return 128 + signals[0]
     if failure is None:
       return 0
+    if taken:
+      port_retries += 1
+      continue
     index, code = failure
-    if attempt == args.max_restarts or not is_retryable(code, args.codes):
+    if restarts == args.max_restarts or not is_retryable(code, args.codes):
       return code
-    say(f"restart {attempt + 1}/{args.max_restarts} after worker {index} "
+    restarts += 1
+    say(f"restart {restarts}/{args.max_restarts} after worker {index} "
         f"exited with code {code}")
-  raise AssertionError("unreachable")
 
 
 def main(argv=None) -> int:

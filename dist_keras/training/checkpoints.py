@@ -6,6 +6,7 @@ chief's lands in the workdir; the others write to a private temporary
 folder, deleted by close(). Keras' BackupAndRestore is not worker-aware.
 """
 import dataclasses
+import functools
 import os
 import re
 import shutil
@@ -14,10 +15,10 @@ import time
 
 import tensorflow as tf
 
-from dist_keras import errors, quiet
+from dist_keras import errors
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
-from dist_keras.training import allreduce, run_files
+from dist_keras.training import allreduce, checkpoint_files, run_files
 
 
 def _folder(workdir: str) -> str:
@@ -26,17 +27,19 @@ def _folder(workdir: str) -> str:
 
 # ckpt-STEP.index, ckpt-STEP.data-00000-of-00001 (not ckpt-STEP_temp/).
 _NUMBERED = re.compile(r"ckpt-(\d+)\.")
-_STATE_FILE = "checkpoint"  # TensorFlow's list of a folder's checkpoints.
+_STATE_FILE = checkpoint_files.LIST_FILE  # TF's list of the checkpoints.
 
 
 @dataclasses.dataclass(frozen=True)
 class Resume:
   """Where a run resumes: the newest intact checkpoint (None: none saved),
-  its step (0: from the start), and the newer ones found damaged."""
+  its step (0: from the start), the newer ones found damaged, and the steps
+  of newer ones whose save was cut short (checkpoint_files.cut_short)."""
 
   path: str | None
   step: int
   damaged: tuple[str, ...] = ()
+  cut_short: tuple[int, ...] = ()
 
   def line(self) -> str | None:
     """'ckpt-30 is damaged (why): resuming from ckpt-20', if any was."""
@@ -55,23 +58,30 @@ def find_resume(workdir: str) -> Resume:
   disk) is passed over for the one before; every worker reads the same
   files, so all resume from the same one. Reading every tensor is what
   catches a damaged data file: TF checks each tensor's checksum as it reads.
+  One whose save was killed mid-way is no damage: it is passed over too,
+  and the chief removes it (restored), even when it was the only one.
 
   Raises:
     NoIntactCheckpoint: checkpoints are there but none reads back.
   """
-  folder, damaged = _folder(workdir), []
+  folder, damaged, cut = _folder(workdir), [], []
+  listed = checkpoint_files.listed(folder)
+  steps = None if listed is None else {step for step, _ in listed[0]}
   for step in _steps_saved(folder):
     path = os.path.join(folder, f"ckpt-{step}")
     problem = _damage(path)
     if problem is None:
-      return Resume(path, step, tuple(damaged))
-    damaged.append(f"ckpt-{step} is damaged ({problem})")
+      return Resume(path, step, tuple(damaged), tuple(cut))
+    if checkpoint_files.cut_short(folder, step, steps):
+      cut.append(step)
+    else:
+      damaged.append(f"ckpt-{step} is damaged ({problem})")
   if damaged:
     raise errors.NoIntactCheckpoint(
         f"--workdir={workdir}: no checkpoint reads back: "
         f"{'; '.join(damaged)}; retrying may find a copy still arriving, "
         "else restore checkpoints/ from a backup or pass a new --workdir.")
-  return Resume(None, 0)
+  return Resume(None, 0, cut_short=tuple(cut))
 
 
 def _steps_saved(folder: str) -> list[int]:
@@ -83,7 +93,7 @@ def _steps_saved(folder: str) -> list[int]:
     found = _NUMBERED.match(os.path.basename(path))
     if found:
       steps.add(int(found.group(1)))
-  state, _ = _read_state(folder)
+  state, _ = checkpoint_files.read_list(folder)
   for path in state.all_model_checkpoint_paths if state else ():
     found = _NUMBERED.match(os.path.basename(path) + ".")
     if found:
@@ -91,35 +101,17 @@ def _steps_saved(folder: str) -> list[int]:
   return sorted(steps, reverse=True)
 
 
-def _read_state(folder: str):
-  """(TF's CheckpointState of `folder` or None, whether its state file is
-  there but unreadable), without TF's own warning lines."""
-  if not tf.io.gfile.exists(os.path.join(folder, _STATE_FILE)):
-    return None, False
-  with quiet.tf_warnings_off():
-    try:
-      state = tf.train.get_checkpoint_state(folder)
-    except (tf.errors.OpError, ValueError):  # An empty file.
-      state = None
-  return state, state is None or not state.model_checkpoint_path
-
-
 def _repair_state(folder: str, resume: Resume) -> str | None:
   """Rewrites an unreadable state file from the checkpoint files up to the
   one resumed (CheckpointManager would fail on it, or forget them and never
   delete the old ones); returns the line that says so."""
-  if not _read_state(folder)[1]:
+  if not checkpoint_files.read_list(folder)[1]:
     return None
   kept = ([step for step in sorted(_steps_saved(folder))
            if step <= resume.step] if resume.path else [])
-  # The file's text format, names relative to the folder (as TF writes
-  # it); CheckpointManager deletes only those with a timestamp.
+  # CheckpointManager deletes only those with a timestamp.
   now = time.time()
-  with tf.io.gfile.GFile(os.path.join(folder, _STATE_FILE), "w") as f:
-    f.write("".join(
-        [f'model_checkpoint_path: "ckpt-{resume.step}"\n'] * bool(kept)
-        + [f'all_model_checkpoint_paths: "ckpt-{step}"\n' for step in kept]
-        + [f"all_model_checkpoint_timestamps: {now}\n"] * len(kept)))
+  checkpoint_files.write_list(folder, [(step, now) for step in kept])
   return (f"{run_files.CHECKPOINTS}/{_STATE_FILE} (TensorFlow's list of the "
           "checkpoints) was unreadable: rewritten from the checkpoint files")
 
@@ -163,10 +155,16 @@ class Checkpoints:
         step=self.step, stopped=self.stopped)
     self._scratch = None if chief else tempfile.mkdtemp(
         prefix="dist_keras_worker_")
-    self.manager = tf.train.CheckpointManager(
-        self.checkpoint, self._scratch or self.folder,
-        max_to_keep=1 if self._scratch else max_to_keep)
+    self._max_to_keep = 1 if self._scratch else max_to_keep
     self.saved_at = None  # The step of the last save of this run.
+
+  @functools.cached_property
+  def manager(self) -> tf.train.CheckpointManager:
+    # Made at the first save: it reads TF's list once, as it is made, and
+    # restored() may add to the list once the restore has succeeded.
+    return tf.train.CheckpointManager(
+        self.checkpoint, self._scratch or self.folder,
+        max_to_keep=self._max_to_keep)
 
   def restore(self, resume: Resume) -> str | None:
     """Restores the checkpoint `resume` names, if any; returns the line
@@ -228,18 +226,34 @@ class Checkpoints:
 def restored(workdir: str, model, optimizers, strategy, max_to_keep: int,
              resume: Resume):
   """(the run's Checkpoints, its "resumed from ..." line or None): the
-  checkpoint `resume` names restored, every worker agreeing on it."""
-  chief = strategies.is_chief(strategy)
-  repaired = _repair_state(_folder(workdir), resume) if chief else None
+  checkpoint `resume` names restored, every worker agreeing on it; then the
+  chief tidies what saves cut short left (_tidy), said in the same line."""
+  chief, folder = strategies.is_chief(strategy), _folder(workdir)
+  repaired = _repair_state(folder, resume) if chief else None
   saved = Checkpoints(workdir, model, optimizers, chief, max_to_keep)
   try:
-    line = "; ".join(filter(None, [repaired, saved.restore(resume)])) or None
+    lines = [repaired, saved.restore(resume)]
     check_workers_agree(strategy, resume.step,
                         strategies.num_workers(strategy), workdir)
+    # After the agreement, a collective every worker reaches only once it
+    # has found and restored its checkpoint: no worker still reads what
+    # the chief removes.
+    if chief:
+      lines[1:1] = _tidy(folder, resume)
   except BaseException:  # (A stop request before training, too.)
     saved.close()
     raise
-  return saved, line
+  return saved, "; ".join(filter(None, lines)) or None
+
+
+def _tidy(folder: str, resume: Resume) -> list[str | None]:
+  """What saves cut short left, removed; the checkpoint resumed from
+  added to TF's list if a kill kept it out; the clauses that say so."""
+  listed = (checkpoint_files.list_resumed(folder, resume.step)
+            if resume.path else None)
+  removed = checkpoint_files.remove(
+      folder, checkpoint_files.found(folder, resume.cut_short))
+  return [listed, checkpoint_files.removed_line(removed)]
 
 
 def check_workers_agree(strategy, step: int, workers: int,

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import launch_local  # tools/, on sys.path (conftest.py)
+import local_cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, "tools", "launch_local.py")
@@ -72,21 +73,21 @@ def _start_and_read_pids(args, count):
 
 
 def test_free_ports_are_distinct_and_bindable():
-  ports = launch_local.free_ports(5)
+  ports = local_cluster.free_ports(5)
   assert len(set(ports)) == 5
   assert all(1024 <= p < 65536 for p in ports)
 
 
 def test_tf_config_names_the_cluster_and_the_task():
   hosts = ["127.0.0.1:1000", "127.0.0.1:1001"]
-  assert launch_local.make_tf_config(hosts, 1) == {
+  assert local_cluster.make_tf_config(hosts, 1) == {
       "cluster": {"worker": hosts}, "task": {"type": "worker", "index": 1}}
 
 
 @pytest.mark.parametrize("returncode,status", [(0, 0), (3, 3), (-9, 137),
                                                (-15, 143)])
 def test_exit_status_maps_signals_to_128_plus(returncode, status):
-  assert launch_local.exit_status(returncode) == status
+  assert local_cluster.exit_status(returncode) == status
 
 
 def test_only_signal_codes_and_listed_codes_are_retryable():
@@ -148,10 +149,10 @@ def test_a_failed_worker_stops_the_others_and_sets_the_exit_code(tmp_path):
 
 
 def test_group_running_sees_live_groups_only():
-  assert launch_local.group_running(os.getpgrp())
+  assert local_cluster.group_running(os.getpgrp())
   ended = subprocess.Popen(["true"], start_new_session=True)
   ended.wait()
-  assert not launch_local.group_running(ended.pid)
+  assert not local_cluster.group_running(ended.pid)
 
 
 @pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130),

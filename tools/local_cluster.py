@@ -1,0 +1,221 @@
+"""The worker processes of one local cluster attempt (launch_local.py):
+ports, TF_CONFIG, starting, relaying, watching and stopping them.
+
+Each worker runs the launcher's command with its own TF_CONFIG; its output
+is relayed line by line after `[wI] `.
+"""
+import functools
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import common
+
+POLL_SECONDS = 0.05
+# How long to wait for a relay thread to drain a dead worker's last lines.
+DRAIN_SECONDS = 2.0
+# dist_keras' refusal of a task's port that another process holds
+# (dist_keras/distribute/strategies.py check_port_free): its one line on
+# stderr and exit 2, before TensorFlow starts its server.
+PORT_IN_USE = re.compile(
+    rb"dist_keras: error: TF_CONFIG gives this task \(\w+:\d+\) \S+, but "
+    rb"port (\d+) is in use on this machine")
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+  """Returns `n` distinct TCP ports that are free on `host` right now.
+
+  All sockets stay bound until every port is chosen, so the OS cannot hand
+  out the same port twice.
+  """
+  sockets = []
+  try:
+    for _ in range(n):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      sockets.append(s)
+      s.bind((host, 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def make_tf_config(hosts: list[str], index: int) -> dict:
+  """TF_CONFIG (as a dict) for worker `index` of the cluster `hosts`.
+
+  No "chief" task: TF makes worker 0 the chief, which writes checkpoints.
+  """
+  return {"cluster": {"worker": list(hosts)},
+          "task": {"type": "worker", "index": index}}
+
+
+def exit_status(returncode: int) -> int:
+  """A Popen returncode as a shell exit status: killed by signal S -> 128+S."""
+  return 128 - returncode if returncode < 0 else returncode
+
+
+def group_running(pgid: int) -> bool:
+  """Whether process group `pgid` has a member that is not a zombie.
+
+  kill() counts zombies as members, but they run nothing; an init process
+  that reaps orphans slowly (or never, in some containers) must not hold the
+  launcher for the whole grace period.
+  """
+  try:
+    os.killpg(pgid, 0)
+  except ProcessLookupError:
+    return False
+  if not os.path.isdir("/proc"):
+    return True  # Not Linux: trust kill().
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      state, _, pgrp = process_stat(int(pid))
+    except (OSError, ValueError):
+      continue  # Ended while we looked.
+    if pgrp == pgid and state not in ("Z", "X"):
+      return True
+  return False
+
+
+def process_stat(pid: int) -> tuple[str, int, int]:
+  """(state, parent pid, process group) of a Linux process, from /proc.
+
+  Raises:
+    OSError: the process has ended (or this is not Linux).
+  """
+  with open(f"/proc/{pid}/stat") as f:
+    # After the ")" closing the command name: state, ppid, pgrp, ...
+    state, ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+  return state, int(ppid), int(pgrp)
+
+
+def _relay(pipe, out, prefix: bytes, watch=None) -> None:
+  """Copies `pipe` to `out` line by line, each line after `prefix`; each
+  line goes to `watch` too, if given."""
+  with pipe:
+    for line in iter(pipe.readline, b""):
+      if not line.endswith(b"\n"):
+        line += b"\n"
+      if watch:
+        watch(line)
+      with common.OUTPUT_LOCK:
+        try:
+          out.write(prefix + line)
+          out.flush()
+        except (OSError, ValueError):
+          # Our own output is gone (closed pipe); keep draining anyway so
+          # the worker never blocks on a full pipe.
+          pass
+
+
+class Cluster:
+  """The worker processes of one attempt: start, watch, stop.
+
+  Each worker leads its own session (process group), so a signal to the
+  group also reaches the worker's own subprocesses, and a Ctrl-C at the
+  terminal reaches only the launcher, which then stops the workers in order.
+  """
+
+  def __init__(self, command, hosts, indices, grace_seconds, signals):
+    """`signals`: the launcher's list of received signal numbers (shared)."""
+    self._command = command
+    self._hosts = hosts
+    self._indices = indices
+    self._grace_seconds = grace_seconds
+    self._signals = signals
+    self._workers = []  # (index, Popen, relay threads)
+    self._refused = {}  # {index: the port its worker said is in use}
+
+  def start(self) -> None:
+    """Starts one process per index. Raises OSError if the command can't."""
+    for index in self._indices:
+      env = dict(os.environ, PYTHONUNBUFFERED="1",
+                 TF_CONFIG=json.dumps(make_tf_config(self._hosts, index)))
+      proc = subprocess.Popen(self._command, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True)
+      prefix = f"[w{index}] ".encode()
+      watch = functools.partial(self._watch, index)
+      threads = [threading.Thread(target=_relay, args=(pipe, out, prefix, w),
+                                  daemon=True)
+                 for pipe, out, w in ((proc.stdout, sys.stdout.buffer, None),
+                                      (proc.stderr, sys.stderr.buffer, watch))]
+      for t in threads:
+        t.start()
+      self._workers.append((index, proc, threads))
+
+  def _watch(self, index: int, line: bytes) -> None:
+    found = PORT_IN_USE.search(line)
+    if found:
+      self._refused[index] = int(found.group(1))
+
+  def port_taken(self, failure) -> int | None:
+    """The port of worker `failure` = (index, exit status), if it exited
+    2 refusing that port, its own, as held by another process; else None
+    (a failure of any other kind)."""
+    index, code = failure
+    own = int(self._hosts[index].rpartition(":")[2])
+    refused = self._refused.get(index)
+    return own if code == common.EXIT_BAD_INPUT and refused == own else None
+
+  def wait(self):
+    """Blocks until a worker fails, all succeed, or a signal arrives.
+
+    Returns:
+      (index, exit status) of the first worker seen failing, else None (all
+      exited 0, or the launcher got a signal: see the shared list).
+    """
+    while not self._signals:
+      running = False
+      for index, proc, threads in self._workers:
+        code = proc.poll()
+        if code:
+          self._drain(threads)  # Its last words come before our verdict.
+          return index, exit_status(code)
+        running = running or code is None
+      if not running:
+        return None
+      time.sleep(POLL_SECONDS)
+    return None
+
+  def stop(self) -> None:
+    """SIGTERMs every worker's group; SIGKILLs what is left after grace.
+
+    Also runs after a clean finish, for subprocesses a worker left behind.
+    A further signal to the launcher during the grace period cuts it short.
+    """
+    self._signal_groups(signal.SIGTERM)
+    deadline = time.monotonic() + self._grace_seconds
+    signals_seen = len(self._signals)
+    while (any(self._alive(proc) for _, proc, _ in self._workers)
+           and time.monotonic() < deadline
+           and len(self._signals) == signals_seen):
+      time.sleep(POLL_SECONDS)
+    self._signal_groups(signal.SIGKILL)
+    for _, proc, threads in self._workers:
+      proc.wait()
+      self._drain(threads)
+
+  def _signal_groups(self, signum: int) -> None:
+    for _, proc, _ in self._workers:
+      try:
+        os.killpg(proc.pid, signum)  # Session leader: its pgid is its pid.
+      except ProcessLookupError:
+        pass  # The group has ended.
+
+  @staticmethod
+  def _alive(proc) -> bool:
+    """Whether the worker or anything in its process group still runs."""
+    return proc.poll() is None or group_running(proc.pid)
+
+  @staticmethod
+  def _drain(threads) -> None:
+    # Bounded: a subprocess that escaped the group may hold the pipe open.
+    for t in threads:
+      t.join(DRAIN_SECONDS)
