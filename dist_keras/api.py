@@ -112,8 +112,8 @@ def build(job: Job) -> loop.Trainer:
     eval_ds, eval_spec = pipelines.distribute(
         strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
     # Loss and metrics state, from the batches of both splits.
-    evaluates = checks.build_state(model, strategy, batch_spec, eval_spec)
-    notes.append(compiled.no_eval_note(model, evaluates))
+    no_eval = checks.build_state(model, strategy, batch_spec, eval_spec)
+    notes.append(no_eval)
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).
     rate = lr.apply(model.optimizer, config.train)
@@ -123,7 +123,7 @@ def build(job: Job) -> loop.Trainer:
         resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     parts = loop.Parts(strategy, model, train_ds, eval_ds, saved, rate, stop,
-                       callbacks, evaluates)
+                       callbacks, evaluates=no_eval is None)
     notes += [note] + settings.notes(config, on_tpu) + [resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,

@@ -62,11 +62,12 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   return model
 
 
-def build_state(model, strategy, batch_spec, eval_spec=None) -> bool:
+def build_state(model, strategy, batch_spec, eval_spec=None) -> str | None:
   """Creates the model's variables and its compiled loss's and metrics'
   state, in scope, from a zero batch shaped like `batch_spec`; then checks
   that the variables are mirrored and that model.keras can be saved.
-  Returns whether the eval has a loss to report (evaluates).
+  Returns None when the eval has a loss to report (evaluates), else the
+  note that says there is no eval.
 
   Keras creates metric variables on their first update; inside a replica
   function that is not allowed, so they are made here (as Keras' own fit
@@ -91,8 +92,17 @@ def build_state(model, strategy, batch_spec, eval_spec=None) -> bool:
     _check_scalar(model, loss)
     model.reset_metrics()
   _check_in_scope(model, strategy)
+  no_eval = None if has_eval_loss else _no_eval_note(model)
   saving.check_savable(model)
-  return has_eval_loss
+  return no_eval
+
+
+def _no_eval_note(model) -> str:
+  """Keras' evaluate() would fail on such a model: there is no eval."""
+  return (f"no eval: {type(model).__name__} has no compiled loss, no "
+          "test_step of its own and no loss of its own (add_loss, "
+          "regularisers) in a call on the eval batches, so Keras' evaluate()"
+          " would have none to report")
 
 
 def overrides(model, method: str) -> bool:

@@ -112,17 +112,6 @@ def _own_step_note(model, strategy, train_cfg) -> str:
           + scaled)
 
 
-def no_eval_note(model, evaluates: bool) -> str | None:
-  """The line a model with no loss to evaluate gets (checks.evaluates):
-  Keras' evaluate() would fail on it, so there is no eval."""
-  if evaluates:
-    return None
-  return (f"no eval: {type(model).__name__} has no compiled loss, no "
-          "test_step of its own and no loss of its own (add_loss, "
-          "regularisers) in a call on the eval batches, so Keras' evaluate()"
-          " would have none to report")
-
-
 def keeps_ema(optimizer) -> bool:
   """Whether `optimizer` keeps moving averages of the weights (use_ema),
   through a LossScaleOptimizer's wrapper or in any of a MultiOptimizer's."""
