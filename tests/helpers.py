@@ -10,6 +10,15 @@ from dist_keras import configs, tensorboard_events
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
+# A user_task run of 12 steps with a checkpoint every 4 (3 kept), no eval:
+# the checkpoint tests' damage and leftovers are made in its workdir.
+CHECKPOINT_EVERY, CHECKPOINT_STEPS = 4, 12
+CHECKPOINT_RUN = {
+    "train.steps": CHECKPOINT_STEPS, "train.global_batch_size": 48,
+    "train.log_every": CHECKPOINT_EVERY,
+    "train.checkpoint_every": CHECKPOINT_EVERY, "train.max_checkpoints": 3,
+    "eval.every": 0, "eval.steps": 1, "log.calibration_steps": 0,
+    "log.sync_timing": False, "log.peak_tflops": 1.0}
 
 
 def tiny_config(name: str = "lstm_longmem"):

@@ -106,8 +106,8 @@ class Reconstruct(keras.Model):
     return reconstructed
 
 
-def _built_by_shape():
-  model = Reconstruct()
+def _built_by_shape(model_class=None):
+  model = (model_class or Reconstruct)()
   model.build((None, parity_task.FEATURES))
   model.compile(optimizer=keras.optimizers.SGD(0.1))
   return model
@@ -153,14 +153,19 @@ def test_a_model_with_only_its_own_loss_is_evaluated_as_keras_evaluates(
   _, history = _fit(_functional_add_loss, parity_task.images_dataset_fn)
   result = helpers.fit_fns(_functional_add_loss,
                            parity_task.images_dataset_fn, tmp_path, CONFIG)
+  _assert_evaluated_as_keras_evaluates(result)
+  assert result.history["val_loss"] == pytest.approx(history["val_loss"],
+                                                     rel=1e-5)
+
+
+def _assert_evaluated_as_keras_evaluates(result):
+  """The run's eval_loss is Keras' evaluate() of its model on the split."""
   x, _ = parity_task._examples("eval")  # pylint: disable=protected-access
   evaluated = result.model.evaluate(x, batch_size=len(x), verbose=0,
                                     return_dict=True)
   assert result.summary["eval_loss"] == pytest.approx(evaluated["loss"],
                                                       rel=1e-5)
   assert result.summary["eval_examples"] == len(x)
-  assert result.history["val_loss"] == pytest.approx(history["val_loss"],
-                                                     rel=1e-5)
 
 
 class ReconstructByItsOwnStep(Reconstruct):
@@ -177,10 +182,7 @@ class ReconstructByItsOwnStep(Reconstruct):
 
 
 def _own_step_add_loss():
-  model = ReconstructByItsOwnStep()
-  model.build((None, parity_task.FEATURES))
-  model.compile(optimizer=keras.optimizers.SGD(0.1))
-  return model
+  return _built_by_shape(ReconstructByItsOwnStep)
 
 
 @pytest.mark.filterwarnings("ignore:`build\\(\\)` was called")
@@ -196,12 +198,7 @@ def test_an_own_train_step_on_its_add_loss_is_evaluated_as_keras_evaluates(
   for name, values in history.items():
     np.testing.assert_allclose(result.history[name], values, rtol=1e-5,
                                err_msg=name)
-  x, _ = parity_task._examples("eval")  # pylint: disable=protected-access
-  evaluated = result.model.evaluate(x, batch_size=len(x), verbose=0,
-                                    return_dict=True)
-  assert result.summary["eval_loss"] == pytest.approx(evaluated["loss"],
-                                                      rel=1e-5)
-  assert result.summary["eval_examples"] == len(x)
+  _assert_evaluated_as_keras_evaluates(result)
   for a, b in zip(fitted.get_weights(), result.model.get_weights()):
     np.testing.assert_allclose(a, b, atol=1e-6)
 

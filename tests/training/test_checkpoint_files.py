@@ -15,16 +15,13 @@ import pytest
 import tensorflow as tf
 
 import dist_keras
+import helpers
 import user_task
 from dist_keras.distribute import strategies
 from dist_keras.training import checkpoint_files, checkpoints
 
-EVERY, STEPS = 4, 12
-CONFIG = {"train.steps": STEPS, "train.global_batch_size": 48,
-          "train.log_every": EVERY, "train.checkpoint_every": EVERY,
-          "train.max_checkpoints": 3, "eval.every": 0, "eval.steps": 1,
-          "log.calibration_steps": 0, "log.sync_timing": False,
-          "log.peak_tflops": 1.0}
+EVERY, STEPS = helpers.CHECKPOINT_EVERY, helpers.CHECKPOINT_STEPS
+CONFIG = helpers.CHECKPOINT_RUN
 ONE_CPU = tf.distribute.OneDeviceStrategy("/cpu:0")
 PART = "part-00000-of-00001"
 DATA = "data-00000-of-00001"

@@ -18,12 +18,8 @@ import user_task
 from dist_keras import errors
 from dist_keras.training import checkpoints
 
-EVERY, STEPS = 4, 12
-CONFIG = {"train.steps": STEPS, "train.global_batch_size": 48,
-          "train.log_every": EVERY, "train.checkpoint_every": EVERY,
-          "train.max_checkpoints": 3, "eval.every": 0, "eval.steps": 1,
-          "log.calibration_steps": 0, "log.sync_timing": False,
-          "log.peak_tflops": 1.0}
+EVERY, STEPS = helpers.CHECKPOINT_EVERY, helpers.CHECKPOINT_STEPS
+CONFIG = helpers.CHECKPOINT_RUN
 ONE_CPU = tf.distribute.OneDeviceStrategy("/cpu:0")
 DATA = "ckpt-12.data-00000-of-00001"
 
