@@ -17,6 +17,7 @@ steps of a 20-token Embedding, 2026-12-05).
 import hashlib
 import json
 import math
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -91,18 +92,31 @@ def all_finite(grads):
 
 
 def host_value_sum(strategy):
-  """A tf.function `(float) -> its sum over every replica of the job`.
+  """`(float) -> its sum over every replica of the job`.
 
   For the host to agree with the other workers on a number (a resume step,
-  a stop request): each replica contributes this process's value.
+  a stop request): each replica contributes this process's value. One
+  tf.function per strategy, traced once: a new one per use retraced at
+  every epoch's agreement, and TensorFlow warned of retracing.
   """
+  total = _TOTALS.get(strategy)
+  if total is None:
+    total = _TOTALS[strategy] = _total_over_replicas(weakref.ref(strategy))
+  return lambda value: float(total(tf.constant(value, tf.float64)))
 
+
+# The value holds only a weak reference: the strategy can still go away.
+_TOTALS = weakref.WeakKeyDictionary()
+
+
+def _total_over_replicas(strategy_ref):
   @tf.function  # Eager collectives under MWMS are slow and warn.
   def total(value):
+    strategy = strategy_ref()
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(
         lambda: tf.identity(value)), axis=None)
 
-  return lambda value: float(total(tf.constant(value, tf.float64)))
+  return total
 
 
 def any_worker(strategy):

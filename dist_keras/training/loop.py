@@ -227,10 +227,12 @@ class Trainer:
 
   def train_values(self, values: dict) -> dict:
     """The train values as fit reports them: the model's metrics, or a
-    model's own train_step's logs when they name other things."""
+    model's own train_step's logs when they name other things (a metric
+    they name still read from its state: averaging replicas' F1 scores
+    is not the global batch's F1)."""
     logs = self.run_state.step_logs if self.run_state else {}
     if logs and set(logs) != set(values):
-      return dict(logs)
+      return {name: values.get(name, value) for name, value in logs.items()}
     return values
 
   def _step_functions(self) -> calls.Calls:

@@ -251,3 +251,20 @@ def test_a_layer_updating_a_synchronised_variable_evaluates(mirrored,
       np.abs(prediction - y).mean(), rel=1e-6)
   assert result["loss"] == pytest.approx(
       np.square(prediction - y).mean(), rel=1e-6)
+
+
+def test_an_own_steps_metric_beside_its_own_values_is_one_devices_at_2(
+    tmp_path, mirrored):
+  """A metric the step's logs name beside a value of their own is read
+  from its state: the F1 of each class at 2 replicas is one device's (the
+  replicas' mean of their own F1 scores is not)."""
+  model_fn = _own_step_model_fn(OwnStepWithConfidence)
+  runs = [dist_keras.fit(model_fn, _dataset_fn(onehot=True),
+                         workdir=str(tmp_path / name), config=CONFIG,
+                         strategy=strategy)
+          for name, strategy in (("one", "one_device"), ("two", mirrored))]
+  one, two = (run.summary["train_f1_score"] for run in runs)
+  np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(runs[1].history["f1_score"],
+                             runs[0].history["f1_score"], rtol=1e-5,
+                             atol=1e-6)

@@ -137,3 +137,19 @@ def test_sent_bytes_count_dense_gradients_and_gathered_slices():
   np.testing.assert_array_equal(allreduce.sent_bytes(grads, "bfloat16"),
                                 [8 * 2, 5 * 3 * 4 + 5 * 4])
   np.testing.assert_array_equal(allreduce.sent_bytes([None]), [0, 0])
+
+
+def test_host_value_sum_traces_once_per_strategy_and_lets_it_go():
+  """Every agreement of a run (each epoch's, with callbacks) had traced a
+  tf.function of its own, and TensorFlow warned of retracing."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import weakref  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  sums = [allreduce.host_value_sum(strategy) for _ in range(6)]
+  assert [total(float(k)) for k, total in enumerate(sums)] == list(
+      map(float, range(6)))
+  assert allreduce._TOTALS[strategy].experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+  gone = weakref.ref(strategy)
+  del strategy, sums
+  gc.collect()
+  assert gone() is None
