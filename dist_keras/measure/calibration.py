@@ -69,6 +69,20 @@ def check(strategy, real_step_ms: float, ideal_step_ms: float,
                                   measured_allreduce_ms, deterministic)}
 
 
+def not_measured(replicas: int) -> dict:
+  """check()'s fields for a run whose calibration did not run where it
+  would have (a rerun that finishes a run stopped after its last
+  checkpoint): None, but one replica's all-reduce, which is known to cost
+  nothing."""
+  if replicas == 1:
+    return {"ideal_step_ms": None, "ideal_speedup": None,
+            "allreduce_predicted_ms": 0.0}
+  return dict.fromkeys(
+      ("ideal_step_ms", "ideal_speedup", "allreduce_alpha_us",
+       "allreduce_bandwidth_GBps", "allreduce_predicted_ms",
+       "allreduce_measured_over_predicted"))
+
+
 def lines(out: dict, traffic: costmodel.Traffic, measured_allreduce_ms,
           multi_replica: bool) -> list[str]:
   """What a run prints of its calibration (`out`: check's result)."""

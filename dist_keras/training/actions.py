@@ -33,12 +33,16 @@ class RunState:
   call_limit: int = 1  # Steps per call under train.steps_per_loop=0.
   skipped_steps: int = 0  # float16 loss scaling: overflowed, not applied.
   logged: dict = dataclasses.field(default_factory=dict)  # Last window's.
+  logged_at: int = -1  # The step that window ended at.
   perf: dict = dataclasses.field(default_factory=dict)  # Its perf/, sync/.
   retries_left: int = 0  # train.divergence_retries not yet used.
   skipped: list = dataclasses.field(default_factory=list)  # [first, last].
   final_eval: dict | None = None
   tracing_seconds: float = 0.0  # Of the calls that traced a function.
   calibrated: dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    self.resumed_at = self.step  # Its checkpoint's step (0: none).
 
   @property
   def finishing(self) -> bool:
@@ -135,6 +139,7 @@ class LogWindow(keras.callbacks.Callback):
     perf, seconds = self.trainer.meters.close_window()
     self.run.call_limit = auto_steps_per_call(seconds, self.run.multi_worker)
     self.run.logged, self.run.perf = train, perf
+    self.run.logged_at = step
     self.trainer.tensorboard.scalars(step, {**train, **self._extra(train),
                                           **perf})
     self.trainer.say(report.progress_line(

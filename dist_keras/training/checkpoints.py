@@ -19,6 +19,7 @@ from dist_keras import errors
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, checkpoint_files, run_files
+from dist_keras.training import run_record
 
 
 def _folder(workdir: str) -> str:
@@ -141,7 +142,9 @@ class Checkpoints:
   The step is the loop's (the batches read), not an optimizer's: with
   gradient accumulation or a skipped loss-scaled step the optimizer counts
   differently. `stopped` marks a run a callback stopped (model.stop_training):
-  a rerun finishes it instead of training on.
+  a rerun finishes it instead of training on. `record` (run_record.py): the
+  last log window's train values, the measurements and the users'
+  callbacks' state, for the rerun.
   """
 
   def __init__(self, workdir: str, model, optimizers, chief: bool,
@@ -149,10 +152,13 @@ class Checkpoints:
     self.workdir, self.folder = workdir, _folder(workdir)
     self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
     self.stopped = tf.Variable(False, trainable=False)
-    self.checkpoint = tf.train.Checkpoint(
+    self._variables = dict(
         model_variables=list(model.variables),
         optimizer_variables=[v for o in optimizers for v in o.variables],
         step=self.step, stopped=self.stopped)
+    self.record = run_record.RunRecord()  # Train values, measurements.
+    self.checkpoint = tf.train.Checkpoint(**self._variables,
+                                          record=self.record)
     self._scratch = None if chief else tempfile.mkdtemp(
         prefix="dist_keras_worker_")
     self._max_to_keep = 1 if self._scratch else max_to_keep
@@ -177,7 +183,7 @@ class Checkpoints:
       return None
     name = os.path.basename(resume.path)
     try:
-      self.checkpoint.restore(resume.path).assert_consumed()
+      self._restore(resume.path)
     except (AssertionError, ValueError, tf.errors.OpError) as e:
       # Its tensors read back (find_resume): they are another model's.
       raise UserError(
@@ -215,8 +221,17 @@ class Checkpoints:
     """Restores the last checkpoint this run saved or resumed from into the
     running model and optimizer (after a divergence); returns its path."""
     path = self.last_saved()
-    self.checkpoint.restore(path).assert_consumed()
+    self._restore(path)
     return path
+
+  def _restore(self, path: str) -> None:
+    """Every variable of the checkpoint at `path`, and its record if it
+    has one (one saved before records were kept restores without)."""
+    keys = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    whole = any(key.startswith("record/") for key in keys)
+    self.record.restored = None
+    (self.checkpoint if whole else tf.train.Checkpoint(**self._variables)
+     ).restore(path).assert_consumed()
 
   def close(self) -> None:
     if self._scratch:

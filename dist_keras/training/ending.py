@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras.training import allreduce, compiled, ray_report, report
-from dist_keras.training import run_files
+from dist_keras.training import run_files, run_record
 
 
 def fingerprint(model) -> str:
@@ -111,7 +111,12 @@ def finish(trainer, run) -> dict:
   if eps:
     trainer.say(report.throughput_line(meters))
   summary = report.summary_json(report.run_fields(trainer, run), run, meters)
-  trainer.say(meters.utilisation.line(eps))
+  if run.resumed_at and run.step == run.resumed_at:
+    # Nothing trained: the results of a run stopped after its last
+    # checkpoint, from what that checkpoint kept.
+    trainer.say(run_record.complete(summary, trainer, run))
+  else:
+    trainer.say(meters.utilisation.line(eps))
   trainer.tensorboard.flush()
   if trainer.chief:
     run_files.save_model(trainer.workdir, trainer.model)

@@ -25,7 +25,7 @@ from dist_keras import tensorboard_events
 from dist_keras.training import actions, allreduce, calls, divergence
 from dist_keras.training import compiled, ending, evaluation, lr, metrics
 from dist_keras.training import preemption, ray_report, report, run_files
-from dist_keras.training import steps, watch
+from dist_keras.training import run_record, steps, watch
 from dist_keras.training import user_callbacks
 from dist_keras.training.checkpoints import Checkpoints
 from dist_keras.training.settings import Settings, auto_steps_per_call
@@ -203,7 +203,8 @@ class Trainer:
                 actions.LogWindow(run, self),
                 actions.Profile(run, prof),
                 actions.Calibrate(run, self, iterator, stop)]
-      after = [actions.SaveCheckpoints(run, self.parts.checkpoints,
+      after = [run_record.Keep(run, self, users),
+               actions.SaveCheckpoints(run, self.parts.checkpoints,
                                        self.meters),
                *ray_report.for_session(run, self.parts.checkpoints,
                                        self.chief),

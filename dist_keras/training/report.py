@@ -127,11 +127,6 @@ def summary_json(run_fields: dict, run, meters) -> dict:
   """summary.json: `run_fields` (strategy, replicas, steps, ...), the last
   logged train values and the final eval as train_NAME / eval_NAME,
   throughput, the sync breakdown's means, the calibration, MFU."""
-  means = meters.sync_log.means()
-  eps = meters.throughput.examples_per_sec
-  replicas = run_fields["replicas"]
-  split = ("model_step" if "model_step_ms" in means
-           else "compute, straggler, allreduce")
   return {
       **run_fields,
       # A metric of a value per class as a list (JSON has no arrays).
@@ -139,8 +134,24 @@ def summary_json(run_fields: dict, run, meters) -> dict:
          for name, value in run.logged.items()},
       **{f"eval_{name}": np.asarray(value).tolist()
          for name, value in run.final_eval.items()},
+      **measured_fields(run, meters),
+      "ideal_step_ms": None, "ideal_speedup": None,
+      **run.calibrated,
+  }
+
+
+def measured_fields(run, meters) -> dict:
+  """summary.json's fields that the training measured (throughput, the
+  sync breakdown's means, MFU, tracing, skipped steps): what a checkpoint
+  keeps for a rerun that finishes the run without training
+  (run_record.py)."""
+  means = meters.sync_log.means()
+  eps = meters.throughput.examples_per_sec
+  split = ("model_step" if "model_step_ms" in means
+           else "compute, straggler, allreduce")
+  return {
       "examples_per_sec": eps,
-      "examples_per_sec_per_replica": eps / replicas if eps else None,
+      "examples_per_sec_per_replica": eps / meters.replicas if eps else None,
       # Wall ms per step over the log windows (the warm-up one left out).
       **timing.step_time_stats(meters.throughput.window_ms),
       "gradient_bytes": meters.traffic.allreduced,
@@ -152,10 +163,9 @@ def summary_json(run_fields: dict, run, meters) -> dict:
       **{k: means.get(k) for k in (*breakdown.SyncLog.COMPONENTS,
                                    "model_step_ms", "step_ms")},
       "skipped_steps": run.skipped_steps,
+      "skipped_after_divergence": run.skipped,
       # Wall seconds of the calls that traced and compiled a function.
       "tracing_calls_s": run.tracing_seconds,
-      "ideal_step_ms": None, "ideal_speedup": None,
-      **run.calibrated,
       **meters.utilisation.summary(eps),
   }
 
@@ -173,5 +183,4 @@ def run_fields(trainer, run) -> dict:
           "peak_learning_rate": trainer.parts.rate.peak,
           "train_step": "model" if trainer.custom_step else "dist_keras",
           "callbacks": [type(c).__name__ for c in trainer.parts.callbacks],
-          "stopped_early": run.stopping,
-          "skipped_after_divergence": run.skipped}
+          "stopped_early": run.stopping}

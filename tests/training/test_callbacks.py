@@ -300,20 +300,138 @@ def test_rerunning_a_finished_workdir_keeps_its_results(tmp_path, capsys,
     np.testing.assert_array_equal(a, b)
 
 
+def _killed_after_its_last_checkpoint(workdir):
+  """What a SIGKILL (or a second Ctrl-C) after the last step's checkpoint
+  leaves: the checkpoints, config.json and the events, no summary.json and
+  no model.keras (seen from the command line: docs/correctness.md)."""
+  os.remove(workdir / "summary.json")
+  os.remove(workdir / "model.keras")
+
+
+@pytest.mark.parametrize("two_replicas", [False, True])
 def test_a_run_killed_before_its_results_is_finished_by_the_rerun(
-    tmp_path, capsys):
-  """Its last checkpoint saved, summary.json not yet written (a second
-  Ctrl-C, a kill): the rerun evaluates the checkpoint and writes them."""
-  first = _ours(tmp_path, [])
-  os.remove(tmp_path / "summary.json")
+    tmp_path, capsys, mirrored, two_replicas):
+  """The rerun evaluates the checkpoint and writes what the run would have
+  written: its train values and measurements are the checkpoint's (they
+  were missing); the calibration, which runs after the last checkpoint, is
+  null and named, in summary.json and in one line."""
+  config = {"log.sync_timing": True, "log.calibration_steps": 2}
+  strategy = mirrored if two_replicas else ONE_CPU
+  first = _ours(tmp_path, [], strategy=strategy, **config)
+  _killed_after_its_last_checkpoint(tmp_path)
   capsys.readouterr()
-  again = _ours(tmp_path, [], **{"log.progress": True})
+  again = _ours(tmp_path, [], strategy=strategy,
+                **{**config, "log.progress": True})
   out = capsys.readouterr().out
   assert "already finished" not in out
   assert f"eval at step {EPOCH * EPOCHS}" in out
-  assert again.summary["eval_loss"] == pytest.approx(first.summary["eval_loss"])
+  calibration = sorted(k for k in first.summary if k != "allreduce_ms"
+                       and k.startswith(("ideal_", "allreduce_")))
+  unknown = [k for k in calibration if not (
+      k == "allreduce_predicted_ms" and not two_replicas)]  # 0.0: known.
+  assert "train_loss" in first.summary and "allreduce_predicted_ms" in (
+      first.summary)
+  assert again.summary["finished_by_rerun"] == {
+      "checkpoint": f"ckpt-{EPOCH * EPOCHS}", "not_known": unknown}
+  assert set(again.summary) == set(first.summary) | {"finished_by_rerun"}
+  for key, value in first.summary.items():
+    if key in unknown:
+      assert again.summary[key] is None, key
+    elif key.startswith("eval_"):
+      assert again.summary[key] == pytest.approx(value, rel=1e-6), key
+    else:  # The train values and what the run measured, as it had them.
+      assert again.summary[key] == value, key
+  assert (f"results written by this rerun for ckpt-{EPOCH * EPOCHS}") in out
+  assert f"not known (null in summary.json): {', '.join(unknown)}" in out
   with open(tmp_path / "summary.json", encoding="utf-8") as f:
-    assert json.load(f)["steps"] == EPOCH * EPOCHS
+    assert json.load(f) == json.loads(json.dumps(again.summary))
+  for a, b in zip(first.model.get_weights(),
+                  keras.models.load_model(tmp_path / "model.keras")
+                  .get_weights()):
+    np.testing.assert_array_equal(a, b)
+
+
+class _Killed(Exception):
+  """A process killed: nothing after it runs (not even a checkpoint)."""
+
+
+class _KillAtEpoch(keras.callbacks.Callback):
+  """Kills the run as epoch `epoch` begins: the checkpoint of the epoch
+  before was saved, nothing after it."""
+
+  def __init__(self, epoch):
+    super().__init__()
+    self.epoch = epoch
+
+  def on_epoch_begin(self, epoch, logs=None):
+    if epoch == self.epoch:
+      raise _Killed
+
+
+class _EpochCounter(keras.callbacks.Callback):
+  """A callback of its own state (dist_keras cannot know what to keep)."""
+
+  def __init__(self):
+    super().__init__()
+    self.epochs = 0
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.epochs += 1
+
+
+def test_early_stopping_keeps_its_best_weights_over_a_resume(tmp_path,
+                                                             capsys):
+  """Killed after epoch 2's checkpoint and rerun: its best value, patience
+  count and best weights are the checkpoint's, so it restores the weights
+  an uninterrupted run restores (its best epoch is before the kill); a
+  callback of its own state is named in one line as not kept."""
+  whole = _ours(tmp_path / "whole", [_best_restored()])
+  with pytest.raises(_Killed):
+    _ours(tmp_path / "cut", [_best_restored(), _KillAtEpoch(2)])
+  capsys.readouterr()
+  counter = _EpochCounter()
+  again = _ours(tmp_path / "cut", [_best_restored(), counter],
+                **{"log.progress": True})
+  out = capsys.readouterr().out
+  [line] = [x for x in out.splitlines() if x.startswith("callbacks over")]
+  assert line.startswith("callbacks over the resume: kept EarlyStopping "
+                         "(wait=1, best="), line
+  assert line.endswith("; not kept: _EpochCounter (its own attributes start "
+                       "as new)"), line
+  assert counter.epochs == EPOCHS - 2
+  assert again.summary["eval_loss"] == whole.summary["eval_loss"]
+  saved = keras.models.load_model(tmp_path / "cut" / "model.keras")
+  for want, ours, kept in zip(whole.model.get_weights(),
+                              again.model.get_weights(), saved.get_weights()):
+    np.testing.assert_array_equal(ours, want)
+    np.testing.assert_array_equal(kept, want)
+  # Killed again, after its last checkpoint: the rerun that writes its
+  # results restores the best weights too (the last step's are in ckpt-24).
+  _killed_after_its_last_checkpoint(tmp_path / "cut")
+  finished = _ours(tmp_path / "cut", [_best_restored()])
+  assert finished.summary["eval_loss"] == whole.summary["eval_loss"]
+  for want, ours in zip(whole.model.get_weights(),
+                        finished.model.get_weights()):
+    np.testing.assert_array_equal(ours, want)
+
+
+def test_swapped_ema_weights_are_swapped_back_after_a_resume(tmp_path):
+  """SwapEMAWeights(swap_on_epoch=True) holds the averages in the model at
+  an epoch's end, when the checkpoint is saved; after a resume it swaps
+  them back as the next epoch begins, as an uninterrupted run does."""
+  def ema_model():
+    return parity_task._compiled(  # pylint: disable=protected-access
+        keras.optimizers.SGD(0.05, use_ema=True), steps_per_execution=4)
+
+  def swap():
+    return keras.callbacks.SwapEMAWeights(swap_on_epoch=True)
+
+  whole = _ours(tmp_path / "whole", [swap()], model_fn=ema_model)
+  with pytest.raises(_Killed):
+    _ours(tmp_path / "cut", [swap(), _KillAtEpoch(2)], model_fn=ema_model)
+  again = _ours(tmp_path / "cut", [swap()], model_fn=ema_model)
+  for a, b in zip(whole.model.get_weights(), again.model.get_weights()):
+    np.testing.assert_array_equal(b, a)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbled"])

@@ -52,10 +52,11 @@ def _command(workdir, strategy, workers, model):
 
 def _final_weights(workdir):
   reader = tf.train.load_checkpoint(os.path.join(workdir, "checkpoints"))
-  # Model weights and optimizer state alike (not the save bookkeeping).
+  # Model weights and optimizer state alike (not the save bookkeeping, nor
+  # the record of what the run measured: its timings).
   names = [n for n in reader.get_variable_to_shape_map()
            if n not in ("_CHECKPOINTABLE_OBJECT_GRAPH",)
-           and not n.startswith("save_counter")]
+           and not n.startswith(("save_counter", "record/"))]
   # Every model variable (dropout's seed state too) and optimizer variable.
   assert any(n.startswith("model_variables/") for n in names), names
   assert any(n.startswith("optimizer_variables/") for n in names), names

@@ -1,0 +1,125 @@
+"""What each checkpoint keeps beside the variables: the last log window's
+train values and the run's measurements (summary.json's fields that a
+rerun finishing the run without training cannot measure), and the users'
+callbacks' state (callback_state.py).
+
+A run stopped after its last checkpoint and before its results were
+written (SIGKILL, a second Ctrl-C, a lost node) is finished by its rerun,
+which trains nothing: without this record its summary.json lacked the train
+values and every measurement. The record is inside the checkpoint (a
+tf.train PythonState), so it is always the one of the checkpoint restored,
+saved by every worker as the variables are (only the chief's lands in the
+workdir), and deleted with its checkpoint.
+"""
+import io
+import json
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dist_keras.measure import calibration
+from dist_keras.training import callback_state, report
+
+_JSON = "record.json"  # The npz member that holds the JSON part.
+# summary.json fields a rerun computes itself, whatever the record says.
+_ANALYTIC = ("flops_per_example", "flops_uncounted")
+
+
+class RunRecord(tf.train.experimental.PythonState):
+  """The record saved with a checkpoint: JSON and named arrays, in npz."""
+
+  def __init__(self):
+    self.snapshot = None  # () -> (dict, {name: array}): set by Keep.
+    # (dict, {name: array}) of the checkpoint restored; None: none, or one
+    # saved by a dist_keras that kept no record.
+    self.restored = None
+
+  def serialize(self):
+    record, arrays = self.snapshot() if self.snapshot else ({}, {})
+    text = json.dumps(record, default=lambda o: np.asarray(o).tolist())
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays, **{_JSON: np.asarray(text)})
+    return buffer.getvalue()
+
+  def deserialize(self, string_value):
+    with np.load(io.BytesIO(string_value), allow_pickle=False) as saved:
+      arrays = {name: saved[name] for name in saved.files}
+    self.restored = (json.loads(str(arrays.pop(_JSON))), arrays)
+
+
+class Keep(keras.callbacks.Callback):
+  """After the users' on_train_begin: their kept state set again (and the
+  line saying what was not), the record's snapshot wired to this run, and,
+  for a rerun that resumes where training ended, the train values of the
+  checkpoint's last log window."""
+
+  def __init__(self, run, trainer, users: list):
+    super().__init__()
+    self.run, self.trainer, self.users = run, trainer, users
+
+  def on_train_begin(self, logs=None):
+    run, record = self.run, self.trainer.parts.checkpoints.record
+    record.snapshot = self._snapshot
+    record_dict, arrays = record.restored or ({}, {})
+    if run.resumed_at and self.users:
+      line = callback_state.restore(self.users, record_dict.get("callbacks"),
+                                    arrays)
+      if line:
+        self.trainer.say(line)
+    if run.finishing and record_dict.get("logged_at") == run.step:
+      run.logged, run.logged_at = record_dict["train"], run.step
+
+  def _snapshot(self):
+    run, arrays = self.run, {}
+    return {"step": run.step, "logged_at": run.logged_at,
+            "train": {k: np.asarray(v).tolist()
+                      for k, v in run.logged.items()},
+            "measured": report.measured_fields(run, self.trainer.meters),
+            "callbacks": callback_state.states(self.users, arrays)}, arrays
+
+
+def complete(summary: dict, trainer, run) -> str:
+  """A rerun that trained nothing (it resumed where training had ended):
+  `summary` completed from the checkpoint's record (its measurements;
+  its train values are run.logged already, from Keep), what cannot be
+  known set to None and named in summary["finished_by_rerun"]; returns
+  the line that says so."""
+  record = (trainer.parts.checkpoints.record.restored or ({}, {}))[0]
+  unknown = []  # (the fields, why they are not known)
+  if record.get("step") == run.step:
+    summary.update({k: v for k, v in record["measured"].items()
+                    if k not in _ANALYTIC})
+  else:
+    measured = [k for k in report.measured_fields(run, trainer.meters)
+                if k not in _ANALYTIC]
+    summary.update(dict.fromkeys(measured))
+    unknown.append((measured, "its checkpoint keeps no measurements"))
+  names = [] if run.logged else [
+      f"train_{name}"
+      for name in record.get("train") or _metric_names(trainer)]
+  if names:
+    summary.update(dict.fromkeys(names))
+    unknown.append((names, "its last steps were not logged"))
+  if (trainer.settings.calibration_steps and not trainer.custom_step
+      and summary.get("examples_per_sec")):
+    missing = calibration.not_measured(trainer.replicas)
+    summary.update(missing)
+    unknown.append((sorted(k for k, v in missing.items() if v is None),
+                    "the calibration runs after the last checkpoint"))
+  summary["finished_by_rerun"] = {
+      "checkpoint": f"ckpt-{run.step}",
+      "not_known": [key for keys, _ in unknown for key in keys]}
+  said = "; ".join(f"{', '.join(keys)} ({why})" for keys, why in unknown)
+  return (f"results written by this rerun for ckpt-{run.step} (the run "
+          "that trained it stopped before writing them): its eval is run "
+          "again; its train values and measurements are those kept with the "
+          "checkpoint" + (f"; not known (null in summary.json): {said}"
+                          if said else ""))
+
+
+def _metric_names(trainer) -> list:
+  """The train values' names (loss, metrics), from no state at all."""
+  state = trainer.metric_state
+  return list(state.results([np.zeros(v.shape, v.dtype)
+                             for v in state.variables]))
