@@ -11,8 +11,9 @@ notebook's kernel: it sets its logger to INFO there).
 import contextlib
 import logging
 import os
-import sys
 import tempfile
+
+from dist_keras import terminal
 
 NOISE = (
     "All log messages before absl::InitializeLog()",
@@ -24,25 +25,26 @@ NOISE = (
 
 @contextlib.contextmanager
 def startup_lines_filtered(enabled: bool = True):
-  """Captures fd 2 in the block and replays all but the `NOISE` lines."""
+  """Captures fd 2 in the block and replays all but the `NOISE` lines
+  (through terminal.say: a stderr that fails, or is closed, costs only
+  them)."""
   if not enabled:
     yield
     return
-  sys.stderr.flush()
+  terminal.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile(mode="w+b") as captured:
     os.dup2(captured.fileno(), 2)
     try:
       yield
     finally:
-      sys.stderr.flush()
+      terminal.flush()
       os.dup2(saved, 2)
       os.close(saved)
       captured.seek(0)
       for line in captured.read().decode(errors="replace").splitlines(True):
         if not any(pattern in line for pattern in NOISE):
-          sys.stderr.write(line)
-      sys.stderr.flush()
+          terminal.say(line, err=True, end="")
 
 
 @contextlib.contextmanager

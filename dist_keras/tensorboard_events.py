@@ -1,12 +1,21 @@
 """TensorBoard event files: written by the chief only, read back by tools.
 
 Every other worker gets a no-op writer, so callers never branch on the role.
+
+A resumed run logs again the steps its killed predecessor logged past its
+last checkpoint. TensorBoard's default loader (the Rust data server) keeps
+one point per step on its own: a point at step s drops the points of its tag
+at s and after (tensorboard/data/server/reservoir.rs, `preempt`); it reads
+no SessionLog. Its Python loader (--load_fast=false) drops them only on a
+SessionLog START after the first one of the logdir, so every run begins
+with one (`Writer.start`).
 """
 import json
+import time
 
 import numpy as np
 import tensorflow as tf
-from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.custom_scalar import summary as custom_scalar
 from tensorboard.util import tensor_util
@@ -20,6 +29,24 @@ class Writer:
     self.enabled = enabled
     self._writer = (tf.summary.create_file_writer(logdir) if enabled
                     else tf.summary.create_noop_writer())
+
+  def start(self, resumed_at: int) -> None:
+    """A SessionLog START at `resumed_at` + 1, before any of this run's
+    points (`resumed_at`: the checkpoint's step, 0 for a new run): the
+    points an earlier run logged from there on are superseded, and
+    TensorBoard's Python loader drops them (its first START only arms it,
+    hence one in every run). The point at `resumed_at` itself stands: the
+    rerun does not log it again."""
+    if not self.enabled:
+      return
+    event = tf.compat.v1.Event(
+        step=resumed_at + 1, wall_time=time.time(),
+        session_log=tf.compat.v1.SessionLog(
+            status=tf.compat.v1.SessionLog.START))
+    # TensorFlow 2's writers have no public call for an Event of this kind;
+    # the op that writes one takes the writer's resource.
+    tf.raw_ops.ImportEvent(writer=self._writer._resource,  # pylint: disable=protected-access
+                           event=event.SerializeToString())
 
   def scalars(self, step: int, values: dict) -> None:
     """Writes each `name: value` at `step` (None values are skipped); an
@@ -69,10 +96,11 @@ class Writer:
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   """{tag: [(step, value), ...]} of every scalar summary in `logdir`.
 
-  For tools and tests: reads the event files back as TensorBoard does.
+  For tools and tests: reads the event files back as TensorBoard's Python
+  loader does (points a resumed run superseded are dropped).
   """
-  acc = event_accumulator.EventAccumulator(
-      logdir, size_guidance={event_accumulator.TENSORS: 0})
+  acc = plugin_event_accumulator.EventAccumulator(
+      logdir, size_guidance={plugin_event_accumulator.TENSORS: 0})
   acc.Reload()
   scalars = {}
   for tag in acc.Tags()["tensors"]:

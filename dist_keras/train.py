@@ -13,8 +13,8 @@ step it stopped at was checkpointed), 200 a peer worker was lost
 (rerun every worker to resume), 201 no checkpoint in the workdir reads back
 (a copy may still be arriving: retry, else restore checkpoints/).
 """
-import contextlib
 import os
+import signal
 import sys
 
 # Quiet TensorFlow's C++ start-up chatter (oneDNN, CPU feature lines) before
@@ -27,7 +27,7 @@ import traceback
 
 from absl import app, flags, logging
 
-from dist_keras import configs, errors, quiet, validate
+from dist_keras import configs, errors, quiet, terminal, validate
 from dist_keras.distribute import tfconfig, tpu_env
 
 _CONFIG = flags.DEFINE_string(
@@ -142,7 +142,7 @@ def peer_lost(error: Exception):
 
 def _fail(error: Exception, code: int) -> None:
   if _VERBOSE.value:
-    traceback.print_exc()
+    terminal.say(traceback.format_exc(), err=True, end="")
   message = str(error).splitlines()[0] if str(error) else type(error).__name__
   if code == errors.EXIT_UNEXPECTED and not isinstance(error, errors.KNOWN):
     message = (f"{errors.unexpected(error)} (unexpected; rerun with "
@@ -154,12 +154,7 @@ def _fail(error: Exception, code: int) -> None:
 def _say_error(message: str) -> None:
   """The error's line on stderr, if stderr is still there: a closed pipe
   (`| tee` whose session ended) must not turn exit 143 into exit 1."""
-  if sys.stderr is None:  # Closed when Python started (`2>&-`).
-    return
-  try:
-    print(f"dist_keras: error: {message}", file=sys.stderr, flush=True)
-  except OSError:
-    pass
+  terminal.say(f"dist_keras: error: {message}", err=True)
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -188,7 +183,7 @@ def _parse_flags(argv):
     _print_help()
     sys.exit(0)  # absl's own --help exits 1, which means a bug here.
   if "--helpfull" in rest[1:]:
-    print(flags.FLAGS.get_help())
+    terminal.say(flags.FLAGS.get_help())
     sys.exit(0)
   try:
     return flags.FLAGS(rest)
@@ -201,8 +196,8 @@ def _print_help() -> None:
   own help reads the __main__ module's, which a console script lacks)."""
   listed = flags.FLAGS.module_help(sys.modules[__name__]).strip().split(
       "\n", 1)
-  print(f"{__doc__.rstrip()}\n\nflags:\n{listed[-1]}\n\nTry --helpfull to "
-        "get a list of all flags.")
+  terminal.say(f"{__doc__.rstrip()}\n\nflags:\n{listed[-1]}\n\nTry --helpfull "
+               "to get a list of all flags.")
 
 
 def _exit_bad_command_line(message: str) -> None:
@@ -218,7 +213,12 @@ def run() -> None:
     app.run(main, flags_parser=_parse_flags)
   except SystemExit as e:
     if not e.code and tfconfig.from_env() is not None:
-      raise  # A worker of a cluster: TensorFlow's own exit (its peers').
+      # A worker of a cluster: TensorFlow's own exit (its peers'), which
+      # can take seconds of teardown in C++. The run's handler, kept to
+      # here, would ignore a SIGTERM there (the run is over) and leave the
+      # worker to SIGKILL: the default action ends it at once (143).
+      signal.signal(signal.SIGTERM, signal.SIG_DFL)
+      raise
     # The run has written and closed all it writes (summary.json, or the
     # checkpoint and the one line). Python's own exit would then destroy a
     # training iterator, which waits for tf.data's autotune thread to end
@@ -227,11 +227,8 @@ def run() -> None:
     # last line of a finished run.
     code = e.code if isinstance(e.code, int) else 1
     if code != e.code:
-      print(e.code, file=sys.stderr)  # What sys.exit("...") prints.
-    for stream in (sys.stdout, sys.stderr):
-      if stream is not None:  # (None: closed when Python started.)
-        with contextlib.suppress(OSError):  # A closed pipe: the code stands.
-          stream.flush()
+      terminal.say(str(e.code), err=True)  # What sys.exit("...") prints.
+    terminal.flush()  # A closed pipe costs its lines: the code stands.
     os._exit(code)
 
 

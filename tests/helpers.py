@@ -115,6 +115,55 @@ def scalar_tags(logdir: str) -> dict:
   return tensorboard_events.read_scalars(logdir)
 
 
+def served_scalars(logdir: str) -> dict:
+  """{tag: [(step, value), ...]} of every scalar under `logdir` as
+  TensorBoard's default loader serves them: the Rust data server
+  (tensorboard-data-server, `--load_fast=true`), asked over its gRPC
+  interface as TensorBoard asks it. Skips the test where it is missing."""
+  import time  # pylint: disable=g-import-not-at-top
+  import grpc  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  from tensorboard.data import server_ingester  # pylint: disable=g-import-not-at-top
+  from tensorboard.data.proto import data_provider_pb2 as pb  # pylint: disable=g-import-not-at-top
+  from tensorboard.data.proto import data_provider_pb2_grpc  # pylint: disable=g-import-not-at-top
+  try:
+    binary = server_ingester.get_server_binary().path
+  except server_ingester.NoDataServerError as e:
+    pytest.skip(f"no TensorBoard data server here ({e})")
+  with tempfile.TemporaryDirectory() as tmp:
+    port_file = os.path.join(tmp, "port")
+    server = subprocess.Popen(  # pylint: disable=consider-using-with
+        [binary, f"--logdir={logdir}", "--reload=once", "--port=0",
+         f"--port-file={port_file}", "--die-after-stdin"],
+        stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+      deadline = time.monotonic() + 30
+      while not (os.path.exists(port_file)
+                 and open(port_file, encoding="utf-8").read().endswith("\n")):
+        assert time.monotonic() < deadline, "the data server did not start"
+        time.sleep(0.05)
+      port = int(open(port_file, encoding="utf-8").read())
+      with grpc.insecure_channel(f"localhost:{port}") as channel:
+        stub = data_provider_pb2_grpc.TensorBoardDataProviderStub(channel)
+        request = pb.ReadScalarsRequest(
+            plugin_filter=pb.PluginFilter(plugin_name="scalars"),
+            downsample=pb.Downsample(num_points=10**6))
+        # It serves while it loads (--reload=once loads in the background):
+        # read until two reads agree.
+        before, now = None, {}
+        while now != before or not now:
+          assert time.monotonic() < deadline, "the data server read nothing"
+          time.sleep(0.2)
+          before, now = now, {
+              tag.tag_name: list(zip(tag.data.step, tag.data.value))
+              for run in stub.ReadScalars(request, timeout=10).runs
+              for tag in run.tags}
+        return now
+    finally:
+      server.kill()
+      server.wait()
+
+
 def event_files(root: str) -> list[str]:
   return glob.glob(os.path.join(root, "**", "events.out.tfevents.*"),
                    recursive=True)

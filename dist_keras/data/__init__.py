@@ -9,11 +9,10 @@ the exception: one constant random batch per pipeline, shaped like the
 config's real data (constant_batch.Source, specs.declared).
 """
 import dataclasses
-import sys
 
 import tensorflow as tf
 
-from dist_keras import validate
+from dist_keras import terminal, validate
 from dist_keras.data import constant_batch, generated, specs, tfds_sources
 from dist_keras.data.specs import InputSpec  # Also the package's: data.InputSpec.
 
@@ -48,10 +47,11 @@ def _warn_if_declared_differs(data_cfg, spec: InputSpec) -> None:
                    if getattr(data_cfg, key) != value)
   if fixes and fixes not in _warned:
     _warned.add(fixes)
-    print(f"dist_keras: warning: data.name={data_cfg.name!r} gives inputs "
-          f"{spec.shape} with {spec.num_classes} classes; the config declares "
-          f"other values, so data.name={SYNTHETIC} would build another model: "
-          f"set {fixes} in the config.", file=sys.stderr, flush=True)
+    terminal.say(
+        f"dist_keras: warning: data.name={data_cfg.name!r} gives inputs "
+        f"{spec.shape} with {spec.num_classes} classes; the config declares "
+        f"other values, so data.name={SYNTHETIC} would build another model: "
+        f"set {fixes} in the config.", err=True)
 
 
 @dataclasses.dataclass(frozen=True)

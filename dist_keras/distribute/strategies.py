@@ -9,6 +9,7 @@ import socket
 
 import tensorflow as tf
 
+from dist_keras import terminal
 from dist_keras.distribute import sigterm
 from dist_keras.distribute import tfconfig
 from dist_keras.distribute import tpus
@@ -130,9 +131,9 @@ def multi_worker(runtime_cfg,
                      for kind, addresses in cluster.cluster.items()
                      for i, address in enumerate(addresses)
                      if (kind, i) != (cluster.task_type, cluster.task_index))
-  print(f"dist_keras: {cluster.task_type}:{cluster.task_index} is starting "
-        f"TensorFlow's collective runtime; it waits until every other task "
-        f"has started ({others})", flush=True)
+  terminal.say(f"dist_keras: {cluster.task_type}:{cluster.task_index} is "
+               f"starting TensorFlow's collective runtime; it waits until "
+               f"every other task has started ({others})")
   with sigterm.kept():
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=options)

@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Callable, Mapping, MutableMapping
 
+from dist_keras import terminal
+
 # TPU chips' device nodes on a TPU VM: /dev/accelN for v2-v4, VFIO IOMMU
 # groups /dev/vfio/N for v5e, v5p and v6e. Not /dev/accel/accelN (Intel and
 # AMD NPUs) nor /dev/vfio/vfio (VFIO's control node, on any VFIO host).
@@ -112,12 +114,12 @@ def prepare_and_report(strategy: str, tpu: str, verbose: bool) -> dict:
   late = "tensorflow" in sys.modules
   set_now = prepare(strategy, tpu)
   if set_now and late:
-    print("dist_keras: warning: TensorFlow was imported before the TPU "
-          "runtime was set up, so it will not see the TPU; call "
-          "dist_keras.prepare_runtime() before importing tensorflow (restart "
-          "the runtime first).", file=sys.stderr, flush=True)
+    terminal.say("dist_keras: warning: TensorFlow was imported before the "
+                 "TPU runtime was set up, so it will not see the TPU; call "
+                 "dist_keras.prepare_runtime() before importing tensorflow "
+                 "(restart the runtime first).", err=True)
   elif verbose:
-    print(describe(set_now), file=sys.stderr, flush=True)
+    terminal.say(describe(set_now), err=True)
   return set_now
 
 

@@ -22,14 +22,13 @@ import contextlib
 import importlib.util
 import os
 import socket
-import sys
 from typing import Mapping
 from urllib import parse
 
 import tensorflow as tf
 
 from dist_keras.distribute.tpu_env import detect
-from dist_keras import errors
+from dist_keras import errors, terminal
 from dist_keras.errors import UserError
 
 LOCAL = "local"
@@ -76,10 +75,9 @@ def get_strategy(tpu: str, required: bool, environ=None,
     if required:
       raise UserError(f"runtime.strategy='tpu' but no TPU was found ({e}); "
                       f"{_HINTS[LOCAL if tpu == LOCAL else 'node']}") from e
-    print(f"dist_keras: runtime.strategy=auto: a TPU may be here "
-          f"({detect(environ, path_exists)}) but it did not start ({e}); "
-          "using the CPUs/GPUs instead.",
-          file=sys.stderr, flush=True)
+    terminal.say(f"dist_keras: runtime.strategy=auto: a TPU may be here "
+                 f"({detect(environ, path_exists)}) but it did not start "
+                 f"({e}); using the CPUs/GPUs instead.", err=True)
     return None
 
 

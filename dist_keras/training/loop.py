@@ -164,6 +164,7 @@ class Trainer:
     if self.chief:
       run_files.write_json(self.workdir, run_files.CONFIG_JSON,
                              self.config_dict)
+    self.tensorboard.start(checkpoints.saved_at or 0)
     self.tensorboard.config(self.config_dict)
     self.tensorboard.sync_layout()
     utilisation = mfu.for_run(

@@ -21,14 +21,13 @@ step's checkpoint it only hurries the results along, and once they are
 written it changes nothing.
 """
 import contextlib
-import errno
-import os
 import signal
-import stat
-import sys
 import threading
 
-from dist_keras import errors
+from dist_keras import errors, terminal
+# The loop prints through preemption.say; it lives in the lowest layer, where
+# distribute/ and data/ print through it too.
+from dist_keras.terminal import say
 from dist_keras.training import allreduce
 
 _NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
@@ -55,42 +54,6 @@ class StoppedAtOnce(KeyboardInterrupt):
     return kind(f"stopped by {_NAMES[self.signum]} before training began; "
                 "rerun the same command to resume from the workdir's last "
                 "checkpoint, if any.")
-
-
-def _silence(fds) -> None:
-  """Points file descriptors at /dev/null: a closed terminal fails every
-  write (EIO), a closed pipe too (EPIPE), and a progress line must not end
-  a run that can still save its work."""
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  for fd in fds:
-    os.dup2(devnull, fd)
-  os.close(devnull)
-
-
-def _terminals(fds) -> set:
-  """Those of `fds` that are terminals (character devices: isatty() itself
-  fails on one that has hung up); files and pipes keep their output."""
-  return {fd for fd in fds if stat.S_ISCHR(os.fstat(fd).st_mode)}
-
-
-def say(line: str, err: bool = False) -> None:
-  """Prints one of the run's lines on stdout (stderr: `err`): the one way
-  the run writes to its terminal. One that fails (EIO: its terminal
-  closed; EPIPE: `| head` has gone; ENOSPC: /dev/full) goes to /dev/null,
-  and after EIO a terminal on the other stream too (the same closed one):
-  the run goes on (a SIGHUP stops it). One closed when Python started
-  (`>&-`) is None: nothing to print."""
-  stream = sys.stderr if err else sys.stdout
-  if stream is None:
-    return
-  try:
-    print(line, file=stream, flush=True)
-  except OSError as e:
-    try:
-      fd = stream.fileno()
-    except (OSError, ValueError):  # Not a file (a test's capture).
-      return
-    _silence({fd, *(_terminals((1, 2)) if e.errno == errno.EIO else ())})
 
 
 class StopRequest:
@@ -151,7 +114,7 @@ class StopRequest:
 
   def _on_signal(self, signum, frame):  # pylint: disable=unused-argument
     if signum == signal.SIGHUP:
-      _silence(_terminals((1, 2)))
+      terminal.silence(terminal.terminals((1, 2)))
     if self.ended:
       return
     if signum == signal.SIGINT and self.signal == signal.SIGINT:

@@ -3,6 +3,7 @@ import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -466,6 +467,55 @@ def test_a_stdout_closed_at_the_start_is_no_error_at_the_exit(monkeypatch):
   with pytest.raises(_Exited) as exited:
     train.run()
   assert exited.value.args == (0,)
+
+
+def test_a_stderr_closed_at_the_start_does_not_end_the_run(tmp_path):
+  """`2>&-`: Python's sys.stderr is None, and the replay of TensorFlow's
+  start-up lines took it for a stream (AttributeError, exit 1, before
+  TensorFlow started, nothing written)."""
+  workdir = tmp_path / "run"
+  result = subprocess.run(
+      ["sh", "-c", 'exec "$@" 2>&-', "sh", sys.executable, "-m",
+       "dist_keras.train", f"--workdir={workdir}", *TINY],
+      cwd=helpers.REPO, capture_output=True, text=True, timeout=300,
+      check=False, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                            PYTHONPATH=helpers.REPO))
+  assert result.returncode == 0, result.stdout[-2000:]
+  assert "done: 4 steps" in result.stdout
+  assert json.loads((workdir / "summary.json").read_text())["steps"] == 4
+
+
+# A SIGTERM while Python's own exit tears the run down, as TensorFlow's can
+# for seconds (here a sleep in the last exit hook stands for it).
+_SIGTERM_IN_THE_EXIT = """
+import atexit, os, signal, sys, time
+from dist_keras import train
+def sigterm_in_the_teardown():
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(30)
+  print("outlived SIGTERM by 30 s", file=sys.stderr, flush=True)
+atexit.register(sigterm_in_the_teardown)
+sys.argv[0] = "dist_keras.train"
+train.run()
+"""
+
+
+def test_a_sigterm_while_a_cluster_worker_exits_ends_it_at_once(tmp_path):
+  """A worker of a cluster ends a finished run through Python's own exit;
+  the run's handler, kept to the exit, ignored a SIGTERM there and the
+  worker ran on until SIGKILL. Now SIGTERM's default action ends it
+  (-15 here, 143 to a shell or Kubernetes)."""
+  with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+  cluster = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
+                        "task": {"type": "worker", "index": 0}})
+  result = helpers.run_module(
+      ["-c", _SIGTERM_IN_THE_EXIT, f"--workdir={tmp_path / 'run'}", *TINY],
+      env={"TF_CONFIG": cluster})
+  assert "done: 4 steps" in result.stdout, result.stderr[-2000:]
+  assert "outlived" not in result.stderr
+  assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
 
 
 _FULL_DISK = """

@@ -1,7 +1,10 @@
 """The strategy factory: names, devices, and its error messages."""
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 
 import pytest
 import tensorflow as tf
@@ -180,3 +183,35 @@ def test_a_started_worker_still_stops_on_sigterm():
   assert "started" in result.stdout, result.stderr
   assert "still running" not in result.stdout
   assert result.returncode == -15, result.stderr[-2000:]
+
+
+_STARTED = """
+import sys
+from dist_keras.distribute import strategies, tfconfig
+import helpers
+strategies.multi_worker(helpers.tiny_config().runtime, tfconfig.from_env())
+sys.stderr.write("started\\n")
+"""
+
+
+def test_a_worker_whose_stdout_fails_still_starts(tmp_path):
+  """The line a worker says before its collective runtime waits for its
+  peers goes through the guarded print too: with stdout on /dev/full it
+  was OSError (No space left on device), exit 1, before the strategy."""
+  if not os.path.exists("/dev/full"):
+    pytest.skip("no /dev/full here")
+  with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+  cluster = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
+                        "task": {"type": "worker", "index": 0}})
+  script = tmp_path / "started.py"
+  script.write_text(_STARTED)
+  with open("/dev/full", "w", encoding="utf-8") as full:
+    result = subprocess.run(
+        [sys.executable, str(script)], stdout=full, stderr=subprocess.PIPE,
+        text=True, timeout=120, check=False,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=cluster,
+                 PYTHONPATH=f"{helpers.REPO}:{helpers.REPO}/tests"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stderr.endswith("started\n"), result.stderr[-2000:]

@@ -65,3 +65,42 @@ def test_the_issue_pattern_tells_a_citation_from_a_reference():
   assert ISSUE.search("# Needed for issue 27.")
   assert ISSUE.search("# see #12")
   assert not ISSUE.search("# keras-team/keras#20585 is why")
+
+
+# What writes to the terminal other than terminal.say: print(), a write or
+# flush of sys.stdout/sys.stderr, a traceback printed, os.write to fd 1 or 2.
+DIRECT_OUTPUT = re.compile(
+    r"^(print|traceback\.print_\w+|"
+    r"sys\.(__)?(stdout|stderr)(__)?\.(write|writelines|flush))$")
+
+
+def _direct_output(source: str) -> list:
+  """(line, call) of each write to the terminal that bypasses say."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if not isinstance(node, ast.Call):
+      continue
+    called = ast.unparse(node.func)
+    to_fd = (called == "os.write" and node.args
+             and ast.unparse(node.args[0]) in ("1", "2"))
+    if DIRECT_OUTPUT.match(called) or to_fd:
+      found.append((node.lineno, called))
+  return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_the_run_prints_through_terminal_say_only(path):
+  """A stdout or stderr that fails (EPIPE, ENOSPC, EIO) or was closed must
+  never end a run: every line goes through the one guarded function."""
+  if _name(path) == os.path.join("dist_keras", "terminal.py"):
+    return
+  assert not _direct_output(_source(path))
+
+
+def test_the_output_check_sees_each_way_around_say():
+  source = ("import sys, os, traceback\nprint('x')\nsys.stderr.write('x')\n"
+            "sys.stdout.flush()\ntraceback.print_exc()\nos.write(2, b'x')\n"
+            "terminal.say('x')\nos.write(fd, b'x')\n")
+  assert [call for _, call in _direct_output(source)] == [
+      "print", "sys.stderr.write", "sys.stdout.flush", "traceback.print_exc",
+      "os.write"]

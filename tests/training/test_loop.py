@@ -1,5 +1,6 @@
 """The distributed loop on 2 logical CPU replicas, in process."""
 import contextlib
+import glob
 import io
 import json
 import os
@@ -15,7 +16,7 @@ import tensorflow as tf
 
 import dist_keras
 import helpers
-from dist_keras import data, models, validate
+from dist_keras import data, models, tensorboard_events, validate
 from dist_keras.distribute import pipelines, strategies
 from dist_keras.training import allreduce, run_files
 
@@ -97,6 +98,48 @@ def test_config_text_summary(tiny_run):
       texts += [v.tensor.string_val[0].decode() for v in event.summary.value
                 if v.tag == "config"]
   assert texts and '"global_batch_size": 32' in texts[0]
+
+
+def test_points_a_resumed_run_logs_again_replace_the_killed_runs(tmp_path):
+  """A run killed after its step-4 checkpoint had logged steps 5-6; its
+  rerun logs them again. TensorBoard's loaders each show one point per
+  step, the rerun's: its Python loader showed both (no SessionLog START),
+  its Rust data server drops them by itself."""
+  logdir = str(tmp_path)
+  for resumed_at, steps, offset in ((0, range(1, 7), 0.0),
+                                    (4, range(5, 9), 100.0)):
+    writer = tensorboard_events.Writer(logdir, enabled=True)
+    writer.start(resumed_at)
+    for step in steps:
+      writer.scalars(step, {"loss": offset + step})
+    writer.close()
+  rerun = [(s, s + (100.0 if s > 4 else 0.0)) for s in range(1, 9)]
+  assert helpers.scalar_tags(logdir) == {"loss": rerun}
+  assert helpers.served_scalars(logdir) == {"loss": rerun}
+
+
+def test_a_rerun_after_a_kill_leaves_one_point_per_step(tiny_run, tmp_path,
+                                                        mirrored):
+  """The tiny run as if killed after its step-4 checkpoint (it had logged
+  step 8), rerun: both loaders show steps 4 and 8 once each."""
+  workdir = _copy_of(tiny_run, tmp_path)
+  for path in glob.glob(str(workdir / "checkpoints" / "ckpt-8.*")):
+    os.remove(path)
+  (workdir / "checkpoints" / "checkpoint").write_text(
+      'model_checkpoint_path: "ckpt-4"\n')
+  for name in (run_files.MODEL_FILE, "summary.json"):
+    (workdir / name).unlink()
+  assert helpers.train(helpers.tiny_config(), str(workdir),
+                       mirrored)["steps"] == 8
+  assert len(helpers.event_files(str(workdir))) == 2
+  for loader in (helpers.scalar_tags, helpers.served_scalars):
+    tags = loader(str(workdir))
+    assert [s for s, _ in tags["loss"]] == [4, 8], loader
+    assert [s for s, _ in tags["eval/loss"]] == [4, 8], loader
+    repeated = {tag: steps for tag, steps in (
+        (tag, [s for s, _ in points]) for tag, points in tags.items())
+                if len(set(steps)) != len(steps)}
+    assert not repeated, (loader, repeated)
 
 
 def test_replica_variables_stay_identical(tiny_run, mirrored):

@@ -321,18 +321,28 @@ def test_the_command_lines_run_keeps_the_handler_to_its_exit(
   signal.raise_signal(signal.SIGINT)
 
 
-@pytest.mark.parametrize("closed", ["pipe", "None"])
-def test_a_failing_stdout_costs_its_lines_only(monkeypatch, closed):
-  """EPIPE (a `| head` that has gone): that stream goes to /dev/null and
-  the run goes on; one closed when Python started is None."""
+@pytest.mark.parametrize("closed", ["pipe", "full", "None", "stream"])
+@pytest.mark.parametrize("err", [False, True])
+def test_a_failing_stdout_costs_its_lines_only(monkeypatch, closed, err):
+  """EPIPE (a `| head` that has gone) or ENOSPC (/dev/full): that stream
+  goes to /dev/null and the run goes on; one closed when Python started
+  is None; a stream object closed since raises ValueError. Stderr alike."""
+  if closed == "full" and not os.path.exists("/dev/full"):
+    pytest.skip("no /dev/full here")
   reader, writer = os.pipe()
   os.close(reader)
+  if closed == "full":
+    os.close(writer)
+    writer = os.open("/dev/full", os.O_WRONLY)
   stream = open(writer, "w", encoding="utf-8")  # pylint: disable=consider-using-with
-  monkeypatch.setattr(sys, "stdout", stream if closed == "pipe" else None)
+  if closed == "stream":
+    stream.close()
+  monkeypatch.setattr(sys, "stderr" if err else "stdout",
+                      None if closed == "None" else stream)
   try:
-    preemption.say("a line nobody reads")
-    preemption.say("and the next")
-    if closed == "pipe":
+    preemption.say("a line nobody reads", err=err)
+    preemption.say("and the next", err=err)
+    if closed in ("pipe", "full"):
       assert os.path.samestat(os.fstat(writer), os.stat(os.devnull))
   finally:
     monkeypatch.undo()
