@@ -21,12 +21,18 @@ resumes from it, but TF's CheckpointManager deletes only what the list names,
 so it stayed beside train.max_checkpoints others for good. In stage 3 it
 leaves checkpoint.tmp<hex>.
 
+(A non-chief worker's own scratch folder, killed with it, is the last
+part: make_scratch, remove_dead_scratch.)
+
 Only names TF gives these files are touched, a temporary folder only when it
 holds nothing else, and never a whole checkpoint: a whole one not listed is
 listed instead (TF's manager then deletes it in turn).
 """
+import fcntl
 import os
 import re
+import shutil
+import tempfile
 import time
 
 import tensorflow as tf
@@ -178,3 +184,50 @@ def removed_line(removed) -> str | None:
     return None
   return (f"removed what saves cut short left in {CHECKPOINTS}: "
           f"{', '.join(removed)}")
+
+
+# A non-chief worker's checkpoints go to a scratch folder of its own, which
+# it deletes as it ends; a SIGKILL left it, with a whole checkpoint, in the
+# temporary directory for good (90 of them on one test host). Each holds a
+# lock its worker keeps while it runs (the kernel drops it when the process
+# ends, however it ends): a new worker removes those whose lock it can take.
+_SCRATCH_PREFIX = "dist_keras_worker_"
+_SCRATCH_LOCK = ".lock"
+
+
+def make_scratch() -> tuple[str, int]:
+  """(a new scratch folder, the descriptor holding its lock), after
+  removing the folders of workers that ended without deleting theirs."""
+  remove_dead_scratch()
+  folder = tempfile.mkdtemp(prefix=_SCRATCH_PREFIX)
+  # Locked before it takes the name another worker looks for.
+  taking = os.path.join(folder, _SCRATCH_LOCK + ".taking")
+  lock = os.open(taking, os.O_CREAT | os.O_RDWR, 0o600)
+  fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  os.rename(taking, os.path.join(folder, _SCRATCH_LOCK))
+  return folder, lock
+
+
+def remove_dead_scratch(parent: str | None = None) -> list[str]:
+  """Removes the scratch folders in `parent` (the temporary directory)
+  whose lock no process holds; returns them. One without a lock (made
+  before locks, or not dist_keras') is left."""
+  parent = parent or tempfile.gettempdir()
+  removed = []
+  for name in sorted(os.listdir(parent)):
+    path = os.path.join(parent, name)
+    if not name.startswith(_SCRATCH_PREFIX) or os.path.islink(path):
+      continue
+    try:
+      lock = os.open(os.path.join(path, _SCRATCH_LOCK), os.O_RDWR)
+    except OSError:
+      continue
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      shutil.rmtree(path, ignore_errors=True)  # (Its lock held meanwhile.)
+      removed.append(path)
+    except OSError:  # Held: its worker runs.
+      pass
+    finally:
+      os.close(lock)
+  return removed

@@ -10,7 +10,6 @@ import functools
 import os
 import re
 import shutil
-import tempfile
 import time
 
 import tensorflow as tf
@@ -159,8 +158,8 @@ class Checkpoints:
     self.record = run_record.RunRecord()  # Train values, measurements.
     self.checkpoint = tf.train.Checkpoint(**self._variables,
                                           record=self.record)
-    self._scratch = None if chief else tempfile.mkdtemp(
-        prefix="dist_keras_worker_")
+    self._scratch, self._scratch_lock = (
+        (None, None) if chief else checkpoint_files.make_scratch())
     self._max_to_keep = 1 if self._scratch else max_to_keep
     self.saved_at = None  # The step of the last save of this run.
 
@@ -236,6 +235,8 @@ class Checkpoints:
   def close(self) -> None:
     if self._scratch:
       shutil.rmtree(self._scratch, ignore_errors=True)
+      os.close(self._scratch_lock)
+      self._scratch = None
 
 
 def restored(workdir: str, model, optimizers, strategy, max_to_keep: int,

@@ -7,8 +7,11 @@ reproduced with SIGKILLs of `python -m dist_keras.train`): ckpt-N_temp/
 with a part file (stage 1 of a save), ckpt-N.data beside ckpt-N_temp/'s
 index (stage 2, the merge), checkpoint.tmp<32 hex> (stage 3, the list), a
 whole ckpt-N the list does not name (between stages 2 and 3)."""
+import fcntl
 import os
 import shutil
+import subprocess
+import sys
 
 import keras
 import pytest
@@ -174,3 +177,36 @@ def test_only_the_chief_removes(tmp_path, monkeypatch, chief):
   assert (folder / "ckpt-4_temp").exists() != chief
   assert line == ("removed what saves cut short left in checkpoints/: "
                   "ckpt-4_temp/" if chief else None)
+
+
+def test_a_killed_workers_scratch_folder_is_removed_by_the_next_worker(
+    tmp_path):
+  """A non-chief worker SIGKILLed left its scratch folder (a whole
+  checkpoint) in the temporary directory for good; one whose worker runs,
+  one without a lock and a link are left."""
+  killed = subprocess.run(
+      [sys.executable, "-c",
+       "import os, signal; from dist_keras.training import checkpoint_files"
+       " as f; print(f.make_scratch()[0], flush=True); "
+       "os.kill(os.getpid(), signal.SIGKILL)"],
+      env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True,
+      text=True, timeout=120, check=False)
+  dead = killed.stdout.strip()
+  assert killed.returncode == -9 and os.path.isdir(dead), killed.stderr
+  live, live_lock = checkpoint_files.make_scratch()  # (In /tmp.)
+  alive = tmp_path / "dist_keras_worker_alive"
+  shutil.copytree(live, alive)
+  held = os.open(alive / ".lock", os.O_RDWR)
+  fcntl.flock(held, fcntl.LOCK_EX)
+  (tmp_path / "dist_keras_worker_unlocked").mkdir()
+  (tmp_path / "dist_keras_worker_link").symlink_to(dead)
+  try:
+    assert checkpoint_files.remove_dead_scratch(str(tmp_path)) == [dead]
+    assert sorted(os.listdir(tmp_path)) == [
+        "dist_keras_worker_alive", "dist_keras_worker_link",
+        "dist_keras_worker_unlocked"]
+    assert live not in checkpoint_files.remove_dead_scratch()
+  finally:
+    os.close(held)
+    os.close(live_lock)
+    shutil.rmtree(live)
