@@ -1,7 +1,9 @@
 """Shared test helpers: tiny configs, subprocess runs, event-file reading."""
 import contextlib
 import glob
+import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -193,3 +195,13 @@ def eval_three_examples(strategy, layer):
   result = evaluation.evaluate(evaluation.make_eval_pass(strategy, model),
                                metrics.MetricState(model), ds)
   return x, y, model, result
+
+
+def one_worker_cluster() -> str:
+  """TF_CONFIG of a one-worker cluster on a free loopback port (a cluster
+  worker's paths, on one process)."""
+  with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+  return json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
+                     "task": {"type": "worker", "index": 0}})

@@ -113,13 +113,14 @@ def prepare_and_report(strategy: str, tpu: str, verbose: bool) -> dict:
   imported) or, with `verbose`, what it set. Returns what it set."""
   late = "tensorflow" in sys.modules
   set_now = prepare(strategy, tpu)
+  line = describe(set_now) if verbose else None
   if set_now and late:
-    terminal.say("dist_keras: warning: TensorFlow was imported before the "
-                 "TPU runtime was set up, so it will not see the TPU; call "
-                 "dist_keras.prepare_runtime() before importing tensorflow "
-                 "(restart the runtime first).", err=True)
-  elif verbose:
-    terminal.say(describe(set_now), err=True)
+    line = ("dist_keras: warning: TensorFlow was imported before the TPU "
+            "runtime was set up, so it will not see the TPU; call "
+            "dist_keras.prepare_runtime() before importing tensorflow "
+            "(restart the runtime first).")
+  if line:
+    terminal.say(line, err=True)
   return set_now
 
 

@@ -3,7 +3,6 @@ import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -505,11 +504,7 @@ def test_a_sigterm_while_a_cluster_worker_exits_ends_it_at_once(tmp_path):
   the run's handler, kept to the exit, ignored a SIGTERM there and the
   worker ran on until SIGKILL. Now SIGTERM's default action ends it
   (-15 here, 143 to a shell or Kubernetes)."""
-  with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-  cluster = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
-                        "task": {"type": "worker", "index": 0}})
+  cluster = helpers.one_worker_cluster()
   result = helpers.run_module(
       ["-c", _SIGTERM_IN_THE_EXIT, f"--workdir={tmp_path / 'run'}", *TINY],
       env={"TF_CONFIG": cluster})

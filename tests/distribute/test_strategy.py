@@ -171,11 +171,7 @@ def test_a_started_worker_still_stops_on_sigterm():
   """TensorFlow's collective runtime installs its own C++ SIGTERM handler,
   which only records the signal: a started worker (building its model, its
   peers gone) ran on after SIGTERM until SIGKILL."""
-  with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-  cluster = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
-                        "task": {"type": "worker", "index": 0}})
+  cluster = helpers.one_worker_cluster()
   result = helpers.run_module(
       ["-c", _SIGTERM_AFTER_START],
       env={"TF_CONFIG": cluster,
@@ -200,11 +196,7 @@ def test_a_worker_whose_stdout_fails_still_starts(tmp_path):
   was OSError (No space left on device), exit 1, before the strategy."""
   if not os.path.exists("/dev/full"):
     pytest.skip("no /dev/full here")
-  with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-  cluster = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
-                        "task": {"type": "worker", "index": 0}})
+  cluster = helpers.one_worker_cluster()
   script = tmp_path / "started.py"
   script.write_text(_STARTED)
   with open("/dev/full", "w", encoding="utf-8") as full:
