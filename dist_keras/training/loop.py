@@ -17,7 +17,7 @@ import os
 import keras
 import tensorflow as tf
 
-from dist_keras import errors
+from dist_keras import errors, terminal
 from dist_keras.distribute import pipelines, strategies
 from dist_keras.measure import mfu, profiler
 from dist_keras.measure.meters import RunMeters
@@ -72,7 +72,7 @@ class Trainer:
 
   def say(self, message: str) -> None:
     if self.chief and self.settings.progress:
-      preemption.say(message)
+      terminal.say(message)
 
   def close(self) -> None:
     """Closes the summaries, deletes a non-chief's scratch files, lets go

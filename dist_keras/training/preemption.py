@@ -25,9 +25,6 @@ import signal
 import threading
 
 from dist_keras import errors, terminal
-# The loop prints through preemption.say; it lives in the lowest layer, where
-# distribute/ and data/ print through it too.
-from dist_keras.terminal import say
 from dist_keras.training import allreduce
 
 _NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
@@ -129,7 +126,7 @@ class StopRequest:
     if self.before_training:
       raise StoppedAtOnce(signum)
     if signum == signal.SIGINT:
-      say("dist_keras: Ctrl-C: " + (
+      terminal.say("dist_keras: Ctrl-C: " + (
           "training is done and checkpointed; writing its results (Ctrl-C "
           "again stops at once: a rerun then writes them)"
           if self.training_done else "stopping after this step with a "

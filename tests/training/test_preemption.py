@@ -15,7 +15,7 @@ import pytest
 
 import dist_keras
 import user_task
-from dist_keras import api, errors
+from dist_keras import api, errors, terminal
 from dist_keras.measure import calibration, mfu
 from dist_keras.training import preemption, report, run_files
 
@@ -340,8 +340,8 @@ def test_a_failing_stdout_costs_its_lines_only(monkeypatch, closed, err):
   monkeypatch.setattr(sys, "stderr" if err else "stdout",
                       None if closed == "None" else stream)
   try:
-    preemption.say("a line nobody reads", err=err)
-    preemption.say("and the next", err=err)
+    terminal.say("a line nobody reads", err=err)
+    terminal.say("and the next", err=err)
     if closed in ("pipe", "full"):
       assert os.path.samestat(os.fstat(writer), os.stat(os.devnull))
   finally:
