@@ -15,7 +15,7 @@ class RunMeters:
                gradient_bytes: int):
     self.global_batch_size, self.replicas = global_batch_size, replicas
     self.utilisation = utilisation
-    # The variables' dense count until a timed step counts what it sent.
+    # The variables' dense count until the first call counts what it sent.
     self.traffic = costmodel.Traffic(gradient_bytes)
     self.throughput = timing.Throughput(global_batch_size)
     self.sync_log = breakdown.SyncLog()

@@ -61,26 +61,30 @@ def run_dry_error(first: int, n: int, steps_wanted: int) -> UserError:
 
 def _compiled_steps(one_step):
   """`(iterator, n) -> dict`: up to n of dist_keras' steps; the summed
-  'loss' and 'skipped', the last 'finite_grads', and 'steps' run."""
+  'loss' and 'skipped', the last 'finite_grads' and 'sent_bytes', and
+  'steps' run."""
 
   @tf.function(autograph=False)
   def train_steps(iterator, n):
-    def run_one(done, loss, finite, skipped, stop):
-      del finite, stop
+    def run_one(state):
       out = one_step(iterator)
-      return (done + 1, loss + out["loss"], out["finite_grads"],
-              skipped + out["skipped"], _diverged(out))
+      return ({"steps": state["steps"] + 1,
+               "loss": state["loss"] + out["loss"],
+               "finite_grads": out["finite_grads"],
+               "skipped": state["skipped"] + out["skipped"],
+               "sent_bytes": out["sent_bytes"], "stop": _diverged(out)},)
 
-    def keep_going(done, loss, finite, skipped, stop):
-      del loss, finite, skipped
-      return tf.logical_and(done < n, tf.logical_not(stop))
+    def keep_going(state):
+      return tf.logical_and(state["steps"] < n,
+                            tf.logical_not(state["stop"]))
 
-    done, loss, finite, skipped, _ = tf.while_loop(
-        keep_going, run_one, (tf.constant(0), tf.constant(0.0),
-                              tf.constant(True), tf.constant(0),
-                              tf.constant(False)))
-    return {"loss": loss, "finite_grads": finite, "steps": done,
-            "skipped": skipped}
+    start = {"steps": tf.constant(0), "loss": tf.constant(0.0),
+             "finite_grads": tf.constant(True), "skipped": tf.constant(0),
+             "sent_bytes": tf.zeros([2], tf.int64),
+             "stop": tf.constant(False)}
+    out, = tf.while_loop(keep_going, run_one, (start,))
+    del out["stop"]
+    return out
 
   return train_steps
 

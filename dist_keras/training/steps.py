@@ -136,8 +136,9 @@ def make_train_step(strategy, model, options: StepOptions = StepOptions(),
   finite) and 'skipped'; the compiled metrics are updated in place. With
   `timed`, the step is instrumented with in-graph stamps (stamps.STAMPS)
   and the dict also holds 'step_start', 'inputs_ready', per-replica
-  'stamps' and every replica's 'collective_waits' for breakdown.split_step,
-  and 'sent_bytes' (allreduce.sent_bytes, the first replica's).
+  'stamps' and every replica's 'collective_waits' for breakdown.split_step.
+  Either way it holds 'sent_bytes' (allreduce.sent_bytes, the first
+  replica's).
 
   The optimizer applies the gradients as reduced here (its own all-reduce
   is off: keras_internals.disable_optimizer_allreduce), so its clipping and
@@ -181,7 +182,8 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
     if timed:
       grads_ready = stamps.stamp_after(_parts(grads), clock)
       grads = stamps.after_stamp(grads_ready, grads)
-      sent = allreduce.sent_bytes(grads, options.allreduce_dtype)
+    # Constants where the shapes are static: nothing to run per step.
+    sent = allreduce.sent_bytes(grads, options.allreduce_dtype)
     if reduces:
       grads = allreduce.all_reduce_gradients(
           grads, options.allreduce_dtype, options.bytes_per_pack)
@@ -190,7 +192,7 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
       grads = stamps.after_stamp(reduced, grads)
     finite = update(grads)
     if not timed:
-      return loss, finite, (), (), ()
+      return loss, finite, (), (), sent
     # Reading every variable orders the last stamp after all their updates.
     end = stamps.stamp_after([tf.identity(v.value) for v in variables], clock)
     waits = stamps.gather_collective_wait(grads_ready, reduced, end)
@@ -250,7 +252,7 @@ def _distributed_step(strategy, replica_step, optimizer, timed):
       out["stamps"] = tf.stack(strategy.experimental_local_results(stamped))
       # The same gathered vector on every replica: take the first.
       out["collective_waits"] = strategy.experimental_local_results(waits)[0]
-      out["sent_bytes"] = strategy.experimental_local_results(sent)[0]
+    out["sent_bytes"] = strategy.experimental_local_results(sent)[0]
     return out
 
   return step_function(one_step)

@@ -383,6 +383,15 @@ def test_the_sent_bytes_are_the_gradients_as_sent(tiny_run):
   assert tiny_run.summary["gathered_bytes"] == 16 * 12 * (8 * 4 + 4)
 
 
+def test_the_sent_bytes_are_counted_without_timed_steps(tmp_path, mirrored):
+  """With log.sync_timing off (no timed step) the plain steps count them:
+  the summary had the Embedding's dense table as all-reduced bytes."""
+  result = helpers.fit(helpers.tiny_config(), tmp_path, mirrored)
+  dense = allreduce.gradient_bytes(result.model.trainable_variables)
+  assert result.summary["gradient_bytes"] == dense - 16 * 8 * 4
+  assert result.summary["gathered_bytes"] == 16 * 12 * (8 * 4 + 4)
+
+
 def test_sync_timing_off_writes_no_sync_tags(tmp_path, mirrored):
   c = helpers.tiny_config()
   c.log.sync_timing = False
