@@ -5,6 +5,8 @@ steps_per_execution, jit_compile), which of Keras' steps it overrides
 optimizers, built in scope with the gradient all-reduce where its step
 needs it. Keras' fit is the reference meaning of each (docs/own_models.md
 has the table)."""
+import types
+
 import keras
 import tensorflow as tf
 
@@ -104,12 +106,45 @@ def _own_step_note(model, strategy, train_cfg) -> str:
   scaled = (f"; the loss its self.compute_loss returns is divided by the "
             f"{replicas} replicas, as under fit (a tracker fed it reports "
             f"1/{replicas} of the loss: feed it loss * {replicas})"
-            if replicas > 1 else "")
+            if replicas > 1 and calls_compute_loss(model) else "")
   return (f"{type(model).__name__}.train_step is the model's own: it runs "
           "as written on every replica (gradients all-reduced in its "
           "optimizer's apply); the sync breakdown splits its steps into "
           "input wait and model step only, and there is no calibration"
           + scaled)
+
+
+def calls_compute_loss(model, depth: int = 4) -> bool:
+  """Whether the model's train_step reaches self.compute_loss, read from the
+  code (the attributes and functions it names, and theirs, `depth` calls
+  down): a step that computes its loss by hand is not told of compute_loss's
+  division by the replicas."""
+  seen, todo = set(), [(type(model).train_step, depth)]
+  while todo:
+    fn, left = todo.pop()
+    code = getattr(fn, "__code__", None)
+    if code is None or code in seen or left < 0:
+      continue
+    seen.add(code)
+    names = _names_in(code)
+    if "compute_loss" in names:
+      return True
+    for name in names:  # A method of any class in the MRO (super()'s too).
+      callees = [klass.__dict__[name] for klass in type(model).__mro__
+                 if name in klass.__dict__]
+      callees.append(getattr(fn, "__globals__", {}).get(name))
+      todo.extend((c, left - 1) for c in callees
+                  if isinstance(c, types.FunctionType))
+  return False
+
+
+def _names_in(code) -> set[str]:
+  """The names a code object and the functions nested in it load."""
+  names = set(code.co_names)
+  for const in code.co_consts:
+    if isinstance(const, types.CodeType):
+      names |= _names_in(const)
+  return names
 
 
 def keeps_ema(optimizer) -> bool:

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import sys
+import types
 
 import keras
 import numpy as np
@@ -17,6 +18,7 @@ import user_task
 from dist_keras import configs
 from dist_keras.contract import batches
 from dist_keras.errors import UserError
+from dist_keras.training import compiled
 
 TESTS = helpers.TESTS
 CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
@@ -436,6 +438,25 @@ def test_a_models_own_step_is_told_its_loss_is_divided_by_replicas(
   assert ("the loss its self.compute_loss returns is divided by the 2 "
           "replicas, as under fit (a tracker fed it reports 1/2 of the loss:"
           " feed it loss * 2)") in capsys.readouterr().out
+
+
+def test_an_own_step_that_computes_its_loss_by_hand_is_not_told_of_it(
+    mirrored):
+  """The division note is about compute_loss: it is said to a step that
+  reaches it (through a function it calls, or super()'s), not to a GAN's."""
+
+  class Inherited(keras.Model):
+    def train_step(self, data):
+      return super().train_step(data)
+
+  train_cfg = types.SimpleNamespace(steps_per_loop=0, jit_compile=False)
+  with mirrored.scope():
+    models = {"Counting": parity_task.custom_step(), "Gan": parity_task.gan(),
+              "Inherited": Inherited()}
+  told = {name: any("compute_loss" in note for note in
+                    compiled.take(model, mirrored, train_cfg))
+          for name, model in models.items()}
+  assert told == {"Counting": True, "Gan": False, "Inherited": True}
 
 
 def _masked_sequence_model():
