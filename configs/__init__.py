@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import os
 import re
+import traceback
 from collections.abc import Mapping
 
 import ml_collections
@@ -230,6 +231,8 @@ def _load_file(spec: str):
       module = _import_file(name)
     config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:  # pylint: disable=broad-except
+    if not builtin and os.path.isfile(name):
+      raise _file_failed(spec, name, e) from e
     raise UserError(
         f"--config={spec} could not be loaded ({type(e).__name__}: "
         f"{errors.first_line(e)}); pass a built-in config ({', '.join(names())}) "
@@ -240,6 +243,29 @@ def _load_file(spec: str):
         "not an ml_collections.ConfigDict; start from "
         "dist_keras.configs.base.get_config() and change its keys.")
   return config
+
+
+def _file_failed(spec: str, file: str, error: Exception) -> UserError:
+  """The line for a config file that raised: where in it, and the fix (a
+  key a locked ConfigDict lacks gets the nearest one's name)."""
+  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+           if os.path.abspath(frame.filename) == os.path.abspath(file)]
+  where = f"--config={spec}" + (f" line {lines[-1]}" if lines else "")
+  # ml_collections' message for a locked ConfigDict's unknown attribute.
+  missing = re.search(r'Key "(\w+)" does not exist', str(error))
+  if missing:
+    key = missing.group(1)
+    fields = sorted({f for fs in base.get_config().values() for f in fs})
+    close = difflib.get_close_matches(key, fields, n=1)
+    return UserError(
+        f"{where}: {key!r} names no config key"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + "; every key and its default is in configs/base.py.")
+  fix = ("run from the folder that holds the module it imports, or add "
+         "that folder to PYTHONPATH" if isinstance(error, ImportError) else
+         "fix the file (every key and its default is in configs/base.py)")
+  return UserError(f"{where}: the config file raised {type(error).__name__}:"
+                   f" {errors.first_line(error)}; {fix}.")
 
 
 def _import_file(file: str):

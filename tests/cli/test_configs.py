@@ -120,6 +120,28 @@ def test_a_config_file_outside_the_package_loads_with_its_argument(tmp_path):
     configs.from_command_line(str(tmp_path / "nope.py"))
 
 
+@pytest.mark.parametrize("body,message", [
+    ("  c.train.stepz = 10\n", "--config=FILE line 4: 'stepz' names no "
+     "config key (did you mean 'steps'?); every key and its default is in "
+     "configs/base.py."),
+    ("  c.train.steps = '10'\n", "--config=FILE line 4: the config file "
+     "raised TypeError: Could not override field 'steps'"),
+    ("  import no_such_module_here\n", "--config=FILE line 4: the config "
+     "file raised ModuleNotFoundError: No module named "
+     "'no_such_module_here'; run from the folder that holds the module"),
+])
+def test_a_config_files_own_mistake_is_named_with_its_line(tmp_path, body,
+                                                           message):
+  """Not "pass a config file's path": the user did; the line and the key."""
+  path = tmp_path / "mine.py"
+  path.write_text("from dist_keras.configs import base\n"
+                  "def get_config():\n"
+                  "  c = base.get_config()\n" + body + "  return c\n")
+  with pytest.raises(UserError) as raised:
+    configs.from_command_line(str(path))
+  assert str(raised.value).startswith(message.replace("FILE", str(path)))
+
+
 @pytest.mark.parametrize("config,message", [
     ({"train.steps": True}, "train.steps=True is of type bool, but it takes "
      "int values (default 800)"),
