@@ -84,9 +84,15 @@ class FlopCount:
   uncounted: list[str] = dataclasses.field(default_factory=list)
 
   @property
-  def training(self) -> int:
-    """Forward + backward per example: 3 x forward (see the module doc)."""
-    return 3 * self.forward
+  def training(self) -> int | None:
+    """Forward + backward per example: 3 x forward (see the module doc);
+    None when nothing could be counted (a subclassed model's layers have no
+    known shapes): unknown, not 0."""
+    return 3 * self.forward if self.known else None
+
+  @property
+  def known(self) -> bool:
+    return bool(self.forward or not self.uncounted)
 
 
 def count(model: keras.Model) -> FlopCount:

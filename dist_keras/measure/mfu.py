@@ -213,11 +213,13 @@ class Utilisation:
   peak: Peak
   precision: str
 
-  def achieved_tflops(self, examples_per_sec: float) -> float:
+  def achieved_tflops(self, examples_per_sec: float) -> float | None:
+    if not self.flops.known:
+      return None
     return self.flops.training * examples_per_sec / 1e12
 
   def mfu(self, examples_per_sec: float | None) -> float | None:
-    if not examples_per_sec or not self.peak.total_tflops:
+    if not (examples_per_sec and self.peak.total_tflops and self.flops.known):
       return None
     return self.achieved_tflops(examples_per_sec) / self.peak.total_tflops
 
@@ -237,6 +239,9 @@ class Utilisation:
 
   def line(self, examples_per_sec: float | None) -> str:
     """One console line: FLOPs per example, achieved FLOP/s and MFU."""
+    if not self.flops.known:
+      return (f"model FLOPs unknown ({self.flops.uncounted[0]}): no "
+              "FLOP/s or MFU; the counted models are listed in docs/mfu.md")
     text = (f"model {_si(self.flops.training)}FLOP/example (analytic, "
             "training = 3x forward)")
     if self.flops.uncounted:

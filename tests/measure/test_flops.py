@@ -130,6 +130,21 @@ def test_unknown_layers_are_listed_not_silently_dropped():
   assert flops.count(sub).uncounted[0].startswith("subclassed (_Subclassed)")
 
 
+def test_a_model_with_nothing_counted_has_unknown_flops_and_mfu_not_0():
+  """A subclassed model (Keras' guide's form for an own train_step): its
+  layers' shapes are unknown, so its FLOPs and MFU are null, not 0."""
+  sub = _Subclassed()
+  sub(keras.ops.zeros((1, 3)))
+  usage = mfu.Utilisation(flops.count(sub), mfu.Peak(1.0, "configured", 1,
+                                                     "host"), "float32")
+  summary = usage.summary(1000.0)
+  assert (summary["flops_per_example"], summary["mfu"]) == (None, None)
+  assert usage.scalars(1000.0) == {"perf/model_tflops": None,
+                                   "perf/mfu": None}
+  assert usage.line(1000.0).startswith(
+      "model FLOPs unknown (subclassed (_Subclassed): not a functional")
+
+
 def test_unknown_sequence_length_is_listed():
   x = keras.Input((None, 4))
   result = flops.count(_model(x, keras.layers.LSTM(3)(x)))
