@@ -15,6 +15,7 @@ Exit codes (documented in the README):
   201 no checkpoint in the workdir reads back (all damaged): RETRYABLE, a
       copy still arriving or a flaky read heals; else restore the folder.
 """
+import contextlib
 import errno
 import importlib.util
 import re
@@ -180,8 +181,33 @@ def _short(line: str) -> str:
 
 def unexpected(error: Exception) -> str:
   """One line for an error no check anticipated: its type and what
-  happened (a TF runtime error's cause, not its "Graph execution error:")."""
+  happened (a TF runtime error's cause, not its "Graph execution error:"),
+  and where, if a user's function raised it (raised_in)."""
   line = first_line(error)
   if line.startswith(_BOILERPLATE):
     line = cause(str(error))
-  return f"{type(error).__name__}: {line}"
+  where = [n for n in getattr(error, "__notes__", ()) if n.startswith(_IN)]
+  return f"{type(error).__name__}: {line}" + (f" ({where[-1]})" if where
+                                                else "")
+
+
+_IN = "raised in "
+
+
+@contextlib.contextmanager
+def raised_in(where: str):
+  """Marks an error a user's function raises with `where` (a note, which a
+  traceback shows and unexpected() says); the error itself passes
+  unchanged, so dist_keras.fit's caller catches their own exception."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    if not isinstance(e, KNOWN) and not any(
+        n.startswith(_IN) for n in getattr(e, "__notes__", ())):
+      e.add_note(_IN + where)
+    raise
+
+
+def in_users_code(error: Exception) -> bool:
+  """Whether a user's function raised `error` (raised_in marked it)."""
+  return any(n.startswith(_IN) for n in getattr(error, "__notes__", ()))

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from dist_keras import validate
 from dist_keras import errors
-from dist_keras.contract import batches, saving
+from dist_keras.contract import batches, imports, saving
 from dist_keras.errors import UserError
 
 
@@ -47,7 +47,8 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   if precision != "float32":
     keras.config.set_dtype_policy(validate.PRECISIONS[precision])
   try:
-    with strategy.scope():
+    with strategy.scope(), errors.raised_in(
+        f"model_fn {imports.name_of(model_fn)}"):
       model = model_fn()
   finally:
     keras.config.set_dtype_policy(previous)

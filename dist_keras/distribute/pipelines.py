@@ -6,7 +6,8 @@ import warnings
 
 import tensorflow as tf
 
-from dist_keras.contract import batches, checks
+from dist_keras import errors
+from dist_keras.contract import batches, checks, imports
 from dist_keras.errors import UserError
 
 # Iterating a distributed dataset inside tf.function reads its options in
@@ -54,7 +55,9 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   specs = []
 
   def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-    ds = dataset_fn(split, ctx)
+    with errors.raised_in(f"dataset_fn({split!r}, ...) "
+                          f"{imports.name_of(dataset_fn)}"):
+      ds = dataset_fn(split, ctx)
     batches.check_dataset(ds, split, global_batch_size, replicas, eval_steps)
     specs.append(ds.element_spec)
     per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines

@@ -5,6 +5,8 @@ as fit builds it (symbolically: its call runs no extra time), and a model
 with no compiled loss trains and evaluates on its own losses as under fit
 (and one with no loss at all is refused, as fit fails on it).
 """
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -284,3 +286,30 @@ def test_an_unbuilt_models_call_runs_as_often_as_under_fit(tmp_path):
   assert counts == [STEPS + 5] * 2
   for a, b in zip(fitted.get_weights(), result.model.get_weights()):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def _raising_model_fn():
+  raise ValueError("bad layer width -3")
+
+
+def _raising_dataset_fn(split, input_context):
+  del input_context
+  raise KeyError(split)
+
+
+@pytest.mark.parametrize("model_fn,dataset_fn,where", [
+    (_raising_model_fn, parity_task.dataset_fn,
+     "raised in model_fn test_model_checks:_raising_model_fn"),
+    (parity_task.plain, _raising_dataset_fn,
+     "raised in dataset_fn('train', ...) test_model_checks:_raising_dataset_fn"),
+])
+def test_a_users_function_that_raises_is_named_in_its_error(
+    tmp_path, model_fn, dataset_fn, where):
+  """The caller gets their own exception, marked with where it came from
+  (the command line's one line says it: errors.unexpected), and nothing is
+  written."""
+  with pytest.raises((ValueError, KeyError)) as raised:
+    helpers.fit_fns(model_fn, dataset_fn, tmp_path / "run", CONFIG)
+  assert raised.value.__notes__ == [where]
+  assert dist_keras.errors.unexpected(raised.value).endswith(f" ({where})")
+  assert not os.path.exists(tmp_path / "run")
