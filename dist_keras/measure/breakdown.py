@@ -80,16 +80,22 @@ def whole_step(step_start: float, inputs_ready: float, stamps) -> dict:
 
 
 class SyncLog:
-  """Breakdowns of the logged steps: TensorBoard values and run averages."""
+  """Breakdowns of the logged steps: TensorBoard values and run averages
+  (kept as sums, which a resumed run carries on from its checkpoint's)."""
 
   COMPONENTS = ("input_wait_ms", "compute_ms", "straggler_ms", "allreduce_ms")
+  _AVERAGED = (*COMPONENTS, "model_step_ms", "step_ms", "fraction")
 
-  def __init__(self):
-    self.breakdowns = []
+  def __init__(self, count: int = 0, sums: dict | None = None):
+    self.count = count  # Steps recorded.
+    self.sums = dict(sums or {})  # Their _AVERAGED values, summed.
 
   def add(self, split: dict) -> dict:
     """Records one step's breakdown; returns its `sync/*` scalars."""
-    self.breakdowns.append(split)
+    self.count += 1
+    for k in self._AVERAGED:
+      if k in split:
+        self.sums[k] = self.sums.get(k, 0.0) + float(split[k])
     values = {f"sync/{k}": v for k, v in split.items()
               if k != "per_replica_compute_ms"}
     for i, ms in enumerate(split.get("per_replica_compute_ms", ())):
@@ -99,8 +105,4 @@ class SyncLog:
   def means(self) -> dict:
     """Mean of every component over the recorded steps ({} if none; a
     model's own step has input_wait_ms, model_step_ms and step_ms only)."""
-    if not self.breakdowns:
-      return {}
-    keys = [*self.COMPONENTS, "model_step_ms", "step_ms", "fraction"]
-    return {k: float(np.mean([b[k] for b in self.breakdowns]))
-            for k in keys if k in self.breakdowns[0]}
+    return {k: v / self.count for k, v in self.sums.items()}

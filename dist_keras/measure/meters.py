@@ -7,6 +7,8 @@ from dist_keras.measure import breakdown
 from dist_keras.measure import costmodel
 from dist_keras.measure import timing
 
+_WINDOW_MS = "meters.window_ms"  # The record's array of window step times.
+
 
 class RunMeters:
   """Throughput, sync breakdown and utilisation over a run's log windows."""
@@ -21,16 +23,19 @@ class RunMeters:
     self.sync_log = breakdown.SyncLog()
     self.window = timing.Window()
     self.largest_call = 1  # Steps; the calibration times calls that size.
+    # A resumed run's: what its figures cover (training/segments.py).
+    self.segments = None
 
-  def ran(self, steps: int, out: dict, step: int) -> None:
-    """Counts a call of `steps` steps that ended at `step`; keeps the sync
-    breakdown of a timed step but the first (it warmed the function up)."""
-    self.window.steps += steps
+  def ran(self, steps: int, out: dict) -> None:
+    """Counts a call of `steps` steps; keeps the sync breakdown of a timed
+    step but the one that traced the function (the process's first: it
+    also started the input pipeline, which a resume makes skip)."""
+    self.window.ran(steps, "traced" in out)
     self.largest_call = max(self.largest_call, steps)
     if "sent_bytes" in out:
       self.traffic = costmodel.Traffic(
           *(int(b) for b in np.asarray(out["sent_bytes"])))
-    if "stamps" not in out or step <= 1:
+    if "stamps" not in out or "traced" in out:
       return
     stamped = [np.asarray(out[k]) for k in ("step_start", "inputs_ready",
                                             "stamps")]
@@ -45,9 +50,12 @@ class RunMeters:
     window, self.window = self.window, timing.Window()
     seconds = window.elapsed()
     values = {}
-    if self.throughput.add(window.steps, seconds):
-      eps = self.global_batch_size * window.steps / seconds
-      values.update({"perf/step_ms": 1e3 * seconds / window.steps,
+    # The calls that traced a function left out.
+    steps, counted = (window.steps - window.traced_steps,
+                      seconds - window.traced_seconds)
+    if self.throughput.add(steps, counted):
+      eps = self.global_batch_size * steps / counted
+      values.update({"perf/step_ms": 1e3 * counted / steps,
                      "perf/examples_per_sec": eps,
                      "perf/examples_per_sec_per_replica": eps / self.replicas,
                      **self.utilisation.scalars(eps)})
@@ -57,6 +65,23 @@ class RunMeters:
       if self.traffic.gathered:
         values["sync/gathered_bytes"] = self.traffic.gathered
     return values, seconds / window.steps
+
+  def kept(self, arrays: dict) -> dict:
+    """What the throughput and the sync means are computed from, for a
+    checkpoint's record (the windows' step times into `arrays`)."""
+    arrays[_WINDOW_MS] = np.asarray(self.throughput.window_ms, np.float64)
+    return {"steps": self.throughput.steps,
+            "seconds": self.throughput.seconds,
+            "sync_steps": self.sync_log.count, "sync_sums": self.sync_log.sums}
+
+  def carry_on(self, kept: dict, arrays: dict) -> None:
+    """Goes on from `kept` (the record of the checkpoint a run resumed
+    from): this process's windows add to the processes' before it; its
+    first window is still its warm-up."""
+    self.throughput.steps, self.throughput.seconds = (kept["steps"],
+                                                      kept["seconds"])
+    self.throughput.window_ms = arrays[_WINDOW_MS].tolist()
+    self.sync_log = breakdown.SyncLog(kept["sync_steps"], kept["sync_sums"])
 
   def seconds_left(self, steps_left: int, window_seconds: float) -> float:
     """The ETA: the run's counted step time, else the last window's."""

@@ -1,9 +1,12 @@
 """Wall-clock timing of the train loop: log windows, throughput, jitter.
 
 Timing hygiene (as big_vision's chrono and nanoGPT do): the first window,
-which includes tracing and compilation, is left out of throughput; the
-clock is read only after the step's results reached the host (the loop
-reads the loss first); checkpoints and eval are paused out of the window.
+which includes tracing and compilation, is left out of throughput, and so
+is a later call that traced and compiled its function (after a resume, or
+with train.log_every=2, the two step functions' first calls fall in
+different windows); the clock is read only after the step's results
+reached the host (the loop reads the loss first); checkpoints and eval
+are paused out of the window.
 """
 import dataclasses
 import time
@@ -22,9 +25,12 @@ class Throughput:
   window_ms: list = dataclasses.field(default_factory=list)
 
   def add(self, steps: int, seconds: float) -> bool:
-    """Counts an interval; returns False for the warm-up one (not counted)."""
+    """Counts an interval; returns False for the warm-up one and for one
+    of no steps (not counted)."""
     if not self.warmup_done:
       self.warmup_done = True
+      return False
+    if not steps:
       return False
     self.seconds += seconds
     self.steps += steps
@@ -75,14 +81,26 @@ class Window:
   def __init__(self):
     self.steps = 0
     self.breakdown = None  # sync.breakdown of the window's timed step.
+    # Of the calls that traced and compiled their function (with the hooks
+    # before them): not throughput.
+    self.traced_steps, self.traced_seconds = 0, 0.0
     self._seconds = 0.0
-    self._start = time.perf_counter()
+    self._start = self._since = time.perf_counter()
+
+  def ran(self, steps: int, traced: bool) -> None:
+    """Counts a call that has just ended."""
+    now = time.perf_counter()
+    self.steps += steps
+    if traced:
+      self.traced_steps += steps
+      self.traced_seconds += now - self._since
+    self._since = now
 
   def pause(self):
     self._seconds += time.perf_counter() - self._start
 
   def resume(self):
-    self._start = time.perf_counter()
+    self._start = self._since = time.perf_counter()
 
   def elapsed(self) -> float:
     return self._seconds + time.perf_counter() - self._start

@@ -270,7 +270,7 @@ class Trainer:
       self.say(divergence.go_back(run, self.parts.checkpoints, str(e)))
       self.train_metrics.forget_window()
       return
-    self.meters.ran(ran, out, run.step)
+    self.meters.ran(ran, out)
 
   def evaluate(self, hooks=None) -> dict:
     """One pass of the eval split, logged; the callbacks' test hooks around

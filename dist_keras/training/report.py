@@ -118,9 +118,16 @@ def tensorboard_line(workdir: str, writing: bool) -> str:
 
 
 def throughput_line(meters) -> str:
-  return timing.throughput_line(
+  """The throughput line; a resumed run's says over which segments."""
+  line = timing.throughput_line(
       meters.throughput.examples_per_sec,
       timing.step_time_stats(meters.throughput.window_ms))
+  covers = meters.segments
+  if not covers:
+    return line
+  since = covers["rates_from_step"]
+  return line + (f" after step {since}" if since else
+                 f" over the run's {covers['segments']} segments")
 
 
 def summary_json(run_fields: dict, run, meters) -> dict:
@@ -144,7 +151,8 @@ def measured_fields(run, meters) -> dict:
   """summary.json's fields that the training measured (throughput, the
   sync breakdown's means, MFU, tracing, skipped steps): what a checkpoint
   keeps for a rerun that finishes the run without training
-  (run_record.py)."""
+  (run_record.py). A resumed run's are over the segments that
+  "resumed" names (segments.py)."""
   means = meters.sync_log.means()
   eps = meters.throughput.examples_per_sec
   split = ("model_step" if "model_step_ms" in means
@@ -167,6 +175,7 @@ def measured_fields(run, meters) -> dict:
       # Wall seconds of the calls that traced and compiled a function.
       "tracing_calls_s": run.tracing_seconds,
       **meters.utilisation.summary(eps),
+      **({"resumed": meters.segments} if meters.segments else {}),
   }
 
 

@@ -1,7 +1,8 @@
 """What each checkpoint keeps beside the variables: the last log window's
 train values and the run's measurements (summary.json's fields that a
-rerun finishing the run without training cannot measure), and the users'
-callbacks' state (callback_state.py).
+rerun finishing the run without training cannot measure), the totals a
+resumed run goes on from (segments.py), and the users' callbacks' state
+(callback_state.py).
 
 A run stopped after its last checkpoint and before its results were
 written (SIGKILL, a second Ctrl-C, a lost node) is finished by its rerun,
@@ -19,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from dist_keras.measure import calibration
-from dist_keras.training import callback_state, report
+from dist_keras.training import callback_state, report, segments
 
 _JSON = "record.json"  # The npz member that holds the JSON part.
 # summary.json fields a rerun computes itself, whatever the record says.
@@ -50,32 +51,41 @@ class RunRecord(tf.train.experimental.PythonState):
 
 class Keep(keras.callbacks.Callback):
   """After the users' on_train_begin: their kept state set again (and the
-  line saying what was not), the record's snapshot wired to this run, and,
-  for a rerun that resumes where training ended, the train values of the
+  line saying what was not), the record's snapshot wired to this run; for
+  a rerun that trains, the run's totals so far carried on (segments.py);
+  for one that resumes where training ended, the train values of the
   checkpoint's last log window."""
 
   def __init__(self, run, trainer, users: list):
     super().__init__()
     self.run, self.trainer, self.users = run, trainer, users
+    fields = report.run_fields(trainer, run)
+    self.setup = {key: fields[key] for key in segments.SETUP}
 
   def on_train_begin(self, logs=None):
     run, record = self.run, self.trainer.parts.checkpoints.record
     record.snapshot = self._snapshot
     record_dict, arrays = record.restored or ({}, {})
+    lines = []
     if run.resumed_at and self.users:
-      line = callback_state.restore(self.users, record_dict.get("callbacks"),
-                                    arrays)
-      if line:
-        self.trainer.say(line)
+      lines.append(callback_state.restore(
+          self.users, record_dict.get("callbacks"), arrays))
+    if run.resumed_at and not run.finishing:
+      lines.append(segments.carry_on(run, self.trainer.meters, self.setup,
+                                     record_dict, arrays))
     if run.finishing and record_dict.get("logged_at") == run.step:
       run.logged, run.logged_at = record_dict["train"], run.step
+    for line in lines:
+      if line:
+        self.trainer.say(line)
 
   def _snapshot(self):
-    run, arrays = self.run, {}
+    run, meters, arrays = self.run, self.trainer.meters, {}
     return {"step": run.step, "logged_at": run.logged_at,
             "train": {k: np.asarray(v).tolist()
                       for k, v in run.logged.items()},
-            "measured": report.measured_fields(run, self.trainer.meters),
+            "measured": report.measured_fields(run, meters),
+            "totals": segments.kept(run, meters, self.setup, arrays),
             "callbacks": callback_state.states(self.users, arrays)}, arrays
 
 

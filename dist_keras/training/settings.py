@@ -66,7 +66,8 @@ class Schedule:
 
   def timed(self, step: int) -> bool:
     """Whether `step` is instrumented: the logged ones, and step 1 to warm
-    the instrumented function up (its breakdown is discarded)."""
+    the instrumented function up (its breakdown is discarded, as a resumed
+    run's first timed step's is: measure/meters.py)."""
     return self.sync_timing and (step == 1 or self.logs(step))
 
   def profiled(self, step: int) -> bool:
