@@ -187,8 +187,9 @@ class Checkpoints:
       # Its tensors read back (find_resume): they are another model's.
       raise UserError(
           f"--workdir={self.workdir} holds a checkpoint ({name}) made by a "
-          "different model or optimizer; resume it with the config.json "
-          "saved there, or pass a new --workdir.") from e
+          "different model or optimizer (its variables' names or shapes "
+          "differ); resume it with the code and config that made it "
+          "(config.json there names them), or pass a new --workdir.") from e
     step = int(self.step.numpy())
     if step != resume.step:
       raise UserError(f"checkpoint {resume.path} holds step {step}, not "
