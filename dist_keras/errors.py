@@ -96,7 +96,7 @@ def no_space(error: BaseException):
 
 # Errors with their own exit code (the rest exit 1, or 200 when a peer is
 # lost).
-KNOWN = (UserError, Preempted, NoIntactCheckpoint, NoSpace)
+KNOWN = (UserError, Preempted, PeerLost, NoIntactCheckpoint, NoSpace)
 
 
 # Lines of a TensorFlow runtime error that say where, not what.
@@ -179,16 +179,18 @@ def _short(line: str) -> str:
                             line.strip())[:160]
 
 
-def unexpected(error: Exception) -> str:
+def unexpected(error: Exception, said=()) -> str:
   """One line for an error no check anticipated: its type and what
   happened (a TF runtime error's cause, not its "Graph execution error:"),
-  and where, if a user's function raised it (raised_in)."""
+  then in brackets where, if a user's function raised it (raised_in), and
+  what `said` adds."""
   line = first_line(error)
   if line.startswith(_BOILERPLATE):
     line = cause(str(error))
-  where = [n for n in getattr(error, "__notes__", ()) if n.startswith(_IN)]
-  return f"{type(error).__name__}: {line}" + (f" ({where[-1]})" if where
-                                                else "")
+  notes = [n for n in getattr(error, "__notes__", ()) if n.startswith(_IN)]
+  said = [*notes[-1:], *said]
+  return f"{type(error).__name__}: {line}" + (f" ({'; '.join(said)})"
+                                              if said else "")
 
 
 _IN = "raised in "

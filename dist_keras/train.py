@@ -109,10 +109,35 @@ def _train(config, workdir: str) -> int:
       ) from e
   from dist_keras import api  # pylint: disable=g-import-not-at-top
   from dist_keras.distribute import pipelines  # pylint: disable=g-import-not-at-top
-  if cluster is None:  # One host: run() ends it with os._exit.
-    pipelines.keep_until_exit()
+  pipelines.keep_until_exit()  # run() ends the process with os._exit.
   api.run(api.Job(config, workdir, to_exit=True))
+  if tfconfig.is_multi_worker(cluster):
+    _leave_together(cluster)
   return 0
+
+
+def _leave_together(cluster) -> None:
+  """A finished run's workers leave together, the chief last
+  (distribute/leaving.py). A stop request while they wait ends the
+  process at once (exit 143 or 130): the run's results are written, and
+  the wait holds the interpreter, where no Python handler would run."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from dist_keras.distribute import leaving  # pylint: disable=g-import-not-at-top
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    # An ignored SIGINT (a job started in the background) stays ignored.
+    if signal.getsignal(signum) is not signal.SIG_IGN:
+      signal.signal(signum, signal.SIG_DFL)
+  try:
+    leaving.together(cluster)
+  except tf.errors.OpError as e:
+    # A peer died or failed after training (a peer's missed heartbeats
+    # fail the barrier with an InternalError): not a bug of this run.
+    raise errors.PeerLost(
+        f"lost contact with {_peer(e, cluster)} as the run ended "
+        f"({type(e).__name__}: {errors.cause(str(e))}); rerun it on every "
+        "worker (tools/launch_local.py --max_restarts does): a finished "
+        "workdir is kept as it is, else the rerun writes the results."
+    ) from e
 
 
 # What TensorFlow raises in a collective when a peer dies or stops
@@ -127,17 +152,21 @@ def peer_lost(error: Exception):
   cluster = tfconfig.from_env()  # Checked at start-up: parses cleanly.
   if type(error).__name__ not in _PEER_ERRORS or cluster is None:
     return None
-  text = str(error)
-  me = (cluster.task_type, cluster.task_index)
-  others = [m for m in _TASK.finditer(text)
-            if (m.group(1), int(m.group(2))) != me]
-  who = (f"task {others[0].group(1)}:{others[0].group(2)}" if others
-         else "a peer task")
   return errors.PeerLost(
-      f"lost contact with {who} ({type(error).__name__}: {errors.cause(text)}); "
-      "the job "
-      "must restart: rerun it on every worker (tools/launch_local.py "
-      "--max_restarts does) to resume from the last checkpoint.")
+      f"lost contact with {_peer(error, cluster)} ({type(error).__name__}: "
+      f"{errors.cause(str(error))}); the job must restart: rerun it on "
+      "every worker (tools/launch_local.py --max_restarts does) to resume "
+      "from the last checkpoint.")
+
+
+def _peer(error: Exception, cluster) -> str:
+  """The first other task `error` names ("task worker:1"), else "a peer
+  task"."""
+  me = (cluster.task_type, cluster.task_index)
+  others = [m for m in _TASK.finditer(str(error))
+            if (m.group(1), int(m.group(2))) != me]
+  return (f"task {others[0].group(1)}:{others[0].group(2)}" if others
+          else "a peer task")
 
 
 def _fail(error: Exception, code: int) -> None:
@@ -145,8 +174,12 @@ def _fail(error: Exception, code: int) -> None:
     terminal.say(traceback.format_exc(), err=True, end="")
   message = str(error).splitlines()[0] if str(error) else type(error).__name__
   if code == errors.EXIT_UNEXPECTED and not isinstance(error, errors.KNOWN):
-    message = (f"{errors.unexpected(error)} (unexpected; rerun with "
-               "--verbose for the traceback)")
+    # A user's function's own error is theirs, not an unexpected one; the
+    # traceback is printed above already with --verbose.
+    said = [] if errors.in_users_code(error) else ["unexpected"]
+    if not _VERBOSE.value:
+      said.append("rerun with --verbose for the traceback")
+    message = errors.unexpected(error, said)
   _say_error(message)
   sys.exit(code)
 
@@ -209,25 +242,28 @@ def _exit_bad_command_line(message: str) -> None:
 def run() -> None:
   """Console-script entry point (`dist-keras-train`)."""
   _fill_closed_streams()
+  # The current folder on the path, as `python -m dist_keras.train` has it
+  # (a console script has its own folder instead): a config file and a
+  # PKG.MODULE:FN import the user's modules from there alike.
+  if "" not in sys.path and os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())
   try:
     app.run(main, flags_parser=_parse_flags)
   except SystemExit as e:
-    if not e.code and tfconfig.from_env() is not None:
-      # A worker of a cluster: TensorFlow's own exit (its peers'), which
-      # can take seconds of teardown in C++. The run's handler, kept to
-      # here, would ignore a SIGTERM there (the run is over) and leave the
-      # worker to SIGKILL: the default action ends it at once (143).
-      signal.signal(signal.SIGTERM, signal.SIG_DFL)
-      raise
     # The run has written and closed all it writes (summary.json, or the
-    # checkpoint and the one line). Python's own exit would then destroy a
-    # training iterator, which waits for tf.data's autotune thread to end
-    # its sleep: 7-60 s here (TF 2.21), past what a user pressing Ctrl-C,
-    # or a pod's 30 s grace period after SIGTERM, waits, and long after the
-    # last line of a finished run.
-    code = e.code if isinstance(e.code, int) else 1
-    if code != e.code:
-      terminal.say(str(e.code), err=True)  # What sys.exit("...") prints.
+    # checkpoint and the one line); a finished cluster's workers have met
+    # at the final barrier (_leave_together). Python's own exit would then
+    # destroy a training iterator, which waits for tf.data's autotune
+    # thread to end its sleep: 7-60 s here (TF 2.21), past what a user
+    # pressing Ctrl-C, or a pod's 30 s grace period after SIGTERM, waits,
+    # long after the last line of a finished run, and past the heartbeat
+    # timeout of a cluster's coordination service (distribute/leaving.py).
+    code = e.code
+    if code is None:  # sys.exit() with no code: 0, as in Python.
+      code = 0
+    elif not isinstance(code, int):
+      terminal.say(str(code), err=True)  # What sys.exit("...") prints.
+      code = 1
     terminal.flush()  # A closed pipe costs its lines: the code stands.
     os._exit(code)
 

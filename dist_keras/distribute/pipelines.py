@@ -129,7 +129,7 @@ _KEPT: list | None = None
 
 def keep_until_exit() -> None:
   """From now on `hold` keeps the iterators it is given: for a process
-  that ends with os._exit (the command line on one host)."""
+  that ends with os._exit (the command line)."""
   global _KEPT
   if _KEPT is None:
     _KEPT = []

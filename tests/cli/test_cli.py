@@ -145,6 +145,45 @@ def test_console_script_is_the_same_entry_point(tmp_path):
   assert "runtime.strategy='bogus'" in result.stderr
 
 
+def test_the_console_script_imports_a_config_files_modules_from_here(
+    tmp_path):
+  """As `python -m` does: the current folder is on the path (a console
+  script's own is its bin/ folder), so a config file importing the user's
+  module loads alike (it was 'No module named mine', exit 2)."""
+  (tmp_path / "mine.py").write_text("STEPS = 7\n")
+  (tmp_path / "cfg.py").write_text(
+      "from dist_keras.configs import base\nimport mine\n"
+      "def get_config():\n  c = base.get_config()\n"
+      "  c.train.steps = mine.STEPS\n  return c\n")
+  script = os.path.join(os.path.dirname(sys.executable), "dist-keras-train")
+  result = subprocess.run(
+      [script, "--config=cfg.py", "--workdir=run",
+       "--config.runtime.strategy=bogus"], cwd=tmp_path,
+      env={**os.environ, "PYTHONPATH": helpers.REPO}, capture_output=True,
+      text=True, timeout=120, check=False)
+  assert result.returncode == 2, result.stderr
+  assert "runtime.strategy='bogus'" in result.stderr  # Past the config.
+
+
+def test_a_users_function_that_raises_is_named_in_the_one_line(tmp_path):
+  """Their error, where it was raised; --verbose is not asked for again
+  when given (its traceback is above the line)."""
+  (tmp_path / "mine.py").write_text(
+      "def model_fn():\n  raise ValueError('bad layer width -3')\n")
+  args = ["-m", "dist_keras.train", "--workdir=run",
+          "--config.model.name=mine:model_fn", "--config.train.steps=2"]
+  result = helpers.run_module(args, cwd=tmp_path)
+  assert result.returncode == 1
+  assert result.stderr.splitlines()[-1] == (
+      "dist_keras: error: ValueError: bad layer width -3 (raised in "
+      "model_fn mine:model_fn; rerun with --verbose for the traceback)")
+  result = helpers.run_module([*args, "--verbose"], cwd=tmp_path)
+  assert result.stderr.splitlines()[-1] == (
+      "dist_keras: error: ValueError: bad layer width -3 (raised in "
+      "model_fn mine:model_fn)") and "Traceback" in result.stderr
+  assert not (tmp_path / "run").exists()
+
+
 def test_peer_errors_become_a_retryable_peer_lost_naming_the_task(monkeypatch):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from dist_keras import errors, train  # pylint: disable=g-import-not-at-top
@@ -165,6 +204,33 @@ def test_peer_errors_become_a_retryable_peer_lost_naming_the_task(monkeypatch):
   assert train.peer_lost(ValueError(message)) is None
   monkeypatch.delenv("TF_CONFIG")
   assert train.peer_lost(tf.errors.UnavailableError(None, None, message)) is None
+
+
+def test_a_peer_lost_at_the_final_barrier_is_a_retryable_peer_lost(
+    monkeypatch):
+  """A peer that died after training fails the barrier with TensorFlow's
+  InternalError (measured: 7-10 s after a SIGKILL), which had read as a
+  bug (exit 1); the chief that died fails it at once (UnavailableError)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from dist_keras import train  # pylint: disable=g-import-not-at-top
+  from dist_keras.distribute import leaving, tfconfig  # pylint: disable=g-import-not-at-top
+  message = ("Barrier failed because: task is set to ERROR: UNAVAILABLE: "
+             "Task /job:worker/replica:0/task:1 heartbeat timeout.")
+
+  def barrier_failed(cluster):
+    raise tf.errors.InternalError(None, None, message)
+
+  monkeypatch.setattr(leaving, "together", barrier_failed)
+  monkeypatch.setattr(train.signal, "signal", lambda *args: None)
+  cluster = tfconfig.ClusterSpec({"worker": ["a:1", "b:1"]}, "worker", 0)
+  with pytest.raises(errors.KNOWN) as lost:
+    train._leave_together(cluster)  # pylint: disable=protected-access
+  assert lost.value.exit_code == errors.EXIT_PEER_LOST
+  assert str(lost.value) == (
+      f"lost contact with task worker:1 as the run ended (InternalError: "
+      f"{message}); rerun it on every worker (tools/launch_local.py "
+      "--max_restarts does): a finished workdir is kept as it is, else the "
+      "rerun writes the results.")
 
 
 def test_a_tf_errors_cause_is_its_line_that_says_what_happened():
@@ -484,33 +550,59 @@ def test_a_stderr_closed_at_the_start_does_not_end_the_run(tmp_path):
   assert json.loads((workdir / "summary.json").read_text())["steps"] == 4
 
 
-# A SIGTERM while Python's own exit tears the run down, as TensorFlow's can
-# for seconds (here a sleep in the last exit hook stands for it).
-_SIGTERM_IN_THE_EXIT = """
-import atexit, os, signal, sys, time
-from dist_keras import train
-def sigterm_in_the_teardown():
-  os.kill(os.getpid(), signal.SIGTERM)
+def test_sys_exit_without_a_code_exits_0_and_says_nothing(monkeypatch,
+                                                        capsys):
+  """sys.exit() means 0 in Python; run() made it exit 1, printing "None"."""
+  from dist_keras import train  # pylint: disable=g-import-not-at-top
+
+  class _Exited(Exception):
+    pass
+
+  def exit_now(code):
+    raise _Exited(code)
+
+  monkeypatch.setattr(train.app, "run", lambda *args, **kwargs: sys.exit())
+  monkeypatch.setattr(train.os, "_exit", exit_now)
+  with pytest.raises(_Exited) as exited:
+    train.run()
+  assert exited.value.args == (0,)
+  assert capsys.readouterr() == ("", "")
+
+
+# A finished run of a 2-worker cluster whose workers wait for a peer that
+# does not come, as it leaves (distribute/leaving.py), signalled there.
+_SIGNAL_WHILE_LEAVING = """
+import os, signal, sys, time
+from dist_keras import api, train
+from dist_keras.distribute import leaving
+def finished_run(job):
+  # The run's handler, kept to the exit, ignores a signal once it ended.
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, lambda *args: None)
+def waiting(cluster):
+  os.kill(os.getpid(), signal.{signal})
   time.sleep(30)
-  print("outlived SIGTERM by 30 s", file=sys.stderr, flush=True)
-atexit.register(sigterm_in_the_teardown)
+  print("outlived the signal by 30 s", file=sys.stderr, flush=True)
+api.run, leaving.together = finished_run, waiting
 sys.argv[0] = "dist_keras.train"
 train.run()
 """
 
 
-def test_a_sigterm_while_a_cluster_worker_exits_ends_it_at_once(tmp_path):
-  """A worker of a cluster ends a finished run through Python's own exit;
-  the run's handler, kept to the exit, ignored a SIGTERM there and the
-  worker ran on until SIGKILL. Now SIGTERM's default action ends it
-  (-15 here, 143 to a shell or Kubernetes)."""
-  cluster = helpers.one_worker_cluster()
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_request_while_cluster_workers_leave_ends_it_at_once(
+    tmp_path, signum):
+  """The run's handler, kept to the exit, ignored SIGTERM and Ctrl-C there,
+  and the worker waited on until SIGKILL. Now their default action ends
+  it (-15 and -2 here; 143 and 130 to a shell or Kubernetes)."""
+  script = _SIGNAL_WHILE_LEAVING.replace("{signal}", signum.name)
+  cluster = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                        "task": {"type": "worker", "index": 1}})
   result = helpers.run_module(
-      ["-c", _SIGTERM_IN_THE_EXIT, f"--workdir={tmp_path / 'run'}", *TINY],
-      env={"TF_CONFIG": cluster})
-  assert "done: 4 steps" in result.stdout, result.stderr[-2000:]
+      ["-c", script, f"--workdir={tmp_path / 'run'}", *TINY],
+      env={"TF_CONFIG": cluster}, timeout=120)
   assert "outlived" not in result.stderr
-  assert result.returncode == -signal.SIGTERM, result.stderr[-2000:]
+  assert result.returncode == -signum, result.stderr[-2000:]
 
 
 _FULL_DISK = """

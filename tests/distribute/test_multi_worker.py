@@ -357,6 +357,68 @@ def _free_ports(n):
   return ports
 
 
+# A worker of a 2-worker run that logs to $EVENTS ("TASK WHAT SECONDS",
+# the host's monotonic clock) as it waits at the final barrier and as it
+# exits; the chief's last write (summary.json) takes 15 s, past the
+# coordination service's heartbeat timeout (10 s).
+_LOGGED_EXIT = """
+import json, os, sys, time
+from tensorflow.python.eager import context
+from dist_keras import train
+from dist_keras.training import run_files
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+def log(what):
+  with open(os.environ["EVENTS"], "a") as events:
+    events.write(f"{task} {what} {time.monotonic()}\\n")
+service = context.context()
+wait_at_barrier = service.wait_at_barrier
+def logged_wait(*args):
+  log("barrier-start")
+  wait_at_barrier(*args)
+  log("barrier-end")
+service.wait_at_barrier = logged_wait
+write_json = run_files.write_json
+def slow_write(workdir, name, value):
+  if name == run_files.SUMMARY_JSON:
+    time.sleep(15)
+  write_json(workdir, name, value)
+run_files.write_json = slow_write
+exit_now = os._exit
+os._exit = lambda code: (log(f"exit-{code}"), exit_now(code))
+sys.argv[0] = "dist_keras.train"
+train.run()
+"""
+# What TensorFlow printed at the end of successful runs whose workers left
+# one by one, with no final barrier.
+_TF_EXIT_ERRORS = ("UNAVAILABLE", "heartbeat", "crashed",
+                   "Failed to send RPC", "coordination service")
+
+
+def test_a_finished_run_ends_together_without_tensorflow_errors(tmp_path):
+  """Every worker waits at a barrier until all have finished (here the
+  chief's last write, 15 s), and the chief exits after the others have.
+  A worker that had left at its last collective was reported by the
+  chief as crashed ("The tasks have crashed"); one that outlived the
+  chief said "Failed to send RPC to coordination service"."""
+  events = tmp_path / "events"
+  train_flags = _train_args(tmp_path / "run")[2:]  # Not -m dist_keras.train.
+  result = _launch(2, ["-c", _LOGGED_EXIT, *train_flags], EVENTS=str(events))
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  output = result.stdout + result.stderr
+  assert not [line for line in output.splitlines()
+              if any(text in line for text in _TF_EXIT_ERRORS)], output
+  logged = {}
+  for line in events.read_text().splitlines():
+    task, what, seconds = line.split()
+    logged.setdefault(int(task), {})[what] = float(seconds)
+  chief, worker = logged[0], logged[1]
+  # The worker waited for the chief's last write.
+  assert worker["barrier-end"] > chief["barrier-start"] > (
+      worker["barrier-start"] + 10), logged
+  assert chief["barrier-end"] < chief["exit-0"], logged
+  assert worker["barrier-end"] < worker["exit-0"] < chief["exit-0"], logged
+
+
 def test_two_workers_evaluate_every_example_exactly_once(tmp_path):
   result = _launch(2, [os.path.join(helpers.REPO, "tests", "scripts", "eval_ids.py"),
                        f"--out={tmp_path}/ids{{task}}.npy",

@@ -654,7 +654,7 @@ def test_only_the_command_line_keeps_the_train_iterator_to_its_exit(
     tmp_path, mirrored, monkeypatch):
   """Destroying an autotuned iterator waits until tf.data's autotune thread
   next wakes (TF 2.21: 19 s after every other default run). The command
-  line on one host keeps it (pipelines.keep_until_exit) and ends with
+  line keeps it (pipelines.keep_until_exit) and ends with
   os._exit; from Python it goes when run() returns, as any object does."""
   c = helpers.tiny_config()
   c.train.steps = c.eval.every = 2
