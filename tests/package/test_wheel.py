@@ -1,6 +1,7 @@
 """Installed from a wheel, without the checkout: the default built-in config
-runs by name from any directory, and a user's config file elsewhere loads
-through the console script."""
+runs by name from any directory; a user's config file elsewhere, naming
+their own model and data in a module of theirs that it imports, trains
+through the console script, and the same functions through dist_keras.fit."""
 import os
 import shutil
 import subprocess
@@ -16,14 +17,54 @@ FEW_STEPS = ["--config.train.steps=4", "--config.train.log_every=2",
              "--config.log.peak_tflops=1.0"]
 NO_EDITABLE_HOOK = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
                     "if 'editable' not in repr(f)]; ")
+OWN_STEPS = ["--config.train.steps=4", "--config.train.log_every=2",
+             "--config.eval.every=0", "--config.log.calibration_steps=0",
+             "--config.log.peak_tflops=1.0"]
 USER_CONFIG = '''from dist_keras.configs import base
+
+import mymodels  # The user's module, beside this file (the working folder).
 
 
 def get_config():
   c = base.get_config()
-  c.model.cell = "gru"
+  c.model.name = "mymodels:model_fn"
+  c.data.name = "mymodels:dataset_fn"
+  c.train.global_batch_size = mymodels.GLOBAL_BATCH
   return c
 '''
+USER_MODULE = '''import keras
+import numpy as np
+import tensorflow as tf
+
+GLOBAL_BATCH = 32
+
+
+def model_fn():
+  inputs = keras.Input((8,))
+  hidden = keras.layers.Dense(16, activation="relu")(inputs)
+  model = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+  model.compile(optimizer="adam", metrics=["accuracy"],
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  return model
+
+
+def dataset_fn(split, input_context):
+  rng = np.random.default_rng(0 if split == "train" else 1)
+  x = rng.normal(size=(256, 8)).astype("float32")
+  ds = tf.data.Dataset.from_tensor_slices((x, (x[:, 0] > 0).astype("int32")))
+  ds = ds.shard(input_context.num_input_pipelines,
+                input_context.input_pipeline_id)
+  batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+  if split == "train":
+    return ds.repeat().batch(batch, drop_remainder=True)
+  return ds.batch(batch)
+'''
+FIT = ("import dist_keras, mymodels; r = dist_keras.fit(mymodels.model_fn, "
+       "mymodels.dataset_fn, workdir='fit', config={'train.steps': 4, "
+       "'train.global_batch_size': 32, 'eval.every': 0, "
+       "'log.calibration_steps': 0, 'log.peak_tflops': 1.0}); "
+       "print(dist_keras.__file__, r.summary['eval_accuracy'])")
 
 
 def _start(args, cwd, site):
@@ -67,6 +108,7 @@ def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
   elsewhere.mkdir()
 
   (elsewhere / "mine.py").write_text(USER_CONFIG)
+  (elsewhere / "mymodels.py").write_text(USER_MODULE)
   # Independent runs, started together: their start-ups overlap. The
   # default (a built-in config, by name: the --config flag's default)
   # through `python -m`; the user's file through the console script (two
@@ -76,7 +118,8 @@ def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
   default = _start([sys.executable, "-m", "dist_keras.train",
                     "--workdir=default", *FEW_STEPS], elsewhere, site)
   script = _start([str(site / "bin" / "dist-keras-train"), "--config=mine.py",
-                   "--workdir=own", *FEW_STEPS], elsewhere, site)
+                   "--workdir=own", *OWN_STEPS], elsewhere, site)
+  fit = _start([sys.executable, "-c", FIT], elsewhere, site)
   # From inside a checkout (a Docker WORKDIR holding the source, a notebook
   # that %cd's into its clone), the working directory's dist_keras shadows
   # the installed one; with no editable install's import hook, its
@@ -90,5 +133,8 @@ def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
   assert "done: 4 steps, eval accuracy" in _finished(default)
   assert '"cell": "lstm"' in (elsewhere / "default" /
                               "config.json").read_text()
-  _finished(script)
-  assert '"cell": "gru"' in (elsewhere / "own" / "config.json").read_text()
+  assert "done: 4 steps, eval accuracy" in _finished(script)
+  assert '"name": "mymodels:model_fn"' in (elsewhere / "own" /
+                                           "config.json").read_text()
+  installed_at, accuracy = _finished(fit).split()[-2:]
+  assert installed_at.startswith(str(site)) and 0 <= float(accuracy) <= 1
