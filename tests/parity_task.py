@@ -76,11 +76,28 @@ def tokens_dataset_fn(split, input_context):
 def embedding_adam():
   """An Embedding under Adam: its gradient is a tf.IndexedSlices, one slice
   per looked-up token, which Adam squares slice by slice."""
+  return _embedding(keras.optimizers.Adam(0.01))
+
+
+def embedding_global_clipnorm():
+  """embedding_adam under a global-norm clip that scales every step (the
+  gradients' norms are 0.05-0.2): Keras' clip hands Adam the dense table,
+  which 2 replicas all-reduce instead of gathering the slices."""
+  return _embedding(keras.optimizers.Adam(0.01, global_clipnorm=0.01))
+
+
+def embedding_clipnorm():
+  """embedding_adam clipped per variable (the Embedding's slices' norm is
+  0.04-0.05): Keras clips the slices and hands them to Adam as slices."""
+  return _embedding(keras.optimizers.Adam(0.01, clipnorm=0.01))
+
+
+def _embedding(optimizer):
   model = keras.Sequential([
       keras.Input((TOKENS,), dtype="int32"),
       keras.layers.Embedding(VOCAB, 4),
       keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3)])
-  model.compile(optimizer=keras.optimizers.Adam(0.01),
+  model.compile(optimizer=optimizer,
                 loss=keras.losses.SparseCategoricalCrossentropy(
                     from_logits=True))
   return model

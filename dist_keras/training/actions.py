@@ -220,7 +220,7 @@ class Calibrate(keras.callbacks.Callback):
     trainer, meters = self.trainer, self.trainer.meters
     ideal_ms = calibration.no_communication_step_ms(
         trainer.strategy, steps.make_compute_only(
-            self.model, self.model.optimizer),
+            self.model, trainer.settings.step_options["allreduce_dtype"]),
         self.iterator, count, per_call=meters.largest_call)
     measured = meters.sync_log.means().get("allreduce_ms")
     self.run.calibrated = calibration.check(

@@ -29,11 +29,20 @@ catch.
   optimizer), which TensorFlow refuses in the replica context of more than
   one replica, so Keras' own fit cannot train them under MirroredStrategy
   (update_without_merge_call).
+- `_clip_gradients`: the optimizer's clip, run on the gradients it is
+  handed. Where dist_keras clips an Embedding's reduced table itself, with
+  the norm Keras takes from its slices (sparse_grads.py), the optimizer's
+  own clip is the identity meanwhile (clipping_done); an optimizer class
+  that clips its own way keeps Keras' (clips_as_keras).
 """
+import contextlib
+import threading
+
 import keras
 import tensorflow as tf
 
 ALLREDUCE_HOOK = "_all_reduce_sum_gradients"
+CLIP_HOOK = "_clip_gradients"
 
 
 def _require(obj, name: str, what: str):
@@ -76,6 +85,56 @@ def reduce_in_apply(optimizer, all_reduce) -> None:
     return apply(all_reduce(list(grads)), trainable_variables)
 
   optimizer.apply = apply_reduced
+
+
+def clips_as_keras(optimizer) -> bool:
+  """Whether `optimizer`'s class clips with Keras' own `_clip_gradients`
+  (what sparse_grads' clip reproduces), not an override of its own."""
+  _require(optimizer, CLIP_HOOK, "its clip")
+  return getattr(type(optimizer), CLIP_HOOK, None) is getattr(
+      keras.optimizers.Optimizer, CLIP_HOOK)
+
+
+@contextlib.contextmanager
+def clipping_done(optimizer):
+  """While it runs, `optimizer` applies gradients as given, unclipped: the
+  caller clipped them as it would have (sparse_grads.py).
+
+  Every replica's thread of a MirroredStrategy step enters it, their turns
+  overlapping (each pauses in the update's merge_call while the next one
+  enters): the optimizer's own clip is back once the last has left, not
+  the first.
+
+  Raises:
+    RuntimeError: this Keras has no such clip to turn off; the gradients
+      would be clipped twice (again by the norm of the summed table).
+  """
+  _require(optimizer, CLIP_HOOK, "its clip")
+  with _UNCLIPPED_LOCK:
+    inside, own = _UNCLIPPED.get(id(optimizer), (0, vars(optimizer).get(
+        CLIP_HOOK)))
+    _UNCLIPPED[id(optimizer)] = (inside + 1, own)
+    setattr(optimizer, CLIP_HOOK, _as_given)
+  try:
+    yield
+  finally:
+    with _UNCLIPPED_LOCK:
+      inside, own = _UNCLIPPED.pop(id(optimizer))
+      if inside > 1:
+        _UNCLIPPED[id(optimizer)] = (inside - 1, own)
+      elif own is None:
+        delattr(optimizer, CLIP_HOOK)  # Back to the class's own.
+      else:
+        setattr(optimizer, CLIP_HOOK, own)
+
+
+# id(optimizer) -> (threads inside clipping_done, the instance's own clip).
+_UNCLIPPED = {}
+_UNCLIPPED_LOCK = threading.Lock()
+
+
+def _as_given(grads):
+  return grads
 
 
 def update_without_merge_call(optimizer) -> None:

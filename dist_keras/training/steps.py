@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from dist_keras.contract import checks
 from dist_keras.measure import stamps
-from dist_keras.training import allreduce, keras_internals
+from dist_keras.training import allreduce, keras_internals, sparse_grads
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -97,14 +97,18 @@ def update_loss_tracker(model, x, loss) -> None:
                          sample_weight=examples)
 
 
-def make_compute_only(model, optimizer):
+def make_compute_only(model, allreduce_dtype: str = "float32"):
   """The per-replica forward and backward pass of the train step, and no
   more (calibration: the step with free communication)."""
+  optimizer = model.optimizer
 
   def replica_compute(batch):
     _, grads = forward_backward(model, optimizer, batch,
                                 update_metrics=False)
     grads = allreduce.as_reduced(grads)  # As the train step does.
+    tables = sparse_grads.table_form(optimizer, model.trainable_variables,
+                                     grads, allreduce_dtype)
+    grads = grads if tables is None else tables.local(grads)
     # Consume every gradient so none is pruned; per replica, no collective
     # (an IndexedSlices' values: summing it whole would densify it).
     return tf.add_n([tf.reduce_sum(getattr(g, "values", g))
@@ -179,6 +183,12 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
       start = stamps.stamp_after([batch, inputs_ready], clock)
       batch = stamps.after_stamp(start, batch)
     loss, grads = compute(batch)
+    # Under a global-norm clip an Embedding's slices are summed here, into
+    # a table all-reduced dense (sparse_grads.py).
+    tables = sparse_grads.table_form(optimizer, variables, grads,
+                                     options.allreduce_dtype)
+    if tables is not None:
+      grads = tables.local(grads)
     if timed:
       grads_ready = stamps.stamp_after(_parts(grads), clock)
       grads = stamps.after_stamp(grads_ready, grads)
@@ -190,7 +200,7 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
     if timed:
       reduced = stamps.stamp_after(_parts(grads), clock)
       grads = stamps.after_stamp(reduced, grads)
-    finite = update(grads)
+    finite = update(grads, tables)
     if not timed:
       return loss, finite, (), (), sent
     # Reading every variable orders the last stamp after all their updates.
@@ -226,7 +236,9 @@ def _update_fn(optimizer, variables):
   same on every replica: what tells the host the gradients diverged, or
   that a loss-scaled update skipped them)."""
 
-  def update(grads):
+  def update(grads, tables=None):
+    if tables is not None:
+      return tables.apply(optimizer, variables, grads)
     finite = allreduce.all_finite(grads)
     optimizer.apply_gradients(zip(grads, variables))
     return finite

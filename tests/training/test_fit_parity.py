@@ -37,9 +37,10 @@ DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
                "loss_scale,two_output,gan,callbacks_model,embedding_adam")
 # Across workers (2 processes a model): the acceptance's five, the GAN's
 # two optimizers, the callbacks that must stop every worker alike and an
-# Embedding's sparse gradient (gathered by the collective runtime).
+# Embedding's sparse gradient (gathered by the collective runtime; under a
+# global-norm clip, its table all-reduced).
 WORKERS = ("custom_step,accumulate,ema,global_clipnorm,two_output,gan,"
-           "callbacks_model,embedding_adam")
+           "callbacks_model,embedding_adam,embedding_global_clipnorm")
 # The acceptance's five and the GAN (its two optimizers' state): stopped
 # after step 7, then resumed from ckpt-4 by a new fit call.
 RESUMED = "custom_step,accumulate,ema,global_clipnorm,two_output,gan"
@@ -205,15 +206,20 @@ def test_a_models_own_step_is_timed_as_input_wait_and_model_step(runs):
   assert str(runs["one"]["sync_split/plain"]) == "None"  # Timing off.
 
 
-def _embedding_weights(workdir, strategy, **config) -> list:
-  """The weights dist_keras trains parity_task.embedding_adam to."""
+def _embedding_weights(workdir, strategy, name="embedding_adam",
+                       **config) -> list:
+  """The weights dist_keras trains parity_task's model `name` to."""
+  return _embedding_run(workdir, strategy, name, **config)[0]
+
+
+def _embedding_run(workdir, strategy, name, **config):
+  """(the weights, summary.json) of dist_keras training model `name`."""
   settings = {k: v for k, v in parity_weights.config(
-      "embedding_adam", 1, "one_device").items() if not k.startswith(
-          "runtime.")}
-  result = dist_keras.fit(parity_task.embedding_adam,
+      name, 1, "one_device").items() if not k.startswith("runtime.")}
+  result = dist_keras.fit(getattr(parity_task, name),
                           parity_task.tokens_dataset_fn, workdir=str(workdir),
                           config={**settings, **config}, strategy=strategy)
-  return [w.numpy() for w in result.model.weights]
+  return [w.numpy() for w in result.model.weights], result.summary
 
 
 def test_an_embeddings_sparse_gradient_trains_what_fit_trains(tmp_path,
@@ -241,3 +247,35 @@ def test_an_embeddings_sparse_gradient_trains_what_fit_trains(tmp_path,
     assert np.abs(expected - initial[i]).max() > 1e-4, f"{i} never trained"
     np.testing.assert_allclose(one[i], expected, rtol=0, atol=1e-6)
     np.testing.assert_allclose(two[i], one[i], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,clip,gathers", [
+    ("embedding_global_clipnorm", 0.01, False),
+    ("embedding_clipnorm", 0.01, True)])
+def test_an_embeddings_clipped_gradient_trains_what_one_device_trains(
+    tmp_path, mirrored, name, clip, gathers):
+  """Clipped by Adam's global_clipnorm, an Embedding's slices reach Adam
+  as a dense table (Keras' clip densifies them): 2 replicas sum each
+  replica's slices into it and all-reduce it, and clip with the norm Keras
+  takes from the slices (training/sparse_grads.py), gathering nothing.
+  Clipped per variable (clipnorm), Adam sees the clipped slices: gathered.
+  Either way 2 replicas, timed steps and calibration included, = one
+  device, with the clip scaling (the first batch's Embedding gradient
+  alone is past it)."""
+  keras.utils.set_random_seed(0)
+  model = getattr(parity_task, name)()
+  (x, y), = parity_task.tokens_dataset_fn(
+      "train", tf.distribute.InputContext()).take(1)
+  with tf.GradientTape() as tape:
+    loss = model.compute_loss(x, y, model(x, training=True))
+  slices = tape.gradient(loss, model.trainable_variables)[0]
+  assert isinstance(slices, tf.IndexedSlices)
+  assert float(tf.norm(slices.values)) > 2 * clip
+  one = _embedding_weights(tmp_path / "one",
+                           tf.distribute.OneDeviceStrategy("/cpu:0"), name)
+  two, summary = _embedding_run(tmp_path / "m2", mirrored, name,
+                                **{"log.sync_timing": True,
+                                   "log.calibration_steps": 3})
+  assert (summary["gathered_bytes"] > 0) == gathers
+  for i, (got, want) in enumerate(zip(two, one)):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=str(i))

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from dist_keras import models, validate
-from dist_keras.training import allreduce, keras_internals
+from dist_keras.training import allreduce, keras_internals, sparse_grads
 
 MODULE = "dist_keras/training/keras_internals.py"
 
@@ -337,7 +337,84 @@ def test_require_names_the_type_the_attribute_and_this_module():
     assert part in message
 
 
+def test_clipping_done_applies_unclipped_then_clips_again():
+  """`_clip_gradients` is what Keras' update clips with: while
+  clipping_done runs, a gradient of norm 5 under global_clipnorm 1 is
+  applied whole (dist_keras clipped it: sparse_grads.py), after it clipped
+  to norm 1 again (the instance's override deleted)."""
+  var, optimizer = _built(tf.name_scope("clip"), lambda: keras.optimizers.SGD(
+      1.0, global_clipnorm=1.0))
+  grad = tf.constant([3.0, 4.0, 0.0])
+  with keras_internals.clipping_done(optimizer):
+    optimizer.apply_gradients([(grad, var)])
+  np.testing.assert_allclose(var.numpy(), [-3.0, -4.0, 0.0])
+  assert keras_internals.CLIP_HOOK not in vars(optimizer)
+  optimizer.apply_gradients([(grad, var)])
+  np.testing.assert_allclose(var.numpy(), [-3.6, -4.8, 0.0], rtol=1e-6)
+
+
+def test_clipping_done_is_undone_once_every_replica_left(mirrored):
+  """Under Mirrored every replica's thread enters clipping_done, their
+  turns overlapping (each waits in the update's merge_call while the next
+  enters): both apply unclipped, and after them the optimizer clips again
+  (undone by the first to leave, the second's override had stayed)."""
+  var, optimizer = _built(mirrored.scope(), lambda: keras.optimizers.SGD(
+      1.0, global_clipnorm=1.0))
+  keras_internals.disable_optimizer_allreduce(optimizer)
+
+  @tf.function
+  def step():
+    def replica_fn():
+      with keras_internals.clipping_done(optimizer):
+        optimizer.apply_gradients([(tf.constant([3.0, 4.0, 0.0]), var)])
+    mirrored.run(replica_fn)
+
+  step()
+  assert keras_internals.CLIP_HOOK not in vars(optimizer)
+  for value in mirrored.experimental_local_results(var.value):
+    np.testing.assert_allclose(value, [-3.0, -4.0, 0.0])
+
+
+def test_clips_as_keras_tells_an_optimizer_with_its_own_clip():
+  class OwnClip(keras.optimizers.SGD):
+    def _clip_gradients(self, grads):
+      return grads
+
+  assert keras_internals.clips_as_keras(keras.optimizers.Adam(0.1))
+  assert not keras_internals.clips_as_keras(OwnClip(0.1, global_clipnorm=1.0))
+
+
+def test_the_tables_clip_is_keras_clip_of_the_slices():
+  """sparse_grads' clip of a summed table (and a dense gradient), with the
+  slices' squares, is what Keras' `_clip_gradients` makes of the slices:
+  its global norm squares each slice (3, 4 of row 0: norm 5 with the dense
+  12, 13 in all), not the summed row (7: 13.9); and a norm that is inf
+  makes every gradient NaN, as Keras' finite-scale trick does."""
+  optimizer = keras.optimizers.Adam(0.1, global_clipnorm=2.0)
+  slices = tf.IndexedSlices(tf.constant([[3.0], [4.0]]), tf.constant([0, 0]),
+                            tf.constant([2, 1]))
+  dense = tf.constant([12.0])
+  tables = sparse_grads.Tables((True, False), clip_norm=2.0)
+
+  def both(dense):
+    keras_clip = optimizer._clip_gradients([slices, dense])  # pylint: disable=protected-access
+    ours = tables.clip_by_global_norm(
+        allreduce.dense_gradients([slices, dense]), tf.constant(25.0))
+    return [tf.convert_to_tensor(g) for g in keras_clip], ours
+
+  keras_clip, ours = both(dense)
+  np.testing.assert_allclose(keras_clip[0], [[7.0 * 2 / 13], [0.0]],
+                             rtol=1e-6)
+  for want, got in zip(keras_clip, ours):
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+  for clipped in both(dense * np.inf):
+    assert np.isnan(clipped[0]).all() and np.isnan(clipped[1]).all()
+
+
 @pytest.mark.parametrize("use, name", [
+    (keras_internals.clips_as_keras, "_clip_gradients"),
+    (lambda o: keras_internals.clipping_done(o).__enter__(),
+     "_clip_gradients"),
     (keras_internals.applied_batches, "_iterations"),
     (keras_internals.update_without_merge_call, "_backend_apply_gradients"),
     (keras_internals.rate_schedule, "_learning_rate"),

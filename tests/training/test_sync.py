@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import helpers
 from dist_keras.measure import breakdown
-from dist_keras.training import allreduce
+from dist_keras.training import allreduce, sparse_grads, steps
 
 
 def _replica_gradients():
@@ -153,3 +154,107 @@ def test_host_value_sum_traces_once_per_strategy_and_lets_it_go():
   del strategy, sums
   gc.collect()
   assert gone() is None
+
+
+def _op_types(concrete) -> set:
+  """The op types of a traced function, its nested functions' included."""
+  graph = concrete.graph
+  library = graph.as_graph_def().library.function
+  return {op.type for op in graph.get_operations()} | {
+      node.op for function in library for node in function.node_def}
+
+
+@pytest.mark.parametrize("clip, gathers", [(1.0, False), (0.0, True)])
+def test_under_a_global_norm_clip_the_default_step_gathers_nothing(
+    mirrored, clip, gathers):
+  """The default model's plain step (an Embedding under Adam) under its
+  global_clipnorm all-reduces the Embedding's table: no all-gather, and
+  none of the count gather's tf.cond. Without a clip Adam sees the slices,
+  gathered (they were gathered under the clip too: 12,800 slices for Keras'
+  clip to densify on every replica)."""
+  c = helpers.tiny_config()
+  c.train.global_clipnorm = clip
+  with helpers.built(c, mirrored) as run:
+    step = steps.make_train_step(mirrored, run.model)
+    ops = _op_types(step.get_concrete_function(iter(run.parts.train_ds)))
+  assert "CollectiveReduceV2" in ops
+  assert ("CollectiveGatherV2" in ops) == gathers
+  assert bool(ops & {"If", "StatelessIf"}) == gathers
+
+
+def _sgd(**kwargs):
+  return keras.optimizers.SGD(0.1, **kwargs)
+
+
+@pytest.mark.parametrize("optimizer, dtype, tables", [
+    (_sgd(global_clipnorm=1.0), "float32", True),
+    (_sgd(), "float32", False),  # Adam would see the slices.
+    (_sgd(clipnorm=1.0), "float32", False),  # Clips each slice.
+    (_sgd(clipvalue=1.0), "float32", False),
+    (_sgd(global_clipnorm=1.0), "bfloat16", False),
+    (_sgd(global_clipnorm=1.0, gradient_accumulation_steps=2), "float32",
+     False),
+    (_sgd(global_clipnorm=1.0, loss_scale_factor=2.0), "float32", False),
+    (keras.optimizers.LossScaleOptimizer(_sgd(global_clipnorm=1.0)),
+     "float32", False),
+])
+def test_only_a_global_norm_clip_alone_sums_the_slices(mirrored, optimizer,
+                                                       dtype, tables):
+  """What sparse_grads' table form is taken for (its module docstring):
+  under 2 replicas only; never without an IndexedSlices."""
+  variables = [keras.Variable(np.zeros([4, 3], np.float32))]
+
+  def forms():
+    sparse = _replica_gradients()[2]
+    return (sparse_grads.table_form(optimizer, variables, [sparse], dtype),
+            sparse_grads.table_form(optimizer, variables,
+                                    [tf.zeros([4, 3])], dtype))
+
+  form, dense = mirrored.run(forms)
+  assert (form is not None) == tables and dense is None
+  one = tf.distribute.OneDeviceStrategy("/cpu:0")
+  assert one.run(lambda: sparse_grads.table_form(
+      optimizer, variables, [_replica_gradients()[2]], dtype)) is None
+
+
+def test_a_variable_keras_overwrites_or_a_16_bit_gradient_gathers(mirrored):
+  """Keras leaves a variable it overwrites with its gradient out of the
+  norm; a float16 gradient would be squared in float16 (table_form)."""
+  optimizer = _sgd(global_clipnorm=1.0)
+  overwritten = keras.Variable(np.zeros([4, 3], np.float32))
+  overwritten.overwrite_with_gradient = True
+  plain = [keras.Variable(np.zeros([4, 3], np.float32))] * 2
+
+  def forms():
+    sparse = _replica_gradients()[2]
+    return [sparse_grads.table_form(optimizer, variables, grads, "float32")
+            for variables, grads in [
+                (plain, [sparse, tf.zeros([2])]),
+                ([plain[0], overwritten], [sparse, tf.zeros([2])]),
+                (plain, [sparse, tf.zeros([2], tf.float16)])]]
+
+  taken, overwrites, half = mirrored.run(forms)
+  assert taken is not None and overwrites is None and half is None
+
+
+def test_the_tables_sum_slices_locally_and_their_squares_once(mirrored):
+  """Replica r's slice of row 1 (r + 1) becomes its table, summed over the
+  replicas like a dense gradient (1 + 2 = 3); the squares go in one number
+  (3 x 1 + 3 x 4 = 15), not the table's (27); sent_bytes counts both as
+  all-reduced, nothing gathered."""
+  tables = sparse_grads.Tables((False, False, True), clip_norm=1.0)
+
+  def replica():
+    local = tables.local(_replica_gradients())
+    return allreduce.all_reduce_gradients(local), allreduce.sent_bytes(local)
+
+  reduced, sent = mirrored.run(replica)
+  dense, none, table, squares = reduced
+  assert none is None
+  for value in mirrored.experimental_local_results(table):
+    np.testing.assert_array_equal(value, [[0.0] * 3, [3.0] * 3, [0.0] * 3,
+                                          [0.0] * 3])
+  for value in mirrored.experimental_local_results(squares):
+    assert float(value) == 15.0
+  np.testing.assert_array_equal(mirrored.experimental_local_results(sent)[0],
+                                [(2 * 3 + 4 * 3 + 1) * 4, 0])
