@@ -84,7 +84,7 @@ class Window:
     # Of the calls that traced and compiled their function (with the hooks
     # before them): not throughput.
     self.traced_steps, self.traced_seconds = 0, 0.0
-    self._seconds = 0.0
+    self._seconds, self._paused = 0.0, 0
     self._start = self._since = time.perf_counter()
 
   def ran(self, steps: int, traced: bool) -> None:
@@ -97,10 +97,19 @@ class Window:
     self._since = now
 
   def pause(self):
-    self._seconds += time.perf_counter() - self._start
+    """Stops the clock; pauses nest (a checkpoint saved at the epoch end
+    the loop has paused for): only the outermost counts, or the time
+    between the two, the eval, would be added."""
+    self._paused += 1
+    if self._paused == 1:
+      self._seconds += time.perf_counter() - self._start
 
   def resume(self):
-    self._start = self._since = time.perf_counter()
+    self._paused -= 1
+    if not self._paused:
+      self._start = self._since = time.perf_counter()
 
   def elapsed(self) -> float:
+    if self._paused:
+      return self._seconds
     return self._seconds + time.perf_counter() - self._start
