@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from dist_keras import errors, registry, validate
 from dist_keras.contract import checks
-from dist_keras.distribute import pipelines, strategies
+from dist_keras.distribute import peers, pipelines, strategies
 from dist_keras.training import allreduce, checkpoints, compiled, loop, lr
 from dist_keras.training import preemption, run_files, settings
 from dist_keras.training import user_callbacks
@@ -71,6 +71,11 @@ def run(job: Job) -> FitResult:
         if bad is None:
           raise
         raise bad from e
+      except tf.errors.OpError as e:  # A peer of a cluster died?
+        lost = peers.lost(e)
+        if lost is None:
+          raise
+        raise lost from e
   except preemption.StoppedAtOnce as e:  # Before training began.
     raise e.error() from None
   return FitResult(trainer.model, summary, job.workdir,

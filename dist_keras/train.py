@@ -22,13 +22,12 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import datetime  # pylint: disable=g-import-not-at-top
-import re
 import traceback
 
 from absl import app, flags, logging
 
 from dist_keras import configs, errors, quiet, terminal, validate
-from dist_keras.distribute import tfconfig, tpu_env
+from dist_keras.distribute import peers, tfconfig, tpu_env
 
 _CONFIG = flags.DEFINE_string(
     "config", configs.DEFAULT, "A built-in config's name (e.g. cnn_shapes) "
@@ -64,7 +63,7 @@ def main(argv) -> None:
   except KeyboardInterrupt as e:  # Not an Exception: Ctrl-C.
     _fail(_interrupted(e), errors.EXIT_INTERRUPTED)
   except Exception as e:  # pylint: disable=broad-except
-    known = peer_lost(e) or errors.no_space(e)
+    known = peers.lost(e) or errors.no_space(e)
     if known:
       _fail(known, known.exit_code)
     _fail(e, errors.EXIT_UNEXPECTED)
@@ -133,40 +132,11 @@ def _leave_together(cluster) -> None:
     # A peer died or failed after training (a peer's missed heartbeats
     # fail the barrier with an InternalError): not a bug of this run.
     raise errors.PeerLost(
-        f"lost contact with {_peer(e, cluster)} as the run ended "
+        f"lost contact with {peers.who(e, cluster)} as the run ended "
         f"({type(e).__name__}: {errors.cause(str(e))}); rerun it on every "
         "worker (tools/launch_local.py --max_restarts does): a finished "
         "workdir is kept as it is, else the rerun writes the results."
     ) from e
-
-
-# What TensorFlow raises in a collective when a peer dies or stops
-# answering (gRPC unavailable, coordination-service heartbeat timeout).
-_PEER_ERRORS = ("UnavailableError", "AbortedError", "CancelledError",
-                "DeadlineExceededError")
-_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
-
-
-def peer_lost(error: Exception):
-  """A PeerLost for a multi-worker job's lost-peer error, else None."""
-  cluster = tfconfig.from_env()  # Checked at start-up: parses cleanly.
-  if type(error).__name__ not in _PEER_ERRORS or cluster is None:
-    return None
-  return errors.PeerLost(
-      f"lost contact with {_peer(error, cluster)} ({type(error).__name__}: "
-      f"{errors.cause(str(error))}); the job must restart: rerun it on "
-      "every worker (tools/launch_local.py --max_restarts does) to resume "
-      "from the last checkpoint.")
-
-
-def _peer(error: Exception, cluster) -> str:
-  """The first other task `error` names ("task worker:1"), else "a peer
-  task"."""
-  me = (cluster.task_type, cluster.task_index)
-  others = [m for m in _TASK.finditer(str(error))
-            if (m.group(1), int(m.group(2))) != me]
-  return (f"task {others[0].group(1)}:{others[0].group(2)}" if others
-          else "a peer task")
 
 
 def _fail(error: Exception, code: int) -> None:

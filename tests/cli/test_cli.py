@@ -184,28 +184,6 @@ def test_a_users_function_that_raises_is_named_in_the_one_line(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_peer_errors_become_a_retryable_peer_lost_naming_the_task(monkeypatch):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from dist_keras import errors, train  # pylint: disable=g-import-not-at-top
-  monkeypatch.setenv("TF_CONFIG", json.dumps({
-      "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
-      "task": {"type": "worker", "index": 0}}))
-  message = ("Graph execution error:\n\nDetected at node X defined at:\n"
-             "  File a.py\n\nCollective ops is aborted by: Socket closed\n"
-             "Additional GRPC error information from remote target "
-             "/job:worker/replica:0/task:1 while calling RecvBuf:\n"
-             "\t [[{{node X}}]]")
-  lost = train.peer_lost(tf.errors.UnavailableError(None, None, message))
-  assert lost.exit_code == errors.EXIT_PEER_LOST >= 128
-  assert str(lost).startswith(
-      "lost contact with task worker:1 (UnavailableError: Collective ops is "
-      "aborted by: Socket closed)")
-  # Not a peer error, or not multi-worker: not retryable.
-  assert train.peer_lost(ValueError(message)) is None
-  monkeypatch.delenv("TF_CONFIG")
-  assert train.peer_lost(tf.errors.UnavailableError(None, None, message)) is None
-
-
 def test_a_peer_lost_at_the_final_barrier_is_a_retryable_peer_lost(
     monkeypatch):
   """A peer that died after training fails the barrier with TensorFlow's
