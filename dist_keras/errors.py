@@ -187,8 +187,7 @@ def unexpected(error: Exception, said=()) -> str:
   line = first_line(error)
   if line.startswith(_BOILERPLATE):
     line = cause(str(error))
-  notes = [n for n in getattr(error, "__notes__", ()) if n.startswith(_IN)]
-  said = [*notes[-1:], *said]
+  said = [*_where(error)[-1:], *said]
   return f"{type(error).__name__}: {line}" + (f" ({'; '.join(said)})"
                                               if said else "")
 
@@ -204,12 +203,16 @@ def raised_in(where: str):
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except
-    if not isinstance(e, KNOWN) and not any(
-        n.startswith(_IN) for n in getattr(e, "__notes__", ())):
+    if not isinstance(e, KNOWN) and not _where(e):
       e.add_note(_IN + where)
     raise
 
 
 def in_users_code(error: Exception) -> bool:
   """Whether a user's function raised `error` (raised_in marked it)."""
-  return any(n.startswith(_IN) for n in getattr(error, "__notes__", ()))
+  return bool(_where(error))
+
+
+def _where(error: Exception) -> list:
+  """raised_in's notes on `error`."""
+  return [n for n in getattr(error, "__notes__", ()) if n.startswith(_IN)]
