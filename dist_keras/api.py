@@ -71,13 +71,14 @@ def run(job: Job) -> FitResult:
         if bad is None:
           raise
         raise bad from e
-      except tf.errors.OpError as e:  # A peer of a cluster died?
-        lost = peers.lost(e)
-        if lost is None:
-          raise
-        raise lost from e
   except preemption.StoppedAtOnce as e:  # Before training began.
     raise e.error() from None
+  except tf.errors.OpError as e:  # A peer of a cluster died (or hung)?
+    # From the build's collectives too (the config check, the restore).
+    lost = peers.lost(e)
+    if lost is None:
+      raise
+    raise lost from e
   return FitResult(trainer.model, summary, job.workdir,
                    dict(trainer.history.history))
 

@@ -63,7 +63,7 @@ def main(argv) -> None:
   except KeyboardInterrupt as e:  # Not an Exception: Ctrl-C.
     _fail(_interrupted(e), errors.EXIT_INTERRUPTED)
   except Exception as e:  # pylint: disable=broad-except
-    known = peers.lost(e) or errors.no_space(e)
+    known = errors.no_space(e)  # (A lost peer: api.run raises PeerLost.)
     if known:
       _fail(known, known.exit_code)
     _fail(e, errors.EXIT_UNEXPECTED)
