@@ -118,7 +118,9 @@ def build(job: Job) -> loop.Trainer:
     eval_ds, eval_spec = pipelines.distribute(
         strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
     # Loss and metrics state, from the batches of both splits.
-    no_eval = checks.build_state(model, strategy, batch_spec, eval_spec)
+    no_eval = checks.build_state(
+        model, strategy, batch_spec, eval_spec,
+        builtin_data=registry.builtin_data(config, *job.functions[1:]))
     notes.append(no_eval)
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).

@@ -103,10 +103,14 @@ KNOWN = (UserError, Preempted, PeerLost, NoIntactCheckpoint, NoSpace)
 _BOILERPLATE = ("Graph execution error", "Detected at node", "[[",
                 "The error could be", "Additional GRPC", ":UNKNOWN",
                 "<stack traces unavailable>")
-# "  (0) INVALID_ARGUMENT:  what happened", under "N root error(s) found."
+# Keras' wrapping of an error a layer's call raised (its message follows in
+# bold, then the call's arguments).
+_KERAS_CALL = re.compile(r"^Exception encountered when calling (\S+)\.$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # An eager op's error: "{{function_node __wrapped__Cast_device_/job:...}}
 # Cast string to float is not supported [Op:Cast] name: ".
 _EAGER_OP = re.compile(r"^\{\{function_node [^}]*\}\}\s*(.*?)(\s+name:)?$")
+# "  (0) INVALID_ARGUMENT:  what happened", under "N root error(s) found."
 _ROOT_ERROR = re.compile(r"^\s+\(0\) [A-Z_]+:\s*(\S.*)$")
 # tf.data's wrapping of what a dataset's own function raised: the iterator's
 # path (Iterator::Root::Prefetch::...) would fill the line.
@@ -150,10 +154,14 @@ def check_tensorflow_installed(error=UserError) -> None:
 def first_line(error: Exception, limit: int = 240) -> str:
   """An exception's message as one line for a one-line error: its first
   non-empty line, spaces collapsed, at most `limit` characters; its type's
-  name if it has no message."""
-  text = str(error.args[0] if len(error.args) == 1 else error)
+  name if it has no message. Under Keras' "Exception encountered when
+  calling X.call()." the line is the layer's own message, which follows."""
+  text = _ANSI.sub("", str(error.args[0] if len(error.args) == 1 else error))
   lines = [" ".join(line.split()) for line in text.splitlines()]
-  line = next((line for line in lines if line), type(error).__name__)
+  lines = [line for line in lines if line] or [type(error).__name__]
+  wrapped = _KERAS_CALL.match(lines[0])
+  line = (f"in {wrapped.group(1)}: {lines[1]}" if wrapped and len(lines) > 1
+          else lines[0])
   line = _EAGER_OP.sub(r"\1", line)
   return line if len(line) <= limit else line[:limit - 3] + "..."
 

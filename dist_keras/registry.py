@@ -32,6 +32,12 @@ def is_builtin(name: str) -> bool:
   return not imports.is_import_path(name)
 
 
+def builtin_data(config, dataset_fn=None) -> str | None:
+  """config.data.name if the data is a built-in, else None (the user's)."""
+  return (config.data.name if dataset_fn is None
+          and is_builtin(config.data.name) else None)
+
+
 def resolve(config, model_fn=None, dataset_fn=None):
   """(model_fn, dataset_fn): the functions given, else the ones
   config.model.name and config.data.name name.

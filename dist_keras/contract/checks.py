@@ -63,7 +63,8 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   return model
 
 
-def build_state(model, strategy, batch_spec, eval_spec=None) -> str | None:
+def build_state(model, strategy, batch_spec, eval_spec=None,
+                builtin_data: str | None = None) -> str | None:
   """Creates the model's variables and its compiled loss's and metrics'
   state, in scope, from a zero batch shaped like `batch_spec`; then checks
   that the variables are mirrored and that model.keras can be saved.
@@ -76,20 +77,21 @@ def build_state(model, strategy, batch_spec, eval_spec=None) -> str | None:
   checks that the model, its loss and metrics accept the dataset's batches:
   the train split's, and the eval split's (`eval_spec`) where Keras'
   test_step will read them (else found only at the first eval).
+  `builtin_data` names the built-in data the batches come from, if they do.
   """
   # Built, no compiled loss or metrics: nothing to build from a batch (a
   # GAN, whose batches need not be its call's inputs), as under Keras' fit.
   probe = not _built(model) or _compiled_from_data(model)
   if probe:
     with strategy.scope():
-      loss = _probe(model, batch_spec, "train")
+      loss = _probe(model, batch_spec, "train", builtin_data)
   has_eval_loss = evaluates(model, strategy, batch_spec, eval_spec)
   if probe:
     if (eval_spec is not None and has_eval_loss
         and not overrides(model, "test_step")):
       batches.check_batched_like(eval_spec, batch_spec)
       with strategy.scope():
-        _probe(model, eval_spec, "eval")
+        _probe(model, eval_spec, "eval", builtin_data)
     _check_scalar(model, loss)
     model.reset_metrics()
   _check_in_scope(model, strategy)
@@ -158,10 +160,14 @@ def _adds_losses(model, strategy, batch_spec, training: bool):
   return bool(found[-1])
 
 
-def _probe(model, batch_spec, split: str):
+def _probe(model, batch_spec, split: str, builtin_data: str | None):
   """The compiled loss (None without one) of a zero batch shaped like
   `batch_spec`, the metrics updated; UserError if they cannot take it."""
-  where = f"dataset_fn({split!r}, ...)"
+  where, fix = f"dataset_fn({split!r}, ...)", ""
+  if builtin_data:  # A user's model on the config's data: say whose.
+    where = f"the built-in data.name={builtin_data!r} ({split} split)"
+    fix = ("; build the model for these batches, or give it your own data "
+           "(data.name=PKG.MODULE:FN)")
   x, y, weights = keras.utils.unpack_x_y_sample_weight(
       batches.zeros(batch_spec))
   if y is None and getattr(model, "loss", None) is not None:
@@ -180,7 +186,7 @@ def _probe(model, batch_spec, split: str):
     raise UserError(
         f"the model or its compiled loss/metrics cannot take the batches "
         f"of {where} ({batches.describe(batch_spec)}): "
-        f"{errors.first_line(e)}") from e
+        f"{errors.first_line(e)}{fix}") from e
   return loss
 
 

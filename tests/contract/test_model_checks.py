@@ -313,3 +313,16 @@ def test_a_users_function_that_raises_is_named_in_its_error(
   assert raised.value.__notes__ == [where]
   assert dist_keras.errors.unexpected(raised.value).endswith(f" ({where})")
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_layers_error_under_keras_wrapping_is_said_by_its_own_line():
+  """Keras wraps an error a layer's call raises in "Exception encountered
+  when calling Sequential.call()." (then the message, in bold, then the
+  call's arguments): the one line says the layer's message."""
+  model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, name="out")])
+  with pytest.raises(ValueError) as raised:
+    model(np.zeros((2, 50), "float32"))
+  assert dist_keras.errors.first_line(raised.value) == (
+      "in Sequential.call(): Input 0 with name 'None' of layer 'out' is "
+      "incompatible with the layer: expected axis -1 of input shape to have "
+      "value 6, but received input with shape (2, 50)")

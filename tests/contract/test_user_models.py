@@ -226,6 +226,21 @@ def test_bad_user_code_is_one_line_before_anything_is_written(
   assert capsys.readouterr().out == ""  # Not even the header.
 
 
+def test_a_users_model_on_built_in_data_it_cannot_take_names_the_data(
+    tmp_path):
+  """Not "dataset_fn('train', ...)", which the user never wrote."""
+  with pytest.raises(dist_keras.UserError) as e:
+    dist_keras.fit(user_task.model_fn, "longmem", workdir=str(tmp_path / "run"),
+                   config=CONFIG)
+  assert re.fullmatch(
+      r"the model or its compiled loss/metrics cannot take the batches of the "
+      r"built-in data.name='longmem' \(train split\) \(x int32\[\d+,\d+\], "
+      r"y int32\[\d+\]\): .*expected shape=\(None, 6\), found shape=.*; "
+      r"build the model for these batches, or give it your own "
+      r"data \(data.name=PKG.MODULE:FN\)", str(e.value)), str(e.value)
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("name,message", [
     ("no_such_module:model_fn", "model.name='no_such_module:model_fn': "
      "importing no_such_module failed (ModuleNotFoundError: No module named "
