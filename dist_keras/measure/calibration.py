@@ -13,6 +13,9 @@ import tensorflow as tf
 from dist_keras.measure import costmodel
 
 _MIN_SWEEP_BYTES = 1 << 18
+# allreduce_model_check's fields for more than one replica.
+_MODEL_FIELDS = ("allreduce_alpha_us", "allreduce_bandwidth_GBps",
+                 "allreduce_predicted_ms", "allreduce_measured_over_predicted")
 
 
 def call_plan(steps: int, per_call: int) -> tuple[int, int]:
@@ -58,13 +61,14 @@ def no_communication_step_ms(strategy, replica_compute, iterator,
   return 1e3 * statistics.median(samples)
 
 
-def check(strategy, real_step_ms: float, ideal_step_ms: float,
+def check(strategy, call_step_ms: float, ideal_step_ms: float,
           traffic: costmodel.Traffic, measured_allreduce_ms,
           deterministic: bool) -> dict:
-  """summary.json's calibration fields: the ideal speedup and the
-  all-reduce model's prediction (allreduce_model_check)."""
-  return {"ideal_step_ms": ideal_step_ms,
-          "ideal_speedup": real_step_ms / ideal_step_ms,
+  """summary.json's calibration fields: the run's step in its calls
+  (timing.CallTimes), the ideal speedup and the all-reduce model's
+  prediction (allreduce_model_check)."""
+  return {"call_step_ms": call_step_ms, "ideal_step_ms": ideal_step_ms,
+          "ideal_speedup": call_step_ms / ideal_step_ms,
           **allreduce_model_check(strategy, traffic,
                                   measured_allreduce_ms, deterministic)}
 
@@ -74,21 +78,20 @@ def not_measured(replicas: int) -> dict:
   would have (a rerun that finishes a run stopped after its last
   checkpoint): None, but one replica's all-reduce, which is known to cost
   nothing."""
+  fields = ("call_step_ms", "ideal_step_ms", "ideal_speedup")
   if replicas == 1:
-    return {"ideal_step_ms": None, "ideal_speedup": None,
-            "allreduce_predicted_ms": 0.0}
-  return dict.fromkeys(
-      ("ideal_step_ms", "ideal_speedup", "allreduce_alpha_us",
-       "allreduce_bandwidth_GBps", "allreduce_predicted_ms",
-       "allreduce_measured_over_predicted"))
+    return {**dict.fromkeys(fields), "allreduce_predicted_ms": 0.0}
+  return dict.fromkeys(fields + _MODEL_FIELDS)
 
 
 def lines(out: dict, traffic: costmodel.Traffic, measured_allreduce_ms,
           multi_replica: bool) -> list[str]:
   """What a run prints of its calibration (`out`: check's result)."""
-  real_ms = out["ideal_step_ms"] * out["ideal_speedup"]
-  said = [f"step {real_ms:.1f} ms; with free communication (no all-reduce, "
-          f"no update) {out['ideal_step_ms']:.1f} ms: ideal speedup "
+  ideal = ("with free communication (no all-reduce, no update)"
+           if multi_replica else
+           "without the update (one replica: nothing to all-reduce)")
+  said = [f"step {out['call_step_ms']:.1f} ms in its calls; {ideal} "
+          f"{out['ideal_step_ms']:.1f} ms: ideal speedup "
           f"x{out['ideal_speedup']:.2f}"]
   if out.get("allreduce_fit_error"):
     said.append(f"all-reduce model not fitted: {out['allreduce_fit_error']}")
@@ -137,9 +140,7 @@ def allreduce_model_check(strategy, traffic: costmodel.Traffic,
     return {"allreduce_predicted_ms": None, "allreduce_fit_error": str(e)}
   predicted = 1e3 * costmodel.sync_seconds(
       n, traffic, fit["alpha_s"], fit["bandwidth_Bps"])
-  return {"allreduce_alpha_us": 1e6 * fit["alpha_s"],
-          "allreduce_bandwidth_GBps": fit["bandwidth_Bps"] / 1e9,
-          "allreduce_predicted_ms": predicted,
-          "allreduce_measured_over_predicted": (
-              measured_allreduce_ms / predicted
-              if measured_allreduce_ms and predicted else None)}
+  return dict(zip(_MODEL_FIELDS, (
+      1e6 * fit["alpha_s"], fit["bandwidth_Bps"] / 1e9, predicted,
+      measured_allreduce_ms / predicted
+      if measured_allreduce_ms and predicted else None)))

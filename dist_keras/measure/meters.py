@@ -1,6 +1,8 @@
 """What a run measures while it trains, in one object the loop owns:
 wall time per log window and throughput, the sync breakdown of the timed
 steps, MFU. The loop tells it what ran; it hands back TensorBoard values."""
+import time
+
 import numpy as np
 
 from dist_keras.measure import breakdown
@@ -22,16 +24,18 @@ class RunMeters:
     self.throughput = timing.Throughput(global_batch_size)
     self.sync_log = breakdown.SyncLog()
     self.window = timing.Window()
-    self.largest_call = 1  # Steps; the calibration times calls that size.
+    self.calls = timing.CallTimes()  # This process's: what calibration reads.
     # A resumed run's: what its figures cover (training/segments.py).
     self.segments = None
 
   def ran(self, steps: int, out: dict) -> None:
     """Counts a call of `steps` steps; keeps the sync breakdown of a timed
     step but the one that traced the function (the process's first: it
-    also started the input pipeline, which a resume makes skip)."""
+    also started the input pipeline, which a resume makes skip). `out`'s
+    "started" is when the call began (calls.Calls), its results read since."""
     self.window.ran(steps, "traced" in out)
-    self.largest_call = max(self.largest_call, steps)
+    if "traced" not in out and "started" in out:
+      self.calls.add(steps, time.perf_counter() - out["started"])
     if "sent_bytes" in out:
       self.traffic = costmodel.Traffic(
           *(int(b) for b in np.asarray(out["sent_bytes"])))

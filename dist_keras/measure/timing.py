@@ -46,6 +46,29 @@ class Throughput:
     return self.examples_per_step / self.step_seconds if self.steps else None
 
 
+@dataclasses.dataclass
+class CallTimes:
+  """Wall time per step of the calls of each size (steps a call), from the
+  call until the loop has read its results: a step without what runs
+  between calls (callbacks, logging, checkpoints, eval), as the
+  calibration's ideal step is timed (calibration.py). Calls that traced
+  are left out."""
+  by_size: dict = dataclasses.field(default_factory=dict)  # {steps: [s, n]}
+
+  def add(self, steps: int, seconds: float) -> None:
+    seconds_and_steps = self.by_size.setdefault(steps, [0.0, 0])
+    seconds_and_steps[0] += seconds
+    seconds_and_steps[1] += steps
+
+  def largest(self) -> tuple[int, float] | None:
+    """(the largest call size timed, its seconds per step); None if none."""
+    if not self.by_size:
+      return None
+    size = max(self.by_size)
+    seconds, steps = self.by_size[size]
+    return size, seconds / steps
+
+
 def step_time_stats(window_ms) -> dict:
   """Median and 90th percentile of the log windows' wall ms per step, and
   their jitter: std / mean in % (None below 2 windows; all None for none)."""

@@ -190,7 +190,7 @@ class Calibrate(keras.callbacks.Callback):
   def on_train_end(self, logs=None):
     trainer, meters = self.trainer, self.trainer.meters
     count = trainer.settings.calibration_steps
-    if not count or not meters.throughput.step_seconds or trainer.custom_step:
+    if not count or not meters.calls.largest() or trainer.custom_step:
       return
     if self.stop_request.agreed() or not self._calibrated(count):
       trainer.say(f"calibration skipped: {self.stop_request.describe()}")
@@ -199,8 +199,9 @@ class Calibrate(keras.callbacks.Callback):
     """Announces a long calibration, runs it and prints its results; False
     if a stop request cut it short."""
     trainer, meters = self.trainer, self.trainer.meters
-    per_call, timed_calls = calibration.call_plan(count, meters.largest_call)
-    seconds = per_call * (timed_calls + 1) * meters.throughput.step_seconds
+    size, step_seconds = meters.calls.largest()
+    per_call, timed_calls = calibration.call_plan(count, size)
+    seconds = per_call * (timed_calls + 1) * step_seconds
     if seconds >= trainer.settings.progress_seconds > 0:
       trainer.say(f"calibrating for about {timing.eta(seconds)}: {count} "
                   "steps without communication, then all-reduces "
@@ -218,13 +219,17 @@ class Calibrate(keras.callbacks.Callback):
   def _calibrate(self, count: int):
     """Sets run.calibrated; returns the run's measured all-reduce ms."""
     trainer, meters = self.trainer, self.trainer.meters
+    # The run's step as the ideal one is timed: in calls of the same size,
+    # without what runs between calls (a callback's seconds are not
+    # communication).
+    size, step_seconds = meters.calls.largest()
     ideal_ms = calibration.no_communication_step_ms(
         trainer.strategy, steps.make_compute_only(
             self.model, trainer.settings.step_options["allreduce_dtype"]),
-        self.iterator, count, per_call=meters.largest_call)
+        self.iterator, count, per_call=size)
     measured = meters.sync_log.means().get("allreduce_ms")
     self.run.calibrated = calibration.check(
-        trainer.strategy, 1e3 * meters.throughput.step_seconds, ideal_ms,
+        trainer.strategy, 1e3 * step_seconds, ideal_ms,
         meters.traffic, measured, deterministic=self.run.multi_worker)
     return measured
 

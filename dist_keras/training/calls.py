@@ -10,6 +10,8 @@ tf.while_loops, not AutoGraph: a conversion that fails (the source
 unreadable, or changed on disk under a running process) falls back to
 Python silently.
 """
+import time
+
 import tensorflow as tf
 
 from dist_keras.errors import UserError
@@ -39,6 +41,7 @@ class Calls:
     minutes for a large model, which the loop reports)."""
     function = self.timed if timed else self.plain
     traces = function.experimental_get_tracing_count()
+    started = time.perf_counter()
     kind = "timed" if timed else "plain"
     with self.watch.call(f"tracing and compiling the {kind} step function"
                          if not traces else
@@ -47,6 +50,7 @@ class Calls:
                                                       tf.constant(n))
     if function.experimental_get_tracing_count() > traces:
       out["traced"] = kind
+    out["started"] = started  # The call's time (meters.RunMeters.ran).
     return out
 
 

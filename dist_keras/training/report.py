@@ -142,7 +142,7 @@ def summary_json(run_fields: dict, run, meters) -> dict:
       **{f"eval_{name}": np.asarray(value).tolist()
          for name, value in run.final_eval.items()},
       **measured_fields(run, meters),
-      "ideal_step_ms": None, "ideal_speedup": None,
+      "call_step_ms": None, "ideal_step_ms": None, "ideal_speedup": None,
       **run.calibrated,
   }
 

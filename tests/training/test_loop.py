@@ -7,9 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import types
 import weakref
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -414,11 +416,32 @@ def test_calibration_adds_the_ideal_step_and_the_allreduce_model(
   summary = helpers.train(c, str(tmp_path), mirrored)
   assert summary["ideal_step_ms"] > 0
   assert summary["ideal_speedup"] == pytest.approx(
-      1e3 * 32 / summary["examples_per_sec"] / summary["ideal_step_ms"])
+      summary["call_step_ms"] / summary["ideal_step_ms"])
   assert summary["allreduce_predicted_ms"] > 0
   assert summary["allreduce_bandwidth_GBps"] > 0
   out = capsys.readouterr().out
   assert "with free communication" in out and "alpha-beta model" in out
+
+
+def test_calibration_compares_calls_not_what_runs_between_them(
+    tmp_path, capsys):
+  """A callback's seconds are not communication: a callback sleeping 0.2 s
+  a step made one device's tiny step read "ideal speedup x14.70" (the step
+  from throughput, callbacks included)."""
+  class Sleepy(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      time.sleep(0.2)
+
+  c = helpers.tiny_config()
+  c.train.steps = 12
+  c.log.calibration_steps, c.log.progress = 3, True
+  summary = dist_keras.fit(c.model.name, c.data.name, workdir=str(tmp_path),
+                           config=c, strategy="one_device",
+                           callbacks=[Sleepy()]).summary
+  assert 1e3 / summary["examples_per_sec"] * 32 > 200  # Sleeps counted here.
+  assert summary["call_step_ms"] < 100 and summary["ideal_speedup"] < 5
+  assert ("ms in its calls; without the update (one replica: nothing to "
+          "all-reduce)") in capsys.readouterr().out
 
 
 def test_a_failed_allreduce_fit_does_not_cost_the_run(tmp_path, mirrored,
