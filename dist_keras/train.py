@@ -14,6 +14,7 @@ step it stopped at was checkpointed), 200 a peer worker was lost
 (a copy may still be arriving: retry, else restore checkpoints/).
 """
 import os
+import shlex
 import signal
 import sys
 
@@ -51,22 +52,25 @@ def default_workdir() -> str:
 def main(argv) -> None:
   if not _VERBOSE.value:
     logging.set_verbosity(logging.WARNING)  # tf.distribute's INFO chatter.
+  chosen = None  # A workdir this run named (runs/<time>): a rerun must too.
   try:
     if len(argv) > 1:
       raise errors.UserError(f"unexpected arguments {argv[1:]}; the options "
                              "are --config, --workdir, --config.KEY=VALUE.")
     config = configs.from_command_line(_CONFIG.value, _OVERRIDES)
     workdir = _WORKDIR.value
-    sys.exit(_train(config, default_workdir() if workdir is None else workdir))
+    if workdir is None:
+      workdir = chosen = default_workdir()
+    sys.exit(_train(config, workdir))
   except errors.KNOWN as e:
-    _fail(e, e.exit_code)
+    _fail(e, e.exit_code, chosen)
   except KeyboardInterrupt as e:  # Not an Exception: Ctrl-C.
-    _fail(_interrupted(e), errors.EXIT_INTERRUPTED)
+    _fail(_interrupted(e), errors.EXIT_INTERRUPTED, chosen)
   except Exception as e:  # pylint: disable=broad-except
     known = errors.no_space(e)  # (A lost peer: api.run raises PeerLost.)
     if known:
-      _fail(known, known.exit_code)
-    _fail(e, errors.EXIT_UNEXPECTED)
+      _fail(known, known.exit_code, chosen)
+    _fail(e, errors.EXIT_UNEXPECTED, chosen)
 
 
 def _interrupted(error: KeyboardInterrupt) -> errors.Interrupted:
@@ -139,7 +143,7 @@ def _leave_together(cluster) -> None:
     ) from e
 
 
-def _fail(error: Exception, code: int) -> None:
+def _fail(error: Exception, code: int, chosen_workdir=None) -> None:
   if _VERBOSE.value:
     terminal.say(traceback.format_exc(), err=True, end="")
   message = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -150,6 +154,10 @@ def _fail(error: Exception, code: int) -> None:
     if not _VERBOSE.value:
       said.append("rerun with --verbose for the traceback")
     message = errors.unexpected(error, said)
+  # The same command without --workdir would start afresh in a new folder.
+  if chosen_workdir and os.path.isdir(chosen_workdir):
+    message += (f" (this run named its own workdir: add --workdir="
+                f"{shlex.quote(chosen_workdir)} to the command to rerun in it)")
   _say_error(message)
   sys.exit(code)
 

@@ -33,14 +33,15 @@ def check(run, out: dict, optimizer, checkpoints) -> None:
     if np.isfinite(loss) and finite:
       return
     what = f"loss {loss}" if finite else f"non-finite gradients (loss {loss})"
-  kept = (f"the last good checkpoint "
-          f"({os.path.basename(checkpoints.last_saved())}) is kept"
-          if checkpoints.saved_at is not None
-          else "no checkpoint was saved before it")
+  kept, rerun = ((f"the last good checkpoint "
+                  f"({os.path.basename(checkpoints.last_saved())}) is kept",
+                  "rerun to resume from it")
+                 if checkpoints.saved_at is not None else
+                 ("no checkpoint was saved before it", "rerun from step 0"))
   raise errors.Diverged(
       f"{what} at step {run.step}: training diverged; {kept}. Lower the "
       "learning rate or clip the gradient norm (train.global_clipnorm, or "
-      "the optimizer's global_clipnorm), then rerun to resume from it.")
+      f"the optimizer's global_clipnorm), then {rerun}.")
 
 
 def go_back(run, checkpoints, why: str) -> str:

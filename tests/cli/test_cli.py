@@ -2,6 +2,7 @@
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -455,6 +456,22 @@ def test_an_empty_workdir_is_refused_in_one_line(tmp_path):
       "pass the run's folder (a rerun with the same one resumes), or leave "
       "--workdir out for a new runs/<timestamp>."]
   assert not os.listdir(tmp_path)
+
+
+def test_a_run_that_named_its_own_workdir_says_it_to_resume(tmp_path):
+  """Without --workdir the run trains in a new runs/<timestamp>: "rerun the
+  same command" alone would start afresh in another one."""
+  result = helpers.run_module(
+      ["-m", "dist_keras.train", *TINY, "--config.train.optimizer=sgd",
+       "--config.train.learning_rate=1e38", "--config.train.global_clipnorm=0"],
+      cwd=tmp_path)
+  assert result.returncode == errors.EXIT_DIVERGED, result.stderr[-2000:]
+  (workdir,) = os.listdir(tmp_path / "runs")
+  assert re.fullmatch(
+      r"dist_keras: error: loss \S+ at step \d+: training diverged; no "
+      r"checkpoint was saved before it\. .*, then rerun from step 0\. "
+      rf"\(this run named its own workdir: add --workdir=runs/{workdir} to "
+      r"the command to rerun in it\)", result.stderr.splitlines()[-1])
 
 
 def test_fit_refuses_an_empty_workdir(tmp_path, monkeypatch):
