@@ -17,9 +17,14 @@ Exit codes (documented in the README):
 """
 import contextlib
 import errno
+import importlib.metadata
 import importlib.util
 import re
+import shlex
 
+# setup.py's name. PyPI's "dist-keras" is another project: advice installs
+# packages by their own names (install()).
+DISTRIBUTION = "dist-keras"
 EXIT_CONFIG_ERROR = 2
 EXIT_DIVERGED = 3
 EXIT_UNEXPECTED = 1
@@ -146,9 +151,22 @@ def check_tensorflow_installed(error=UserError) -> None:
   its absence is an installation choice, not a bug."""
   if importlib.util.find_spec("tensorflow") is None:
     raise error(
-        "dist_keras needs TensorFlow, which is installed through an extra: "
-        "pip install 'dist-keras[cpu]' (CPU), 'dist-keras[cuda]' (NVIDIA "
-        "GPUs) or 'dist-keras[tpu]' (Cloud TPU VMs); Colab images have it.")
+        f"dist_keras needs TensorFlow, which is installed through an extra: "
+        f"{install('cpu')} (CPU), {install('cuda')} (NVIDIA GPUs) or "
+        f"{install('tpu')} (Cloud TPU VMs); Colab images have it.")
+
+
+def install(extra: str) -> str:
+  """The command that installs dist_keras' `extra` (cpu, cuda, tpu): its
+  packages as this installation declares them. Not `pip install
+  'dist-keras[cpu]'`: that name on PyPI is another project."""
+  try:
+    required = importlib.metadata.requires(DISTRIBUTION) or []
+  except importlib.metadata.PackageNotFoundError:  # A checkout on the path.
+    return f"pip install -e '.[{extra}]' (in dist_keras' checkout)"
+  marker = f'extra == "{extra}"'
+  packages = [r.split(";")[0].strip() for r in required if marker in r]
+  return "pip install " + " ".join(shlex.quote(p) for p in packages)
 
 
 def first_line(error: Exception, limit: int = 240) -> str:

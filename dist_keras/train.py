@@ -108,7 +108,7 @@ def _train(config, workdir: str) -> int:
           f"{os.environ.get('TF_PLUGGABLE_DEVICE_LIBRARY_PATH', '')} "
           f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
           "install a tensorflow-tpu and libtpu pair that match "
-          "(pip install 'dist-keras[tpu]'), or set PJRT_DEVICE yourself."
+          f"({errors.install('tpu')}), or set PJRT_DEVICE yourself."
       ) from e
   from dist_keras import api  # pylint: disable=g-import-not-at-top
   from dist_keras.distribute import pipelines  # pylint: disable=g-import-not-at-top

@@ -35,7 +35,7 @@ LOCAL = "local"
 PROBE_SECONDS = 3.0
 _HINTS = {
     LOCAL: "on Colab: Runtime > Change runtime type > TPU; on a Cloud TPU VM: "
-           "pip install 'dist-keras[tpu]'; or use runtime.strategy=auto.",
+           f"{errors.install('tpu')}; or use runtime.strategy=auto.",
     "node": "check that the TPU node is READY and reachable from here (a "
             "name resolves only on a GCE VM in its project; else pass "
             "grpc://HOST:8470); or use runtime.strategy=auto.",
@@ -69,7 +69,7 @@ def get_strategy(tpu: str, required: bool, environ=None,
     if not required and tpu == LOCAL and not has_tpu_runtime(environ):
       # Trying would start TensorFlow's runtime (fixing the CPU devices the
       # fallback needs) only to fail: this build has no TPU kernels.
-      raise _NoTpu("this TensorFlow has no libtpu (install dist-keras[tpu])")
+      raise _NoTpu(f"this TensorFlow has no libtpu ({errors.install('tpu')})")
     return connect(tpu, environ, path_exists)
   except _NoTpu as e:
     if required:

@@ -1,5 +1,6 @@
 """`python -m dist_keras.train` as a user runs it: output, files, errors."""
 import errno
+import importlib.metadata
 import json
 import os
 import re
@@ -123,7 +124,10 @@ def test_without_tensorflow_fit_and_the_command_line_name_the_extras(
       "try:\n  dist_keras.fit(None, None, workdir='x')\n"
       "except ImportError as e:\n  print(e)\n")])
   assert result.returncode == 0, result.stderr
-  assert "pip install 'dist-keras[cpu]'" in result.stdout
+  # Not "pip install 'dist-keras[cpu]'": PyPI's dist-keras is another
+  # project. The extra's own packages, as this installation declares them.
+  assert "pip install 'tensorflow-cpu<2.22,>=2.16' (CPU)" in result.stdout
+  assert "dist-keras[" not in result.stdout
   result = helpers.run_module(["-c", no_tf + (
       "import runpy\n"
       f"sys.argv = ['train', '--workdir={tmp_path / 'run'}']\n"
@@ -131,8 +135,17 @@ def test_without_tensorflow_fit_and_the_command_line_name_the_extras(
   assert result.returncode == 2
   assert result.stderr.startswith("dist_keras: error: dist_keras needs "
                                   "TensorFlow, which is installed through "
-                                  "an extra: pip install 'dist-keras[cpu]'")
+                                  "an extra: pip install 'tensorflow-cpu")
   assert result.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def test_install_advice_from_a_checkout_names_its_extra(monkeypatch):
+  """dist_keras on PYTHONPATH, not installed: no metadata to read."""
+  def not_installed(name):
+    raise importlib.metadata.PackageNotFoundError(name)
+  monkeypatch.setattr(importlib.metadata, "requires", not_installed)
+  assert errors.install("tpu") == (
+      "pip install -e '.[tpu]' (in dist_keras' checkout)")
 
 
 def test_console_script_is_the_same_entry_point(tmp_path):

@@ -181,7 +181,8 @@ def test_no_tpu_device_fails_without_calling_tensorflow(monkeypatch):
   assert message.startswith("runtime.strategy='tpu' but no TPU was found "
                             "(runtime.tpu='local' is this host's TPU")
   assert "Runtime > Change runtime type > TPU" in message
-  assert "dist-keras[tpu]" in message and "runtime.strategy=auto" in message
+  assert "pip install 'tensorflow-tpu<2.21,>=2.19' 'libtpu<0.0.32'" in message
+  assert "dist-keras[" not in message and "runtime.strategy=auto" in message
   assert fake.calls == []
 
 
