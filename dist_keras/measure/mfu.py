@@ -256,9 +256,13 @@ class Utilisation:
     per = (f" = {self.peak.devices} {self.peak.unit}s x "
            f"{_si(self.peak.tflops * 1e12)}FLOP/s"
            if self.peak.devices > 1 else "")
-    return (f"{text} = {100 * mfu:.1f}% MFU of "
+    text = (f"{text} = {100 * mfu:.1f}% MFU of "
             f"{_si(self.peak.total_tflops * 1e12)}FLOP/s ({self.peak.source} "
             f"peak, {self.precision}{per})")
+    if mfu > 1:  # A matmul timed on a busy host, or a wrong table/setting.
+      text += ("; over 100%: that peak is too low, set log.peak_tflops to "
+               f"the {self.peak.unit}'s peak TFLOP/s")
+    return text
 
 
 def _si(value: float) -> str:
