@@ -13,6 +13,7 @@ step it stopped at was checkpointed), 200 a peer worker was lost
 (rerun every worker to resume), 201 no checkpoint in the workdir reads back
 (a copy may still be arriving: retry, else restore checkpoints/).
 """
+import contextlib
 import os
 import shlex
 import signal
@@ -243,7 +244,18 @@ def run() -> None:
       terminal.say(str(code), err=True)  # What sys.exit("...") prints.
       code = 1
     terminal.flush()  # A closed pipe costs its lines: the code stands.
+    _remove_autograph_files()
     os._exit(code)
+
+
+def _remove_autograph_files() -> None:
+  """What TensorFlow's own at-exit handlers, which os._exit skips, would
+  remove: the modules autograph wrote to the temporary directory (about 8
+  files a run were left there, thousands on a test host)."""
+  for name, module in list(sys.modules.items()):
+    if name.startswith("__autograph_generated_file"):
+      with contextlib.suppress(OSError, TypeError):  # (No __file__: None.)
+        os.remove(module.__file__)
 
 
 def _fill_closed_streams() -> None:
