@@ -13,6 +13,7 @@ import copy
 import difflib
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import traceback
@@ -229,7 +230,10 @@ def _load_file(spec: str):
       module = importlib.import_module(f"dist_keras.configs.{name}")
     else:
       module = _import_file(name)
+    _check_argument(spec, name, module.get_config, arg)
     config = module.get_config(arg) if arg else module.get_config()
+  except UserError:
+    raise
   except Exception as e:  # pylint: disable=broad-except
     if not builtin and os.path.isfile(name):
       raise _file_failed(spec, name, e) from e
@@ -243,6 +247,21 @@ def _load_file(spec: str):
         "not an ml_collections.ConfigDict; start from "
         "dist_keras.configs.base.get_config() and change its keys.")
   return config
+
+
+def _check_argument(spec: str, name: str, get_config, arg: str) -> None:
+  """UserError if `get_config` cannot take what --config gave it (its
+  own TypeError read as the file's fault, or as no such config)."""
+  try:
+    inspect.signature(get_config).bind(*([arg] if arg else []))
+  except TypeError:
+    if arg:
+      raise UserError(f"--config={spec}: {name}'s get_config() takes no "
+                      f"argument; pass --config={name}") from None
+    raise UserError(f"--config={spec}: {name}'s get_config() needs an "
+                    f"argument; pass --config={name}:ARG") from None
+  except ValueError:  # No signature to read (a builtin): let it try.
+    pass
 
 
 def _file_failed(spec: str, file: str, error: Exception) -> UserError:

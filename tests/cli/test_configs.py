@@ -120,6 +120,24 @@ def test_a_config_file_outside_the_package_loads_with_its_argument(tmp_path):
     configs.from_command_line(str(tmp_path / "nope.py"))
 
 
+def test_a_config_argument_its_get_config_cannot_take_says_so(tmp_path):
+  """Not "pass a built-in config" for a built-in given an argument, nor
+  "fix the file" for a file whose get_config needs one."""
+  with pytest.raises(UserError) as raised:
+    configs.from_command_line("lstm_longmem:foo")
+  assert str(raised.value) == ("--config=lstm_longmem:foo: lstm_longmem's "
+                               "get_config() takes no argument; pass "
+                               "--config=lstm_longmem")
+  path = tmp_path / "mine.py"
+  path.write_text("from dist_keras.configs import base\n"
+                  "def get_config(steps):\n"
+                  "  return base.get_config()\n")
+  with pytest.raises(UserError) as raised:
+    configs.from_command_line(str(path))
+  assert str(raised.value) == (f"--config={path}: {path}'s get_config() "
+                               f"needs an argument; pass --config={path}:ARG")
+
+
 @pytest.mark.parametrize("body,message", [
     ("  c.train.stepz = 10\n", "--config=FILE line 4: 'stepz' names no "
      "config key (did you mean 'steps'?); every key and its default is in "
