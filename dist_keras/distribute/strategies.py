@@ -10,6 +10,7 @@ import socket
 import tensorflow as tf
 
 from dist_keras import terminal
+from dist_keras.configs import base
 from dist_keras.distribute import sigterm
 from dist_keras.distribute import tfconfig
 from dist_keras.distribute import tpus
@@ -124,6 +125,7 @@ def multi_worker(runtime_cfg,
   gRPC server and waits for every peer to come up.
   """
   options = communication_options(runtime_cfg)
+  check_cpu_devices_unset(runtime_cfg.num_cpu_devices)
   check_port_free(cluster)
   # Every worker says it: the wait below prints nothing until every peer is
   # up (a worker started alone looked hung).
@@ -137,6 +139,19 @@ def multi_worker(runtime_cfg,
   with sigterm.kept():
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=options)
+
+
+def check_cpu_devices_unset(num_cpu_devices: int) -> None:
+  """UserError for a runtime.num_cpu_devices set under multi-worker, where
+  it does not apply (as a built-in's setting with a user's model is
+  refused: registry.py), rather than ignored; 1 is what each worker has."""
+  default = base.get_config().runtime.num_cpu_devices
+  if num_cpu_devices not in (1, default):
+    raise UserError(
+        f"runtime.num_cpu_devices={num_cpu_devices} does not apply to a "
+        "multi-worker run (each worker trains on its GPUs or one CPU "
+        "device); leave it at its default "
+        f"({default}) or 1, or run more workers.")
 
 
 def check_port_free(spec: tfconfig.ClusterSpec) -> None:
