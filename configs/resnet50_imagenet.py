@@ -14,9 +14,9 @@ Run:     python -m dist_keras.train --config=configs/resnet50_imagenet.py \\
 Result:  not run on the real dataset here (no network, no accelerator); the
          pipeline is tested on mock data (tests/data/test_tfds.py).
 Images/sec without ImageNet (random constant batches: compute + sync only):
-         python -m dist_keras.train --config=configs/resnet50_imagenet.py \
-             --config.data.name=synthetic --config.train.global_batch_size=64 \
-             --config.train.steps=100 --config.eval.every=0 \
+         python -m dist_keras.train --config=configs/resnet50_imagenet.py \\
+             --config.data.name=synthetic --config.train.global_batch_size=64 \\
+             --config.train.steps=100 --config.eval.every=0 \\
              --config.eval.steps=1
 """
 from dist_keras.configs import base

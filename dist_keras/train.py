@@ -1,6 +1,6 @@
 """Trains a Keras model data-parallel under tf.distribute.
 
-  python -m dist_keras.train --config=NAME|PATH.py[:ARG] --workdir=DIR \
+  python -m dist_keras.train --config=NAME|PATH.py[:ARG] --workdir=DIR \\
       [--config.train.steps=500 ...]
 
 --config takes a built-in config by name (lstm_longmem, cnn_shapes, ...;

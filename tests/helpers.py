@@ -1,4 +1,5 @@
-"""Shared test helpers: tiny configs, subprocess runs, event-file reading."""
+"""Shared test helpers: tiny configs, subprocess runs, event-file reading,
+made-up profiler traces."""
 import contextlib
 import glob
 import json
@@ -205,3 +206,33 @@ def one_worker_cluster() -> str:
     port = probe.getsockname()[1]
   return json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
                      "task": {"type": "worker", "index": 0}})
+
+
+def write_xspace(path, lines):
+  """Writes an XSpace of one host plane to `path`.
+
+  `lines`: {line id: [(event name, start_us, duration_us, {stat: int})]}.
+  """
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  space = xplane_pb2.XSpace()
+  plane = space.planes.add(name="/host:CPU")
+  ids = {}
+
+  def metadata_id(table, name):
+    if name not in ids:
+      ids[name] = len(ids) + 1
+    table[ids[name]].id, table[ids[name]].name = ids[name], name
+    return ids[name]
+
+  for line_id, events in lines.items():
+    line = plane.lines.add(id=line_id, timestamp_ns=1000)
+    for name, start_us, dur_us, stats in events:
+      event = line.events.add(
+          metadata_id=metadata_id(plane.event_metadata, name),
+          offset_ps=int(start_us * 1e6), duration_ps=int(dur_us * 1e6))
+      for key, value in stats.items():
+        event.stats.add(metadata_id=metadata_id(plane.stat_metadata, key),
+                        int64_value=value)
+  with open(path, "wb") as f:
+    f.write(space.SerializeToString())
+  return str(path)

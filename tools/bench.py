@@ -30,8 +30,9 @@ devices: "defaults" (each side's own: fit one step per call; dist_keras the
 config's train.steps_per_loop, 0 = automatic); "xla" and "bfloat16"
 (each side's default steps per call with fit's jit_compile=True /
 train.jit_compile=True, or under Keras' mixed_bfloat16 policy /
-train.precision=bfloat16: what a fit user under MirroredStrategy can run,
-where fit's per-call steps fail); "per_call" (fit:
+train.precision=bfloat16: fit's per-call steps fail under MirroredStrategy,
+and its jit_compile=True fails there too, so bfloat16 is what a fit user
+there can run); "per_call" (fit:
 steps_per_execution=K; dist_keras: train.steps_per_loop=K; K=--per_call);
 "per_call+xla" (the same with fit's jit_compile=True and dist_keras's
 train.jit_compile=True);

@@ -96,17 +96,21 @@ def parse_args(argv=None):
                  help="repeats run first and not counted (process warm-up)")
   p.add_argument("--out", default="")
   args = p.parse_args(argv)
+  for name, least in (("repeats", 1), ("warmup", 0)):
+    if getattr(args, name) < least:
+      raise common.BadInput(
+          f"--{name}={getattr(args, name)} must be >= {least}.")
   args.variants = list(dict.fromkeys(
       VARIANT_SETS.get(args.variant_set, []) + args.variant)) or [""]
   args.configs = {v: variant_config(args.config, args.override,
                                     parse_variant(v), args.steps)
                   for v in args.variants}
   log_every = args.configs[args.variants[0]].train.log_every
-  if args.steps < 2 * log_every or args.repeats < 1:
+  if args.steps < 2 * log_every:
     raise common.BadInput(
         f"--steps={args.steps} must cover at least two log windows (>= "
-        f"{2 * log_every}: the first is warm-up) and --repeats="
-        f"{args.repeats} must be >= 1.")
+        f"{2 * log_every}: the first is warm-up); pass --steps="
+        f"{2 * log_every} or more, or a smaller --override=train.log_every.")
   # One strategy for all variants: per-call options (runtime.bytes_per_pack,
   # runtime.allreduce_dtype) vary, strategy-level ones must not.
   first = args.configs[args.variants[0]].runtime.strategy

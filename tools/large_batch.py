@@ -8,7 +8,7 @@ once at its end. Prints each run as it ends, then per rule its accuracies,
 the gap to the base's mean and whether every seed is within the tolerance.
 A benchmark, not a test: it prints figures.
 
-  python tools/large_batch.py --config=lstm_longmem --k=8 --seeds=0,1,2 \
+  python tools/large_batch.py --config=lstm_longmem --k=8 --seeds=0,1,2 \\
       --rules=none:0,linear:20 --out=/tmp/large_batch.json
 
 `--override` applies to every run (e.g. `--override=train.optimizer=sgd`);

@@ -6,7 +6,10 @@ TensorFlow profiler trace(s) a run wrote with
 replicas spent in collective ops per step (split into waiting for the last
 replica and the reduction after everyone arrived), then the run's
 `sync/allreduce_ms` and `sync/straggler_ms` TensorBoard scalars over the same
-steps, and their ratio to the trace's figures.
+steps, and their ratio to the trace's figures. The sync timing's own
+all_gather (each replica's collective wait, gathered after the step's last
+stamp: dist_keras/measure/stamps.py) is left out of the trace's figures, as
+the scalars leave it out; how many executions that was is printed.
 
   python tools/profile_collectives.py --workdir runs/20261129-231659
 
@@ -15,12 +18,23 @@ Exit 2: no trace under --workdir.
 import json
 import os
 import sys
+import tempfile
 
 import common
 
 from dist_keras.measure import trace
 
 PROG = "profile_collectives"
+
+# TensorFlow builds ReplicaContext.all_gather's nodes under an "allgather"
+# name scope (CollectiveAllReduce._batch_all_gather, under Mirrored and
+# MultiWorkerMirrored). dist_keras's step calls all_gather only for the sync
+# timing's stamps; an Embedding's gradient slices are gathered by the
+# IndexedSlices all-reduce, whose nodes are not in that scope
+# ("CollectiveGatherV2", "cond/then/_N/cond/CollectiveGatherV2"). The
+# stamps' gather runs after the step's last stamp, so no sync scalar times
+# it: the trace's figures must not count it either.
+STAMPS_SCOPE = "allgather"
 
 # {scalar tag: [(the trace figure it is compared with, its label)]}: what
 # the loop's scalars include is its own definition, so both candidates show.
@@ -43,6 +57,49 @@ def parse_args(argv=None):
   p.add_argument("--json", action="store_true",
                  help="Print the parsed figures as JSON instead.")
   return p.parse_args(argv)
+
+
+def is_stamps_gather(event_name: str) -> bool:
+  """Whether a trace event is an execution of the sync timing's all_gather."""
+  node, _, op_type = event_name.rpartition(":")
+  return (op_type in trace.COLLECTIVE_OPS
+          and STAMPS_SCOPE in node.split("/")[:-1])
+
+
+def without_stamps_gathers(path: str, folder: str) -> tuple[str, dict]:
+  """(a copy of the trace in `folder` without the stamps' all_gather
+  executions, {op type: executions left out})."""
+  space = trace.load_xspace(path)
+  left_out = {}
+  for plane in space.planes:
+    names = {k: m.name for k, m in plane.event_metadata.items()}
+    for line in plane.lines:
+      keep = []
+      for event in line.events:
+        name = names.get(event.metadata_id, "")
+        if is_stamps_gather(name):
+          op_type = name.rpartition(":")[2]
+          left_out[op_type] = left_out.get(op_type, 0) + 1
+        else:
+          keep.append(event)
+      if len(keep) < len(line.events):
+        del line.events[:]
+        line.events.extend(keep)
+  copy = os.path.join(folder, "trace.xplane.pb")
+  with open(copy, "wb") as f:
+    f.write(space.SerializeToString())
+  return copy, left_out
+
+
+def cross_check(path: str, num_steps) -> dict:
+  """collective_ms_per_step of the trace at `path`, the stamps' all_gather
+  left out (`stamps_gathers_left_out`: {op type: executions})."""
+  with tempfile.TemporaryDirectory() as folder:
+    copy, left_out = without_stamps_gathers(path, folder)
+    result = trace.collective_ms_per_step(copy, num_steps)
+  result["trace"] = path
+  result["stamps_gathers_left_out"] = left_out
+  return result
 
 
 def profiled_range(result: dict, workdir: str):
@@ -92,6 +149,12 @@ def print_trace(result: dict) -> None:
   print(f"trace {result['trace']}")
   print(f"  {result['replicas']} replicas; {ops or 'no collective ops'}; "
         f"{result['steps']} steps ({steps})")
+  left_out = result["stamps_gathers_left_out"]
+  if left_out:
+    counts = ", ".join(f"{n} {t}" for t, n in sorted(left_out.items()))
+    print(f"  note: {counts} of the sync timing's own all_gather (nodes under "
+          f"{STAMPS_SCOPE}/, after the step's last stamp) left out, as the "
+          "scalars leave it out")
   for key, note in (("incomplete", "all-reduce(s) cut off by the profiler"),
                     ("outside_steps", "execution(s) outside the steps, "
                                       "left out")):
@@ -144,7 +207,7 @@ def main(argv=None) -> int:
           "--config.log.profile_steps=START,STOP to write one.")
   except common.BadInput as e:
     return common.fail(PROG, e)
-  results = [trace.collective_ms_per_step(p, args.num_steps) for p in paths]
+  results = [cross_check(p, args.num_steps) for p in paths]
   if args.json:
     print(json.dumps(results, indent=2))
     return 0

@@ -74,36 +74,6 @@ def test_num_steps_divides_every_complete_all_reduce(real):
   assert r["ms_per_step"] == pytest.approx(r["total_ms"] / 10 / 2)
 
 
-def _write_space(path, lines):
-  """Writes an XSpace of one host plane to `path`.
-
-  `lines`: {line id: [(event name, start_us, duration_us, {stat: int})]}.
-  """
-  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
-  space = xplane_pb2.XSpace()
-  plane = space.planes.add(name="/host:CPU")
-  ids = {}
-
-  def metadata_id(table, name):
-    if name not in ids:
-      ids[name] = len(ids) + 1
-    table[ids[name]].id, table[ids[name]].name = ids[name], name
-    return ids[name]
-
-  for line_id, events in lines.items():
-    line = plane.lines.add(id=line_id, timestamp_ns=1000)
-    for name, start_us, dur_us, stats in events:
-      event = line.events.add(
-          metadata_id=metadata_id(plane.event_metadata, name),
-          offset_ps=int(start_us * 1e6), duration_ps=int(dur_us * 1e6))
-      for key, value in stats.items():
-        event.stats.add(metadata_id=metadata_id(plane.stat_metadata, key),
-                        int64_value=value)
-  with open(path, "wb") as f:
-    f.write(space.SerializeToString())
-  return str(path)
-
-
 def _member(name, start_us, dur_us, step_id, instance):
   return (f"{name}:CollectiveReduceV2", start_us, dur_us,
           {"step_id": step_id, "group_key": 1, "instance_key": instance})
@@ -120,7 +90,7 @@ def _made_up_trace(path, function_runs=True):
   collective = [_member("AR", 50, 30, 70, 1), _member("AR_1", 60, 20, 70, 1),
                 _member("AR", 150, 30, 80, 2),
                 _member("AR", 300, 5, 90, 3), _member("AR_1", 300, 5, 90, 3)]
-  return _write_space(path, {1: python, 2: collective})
+  return helpers.write_xspace(path, {1: python, 2: collective})
 
 
 @pytest.mark.parametrize("function_runs", [True, False])
@@ -142,7 +112,7 @@ def test_made_up_trace_wait_and_steps(tmp_path, function_runs):
 def test_step_ids_beat_time_when_kernels_outlive_the_marker(tmp_path):
   # The all-reduce of function run 70 starts after marker 7 has ended (as
   # with asynchronous devices): its step_id still puts it in step 7.
-  path = _write_space(tmp_path / "t.xplane.pb", {
+  path = helpers.write_xspace(tmp_path / "t.xplane.pb", {
       1: [("train", 0, 40, {"step_num": 7}), ("FunctionRun", 10, 1,
                                                {"id": 70})],
       2: [_member("AR", 50, 30, 70, 1), _member("AR_1", 60, 20, 70, 1)]})
@@ -152,7 +122,7 @@ def test_step_ids_beat_time_when_kernels_outlive_the_marker(tmp_path):
 
 
 def test_without_markers_each_function_run_is_a_step(tmp_path):
-  path = _write_space(tmp_path / "t.xplane.pb", {
+  path = helpers.write_xspace(tmp_path / "t.xplane.pb", {
       2: [_member("AR", 0, 4, 70, 1), _member("AR_1", 0, 4, 70, 1),
           _member("AR", 10, 6, 80, 2), _member("AR_1", 10, 6, 80, 2)]})
   r = trace.collective_ms_per_step(path)
@@ -162,7 +132,7 @@ def test_without_markers_each_function_run_is_a_step(tmp_path):
 
 
 def test_no_collectives_gives_no_per_step_figures(tmp_path):
-  path = _write_space(tmp_path / "t.xplane.pb",
+  path = helpers.write_xspace(tmp_path / "t.xplane.pb",
                       {1: [("train", 0, 10, {"step_num": 1})]})
   r = trace.collective_ms_per_step(path)
   assert r["executions"] == 0 and r["ms_per_step"] is None

@@ -1,6 +1,7 @@
 """README.md and docs/*.md: every relative link resolves, and the README
 stays a page; every file the code's docstrings and comments (and README's
-Layout) name exists, so a rename cannot leave them pointing nowhere.
+Layout) name exists, so a rename cannot leave them pointing nowhere; a
+docstring's command lines keep their line breaks.
 
 A relative link `[text](path)` or `![alt](path)` must name an existing file
 or folder (relative to the page that holds it), and an anchor `#anchor`,
@@ -9,6 +10,7 @@ page's headings, as GitHub makes them. Links to http(s) and other schemes,
 and anything inside code (fenced blocks, inline `spans`), are not checked.
 No TensorFlow import here (the checks read text only).
 """
+import ast
 import glob
 import os
 import re
@@ -215,3 +217,41 @@ def test_a_renamed_file_is_reported():
           "distribute/input.py do not; PATH.py and tensorflow/python/x.py "
           "are not ours; training/steps.pyc is no .py name")
   assert unknown_file_names(text, files) == ["step.py", "distribute/input.py"]
+
+
+# A line ending in one backslash (an odd count) inside a string's source.
+_CONTINUED = re.compile(r"(?<!\\)(?:\\\\)*\\\n")
+
+
+def joined_docstring_lines(source: str) -> list[int]:
+  """Line numbers of the docstrings whose source continues a line with a
+  backslash: in a non-raw string it joins the two lines, as `--help`
+  printed train.py's usage ("--workdir=DIR       [--config.train...]")."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                         ast.AsyncFunctionDef)):
+      doc = node.body[0] if node.body else None
+      if (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+          and isinstance(doc.value.value, str)):
+        text = ast.get_source_segment(source, doc.value)
+        if not text.startswith(("r", "R")) and _CONTINUED.search(text):
+          found.append(doc.lineno)
+  return found
+
+
+def test_docstrings_keep_their_line_breaks():
+  joined = []
+  for path in sorted(_repo_files()):
+    if path.endswith(".py") and path.startswith(_NAMING_SOURCES):
+      with open(os.path.join(REPO, path), encoding="utf-8") as f:
+        joined += [f"{path}:{n}" for n in joined_docstring_lines(f.read())]
+  assert not joined, "write \\\\ for a backslash at a line's end: " + (
+      ", ".join(joined))
+
+
+def test_a_joined_docstring_line_is_reported():
+  source = ('"""Usage:\n  run --a \\\n      --b\n"""\n'
+            'def f():\n  r"""raw: \\\n kept"""\n'
+            'def g():\n  """escaped: \\\\\n kept"""\n')
+  assert joined_docstring_lines(source) == [1]

@@ -49,6 +49,16 @@ def test_bad_arguments_fail_before_training(argv, message, capsys):
   assert line.startswith("features: error: ") and message in line
 
 
+@pytest.mark.parametrize("argv,bad,fine", [
+    (["--steps=20", "--repeats=3"], "--steps=20 ", "--repeats"),
+    (["--steps=200", "--repeats=0"], "--repeats=0 must be >= 1.", "--steps"),
+    (["--warmup=-1"], "--warmup=-1 must be >= 0.", "--steps")])
+def test_an_error_names_the_bad_value_only(argv, bad, fine, capsys):
+  assert features.main(argv) == 2
+  (line,) = capsys.readouterr().err.splitlines()
+  assert bad in line and fine not in line
+
+
 @pytest.mark.slow
 def test_real_blocks_timing_on_and_off(tmp_path):
   out = tmp_path / "features.json"
