@@ -12,9 +12,10 @@ import tensorflow as tf
 
 from dist_keras import errors, registry, validate
 from dist_keras.contract import checks
-from dist_keras.distribute import peers, pipelines, strategies
+from dist_keras.distribute import leaving, peers, pipelines, strategies
+from dist_keras.distribute import tfconfig
 from dist_keras.training import allreduce, checkpoints, compiled, loop, lr
-from dist_keras.training import preemption, run_files, settings
+from dist_keras.training import preemption, ray_report, run_files, settings
 from dist_keras.training import user_callbacks
 
 
@@ -50,7 +51,8 @@ class Job:
     callbacks: the user's Keras callbacks; None: train.callbacks'.
     to_exit: the command line's run, which ends its process: the SIGTERM
       and Ctrl-C handler stays to the exit (a signal after the last line
-      changes nothing; a caller of fit gets its own handlers back).
+      changes nothing; a caller of fit gets its own handlers back), and a
+      cluster's workers leave together there (train.py), not at exit.
   """
   config: object
   workdir: str
@@ -61,7 +63,24 @@ class Job:
 
 
 def run(job: Job) -> FitResult:
-  """Builds the run, trains it and reports."""
+  """Builds the run, trains it and reports. The workers of a cluster
+  that finished `dist_keras.fit`'s run leave together as their
+  interpreters exit (distribute/leaving.py; the command line's leave at
+  its end, and Ray Train ends its workers itself)."""
+  try:
+    result, strategy = _trained(job)
+  except BaseException:
+    leaving.at_exit(None)  # Its peers may never come to the barrier.
+    raise
+  cluster = tfconfig.from_env()
+  if (not job.to_exit and strategies.num_workers(strategy) > 1
+      and tfconfig.is_multi_worker(cluster) and ray_report.session() is None):
+    leaving.at_exit(cluster)
+  return result
+
+
+def _trained(job: Job) -> tuple[FitResult, object]:
+  """The run's FitResult, and the strategy it trained under."""
   try:
     with build(job) as trainer:
       try:
@@ -80,7 +99,7 @@ def run(job: Job) -> FitResult:
       raise
     raise lost from e
   return FitResult(trainer.model, summary, job.workdir,
-                   dict(trainer.history.history))
+                   dict(trainer.history.history)), trainer.strategy
 
 
 def build(job: Job) -> loop.Trainer:

@@ -17,17 +17,26 @@ its process's end). A word each sent the chief as it left would not do: the
 service's answer to it is lost when the chief exits first, and the worker
 then fails.
 
+The command line leaves at its end (train.py) and exits with os._exit.
+`dist_keras.fit`, a library's call, does neither to its caller's process:
+a cluster run that finished arms `at_exit`, and its workers leave together
+as their interpreters exit, whatever their scripts did after fit.
+
 TensorFlow has no public API for the barrier: its own preemption handler
 (tf.distribute.experimental.PreemptionCheckpointHandler) uses the same
 `context.context()` calls.
 """
+import atexit
+import dataclasses
 import socket
+import sys
 import time
 
+import tensorflow as tf
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
-from dist_keras import terminal
-from dist_keras.distribute import tfconfig
+from dist_keras import errors, terminal
+from dist_keras.distribute import peers, tfconfig
 
 BARRIER = "dist_keras/finished"
 # A worker waits this long for the others to finish: the chief writes
@@ -79,3 +88,61 @@ def listening(address: str) -> bool:
     return False
   except OSError:
     return True
+
+
+@dataclasses.dataclass
+class _AtExit:
+  """What the process does as its interpreter exits.
+
+  Attributes:
+    cluster: leave `together` with it; None: leave alone.
+    registered: leave_at_exit is in atexit's registry (once a process).
+    last_error: sys.last_value when armed: another one at exit is the
+      script's own uncaught error (or Ctrl-C).
+  """
+  cluster: tfconfig.ClusterSpec | None = None
+  registered: bool = False
+  last_error: BaseException | None = None
+
+
+_AT_EXIT = _AtExit()
+
+
+def at_exit(cluster: tfconfig.ClusterSpec | None) -> None:
+  """Arms (a cluster) or disarms (None) leaving `together` as this
+  process's interpreter exits: `dist_keras.fit`'s, armed by a cluster run
+  that finished, disarmed by one that failed (its peers may never come to
+  the barrier, where it would wait FINISH_SECONDS for them)."""
+  if cluster is not None and not _AT_EXIT.registered:
+    # atexit calls its handlers before the interpreter tears its modules
+    # down, TensorFlow's runtime with them (TensorFlow registers none of
+    # its own; TF 2.21), last registered first: the caller's from before
+    # fit run after this one.
+    atexit.register(leave_at_exit)
+    _AT_EXIT.registered = True
+  _AT_EXIT.cluster = cluster
+  _AT_EXIT.last_error = getattr(sys, "last_value", None)
+
+
+def leave_at_exit() -> None:
+  """atexit's handler: `together`, unless the script ended in an uncaught
+  error or Ctrl-C. Such a process leaves at once, as Python's would: the
+  barrier's call holds the interpreter (no Python thread or signal handler
+  runs until it returns; checked on TF 2.21), so a Ctrl-C could not end
+  the wait (up to FINISH_SECONDS, for a peer whose script goes on)."""
+  cluster = _AT_EXIT.cluster
+  if cluster is None or getattr(sys, "last_value", None) is not (
+      _AT_EXIT.last_error):
+    return
+  try:
+    together(cluster)
+  except KeyboardInterrupt:  # Pressed while it waited: it is leaving.
+    pass
+  except tf.errors.OpError as e:
+    # A peer's script failed or it died after its run had finished, or it
+    # outlasted FINISH_SECONDS: one line, no traceback; the exit code is
+    # the script's.
+    terminal.say(
+        f"dist_keras: {peers.who(e, cluster)} did not leave together with "
+        f"this worker at exit ({type(e).__name__}: {errors.cause(str(e))}); "
+        "this worker's run had finished: it leaves alone.", err=True)

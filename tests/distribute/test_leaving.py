@@ -1,11 +1,14 @@
 """distribute/leaving.py: a finished cluster's workers meet at a barrier,
 then the others exit and the chief waits until their processes have ended
-(on a real cluster: tests/distribute/test_multi_worker.py)."""
+(on a real cluster: tests/distribute/test_multi_worker.py); at exit, for
+dist_keras.fit (tests/distribute/test_fit_leaves_together.py)."""
 import socket
 import threading
 import time
+import types
 
 import pytest
+import tensorflow as tf
 
 from dist_keras.distribute import leaving, tfconfig
 
@@ -85,3 +88,85 @@ def test_a_task_is_gone_once_nothing_listens_at_its_address():
   with server:
     assert leaving.listening(address)
   assert not leaving.listening(address)
+
+
+# --- As the interpreter exits (dist_keras.fit's runs) -----------------------
+
+_WORKER_1 = tfconfig.ClusterSpec({"worker": ["a:1", "b:1"]}, "worker", 1)
+
+
+@pytest.fixture(name="armed")
+def _armed(monkeypatch):
+  """leaving.at_exit armed with _WORKER_1's cluster, atexit's registry
+  left alone."""
+  monkeypatch.setattr(leaving.atexit, "register", lambda handler: None)
+  monkeypatch.setattr(leaving, "_AT_EXIT", leaving._AtExit())  # pylint: disable=protected-access
+  monkeypatch.delattr(leaving.sys, "last_value", raising=False)
+  leaving.at_exit(_WORKER_1)
+
+
+def test_a_finished_run_leaves_together_at_exit(armed, service, capsys):
+  del armed
+  leaving.leave_at_exit()
+  assert service.calls == _BARRIER
+  assert capsys.readouterr() == ("", "")
+
+
+def test_a_disarmed_process_leaves_alone(armed, service):
+  del armed
+  leaving.at_exit(None)
+  leaving.leave_at_exit()
+  assert not service.calls
+
+
+@pytest.mark.parametrize("error", [ValueError("bug"), KeyboardInterrupt()])
+def test_a_script_ending_in_an_error_or_ctrl_c_leaves_at_once(
+    armed, service, monkeypatch, error):
+  """The barrier holds the interpreter: a Ctrl-C could not end the wait
+  for a peer whose script goes on."""
+  del armed
+  monkeypatch.setattr(leaving.sys, "last_value", error, raising=False)
+  leaving.leave_at_exit()
+  assert not service.calls
+
+
+def test_an_error_from_before_the_run_does_not_count(service, monkeypatch):
+  """sys.last_value stays from an error a REPL (or pytest) showed."""
+  monkeypatch.setattr(leaving.atexit, "register", lambda handler: None)
+  monkeypatch.setattr(leaving, "_AT_EXIT", leaving._AtExit())  # pylint: disable=protected-access
+  monkeypatch.setattr(leaving.sys, "last_value", ValueError("earlier"),
+                      raising=False)
+  leaving.at_exit(_WORKER_1)
+  leaving.leave_at_exit()
+  assert service.calls == _BARRIER
+
+
+def test_a_peer_lost_at_exit_is_one_line(armed, monkeypatch, capsys):
+  """No traceback, no hang; the exit code stays the script's."""
+  del armed
+
+  def lost(barrier, timeout_ms):
+    raise tf.errors.UnavailableError(
+        None, None, "Task /job:worker/replica:0/task:0 heartbeat timeout\n"
+        "more lines")
+
+  monkeypatch.setattr(leaving.context, "context", lambda: types.SimpleNamespace(
+      wait_at_barrier=lost))
+  leaving.leave_at_exit()
+  assert capsys.readouterr() == ("", (
+      "dist_keras: task worker:0 did not leave together with this worker at "
+      "exit (UnavailableError: Task /job:worker/replica:0/task:0 heartbeat "
+      "timeout); this worker's run had finished: it leaves alone.\n"))
+
+
+def test_ctrl_c_while_leaving_at_exit_says_nothing(armed, monkeypatch, capsys):
+  """Python raises it once the barrier returns: the process is leaving."""
+  del armed
+
+  def interrupted(barrier, timeout_ms):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(leaving.context, "context", lambda: types.SimpleNamespace(
+      wait_at_barrier=interrupted))
+  leaving.leave_at_exit()
+  assert capsys.readouterr() == ("", "")
