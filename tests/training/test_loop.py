@@ -698,3 +698,24 @@ def test_only_the_command_line_keeps_the_train_iterator_to_its_exit(
     iterator = held[-1]()
     assert isinstance(iterator, tf.distribute.DistributedIterator) == keeping
     assert pipelines._KEPT == ([iterator] if keeping else None)  # pylint: disable=protected-access
+
+
+def test_a_process_running_many_runs_is_not_warned_of_retracing(caplog):
+  """Each run makes its eval pass, traced once; TensorFlow counts traces by
+  the code's object, so a sweep's 5th run was warned "5 out of the last 9
+  calls to make_eval_pass.<locals>.eval_pass triggered tf.function
+  retracing"."""
+  import logging  # pylint: disable=g-import-not-at-top
+  from dist_keras.training import evaluation  # pylint: disable=g-import-not-at-top
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+  model.compile(optimizer="sgd", loss="mse")
+  dataset = tf.data.Dataset.from_tensors(
+      (tf.zeros([4, 3]), tf.zeros([4, 1]))).repeat(2)
+  logger = logging.getLogger("tensorflow")
+  logger.addHandler(caplog.handler)
+  try:
+    for _ in range(7):
+      evaluation.make_eval_pass(tf.distribute.get_strategy(), model)(dataset)
+  finally:
+    logger.removeHandler(caplog.handler)
+  assert "retracing" not in caplog.text
