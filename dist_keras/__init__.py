@@ -53,7 +53,14 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
   Raises:
     dist_keras.UserError: a bad setting, model or dataset (one line naming
       the value and the fix), before anything is written.
-    dist_keras.errors.Diverged, Preempted, PeerLost: see errors.py.
+    dist_keras.errors.Diverged, Preempted, PeerLost, NoIntactCheckpoint:
+      see errors.py.
+    dist_keras.errors.NoSpace, NoWriteAccess (OSErrors): the disk under
+      the workdir filled up, or stopped taking writes (read-only, its
+      permissions), at start or mid-run; one line naming the file and the
+      last checkpoint kept there, from which a call once fixed resumes.
+    dist_keras.errors.WorkdirRemoved: the workdir was removed or moved
+      away mid-run; the run stopped after saving a checkpoint in it anew.
     dist_keras.errors.Interrupted (a KeyboardInterrupt): Ctrl-C; the step
       it stopped at was checkpointed (a second Ctrl-C stops at once).
   """

@@ -10,7 +10,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from dist_keras import errors, registry, validate
+from dist_keras import disk, errors, registry, validate
 from dist_keras.contract import checks
 from dist_keras.distribute import leaving, peers, pipelines, strategies
 from dist_keras.distribute import tfconfig
@@ -92,9 +92,10 @@ def _trained(job: Job) -> tuple[FitResult, object]:
         raise bad from e
   except preemption.StoppedAtOnce as e:  # Before training began.
     raise e.error() from None
-  except tf.errors.OpError as e:  # A peer of a cluster died (or hung)?
-    # From the build's collectives too (the config check, the restore).
-    lost = peers.lost(e)
+  except (tf.errors.OpError, OSError) as e:
+    # A peer of a cluster died (or hung)? From the build's collectives too
+    # (the config check, the restore). The disk under the workdir failed?
+    lost = peers.lost(e) or disk.fault(e, job.workdir)
     if lost is None:
       raise
     raise lost from e

@@ -4,7 +4,12 @@ Exit codes (documented in the README):
   2   configuration or input error: permanent, fix the command and rerun.
   3   training diverged (non-finite loss or gradients): permanent at this
       learning rate; the last good checkpoint is kept.
-  1   an unexpected error (a bug): rerun with --verbose for the traceback.
+  1   an unexpected error (a bug): rerun with --verbose for the traceback;
+      also a condition of the machine with its own line, which a rerun
+      as it is would meet again: a full disk (NoSpace), a workdir that
+      can no longer be written (NoWriteAccess) or one removed under the
+      run (WorkdirRemoved). Permanent: fix it, then rerun the same
+      command (it resumes from the last checkpoint kept).
   130 interrupted (Ctrl-C, SIGINT): as 143, at the user's request; a
       second Ctrl-C stops at once, without the checkpoint.
   143 preempted (SIGTERM): a checkpoint of the current step was saved;
@@ -16,7 +21,6 @@ Exit codes (documented in the README):
       copy still arriving or a flaky read heals; else restore the folder.
 """
 import contextlib
-import errno
 import importlib.metadata
 import importlib.util
 import re
@@ -87,21 +91,25 @@ class NoSpace(OSError):
   exit_code = EXIT_UNEXPECTED
 
 
-def no_space(error: BaseException):
-  """A NoSpace for an error that a full disk raised (Python's ENOSPC, or
-  TensorFlow's error text saying so), else None."""
-  text = str(error)
-  if (getattr(error, "errno", None) != errno.ENOSPC
-      and "No space left on device" not in text):
-    return None
-  return NoSpace(f"no space left on device ({cause(text)}); free space "
-                 "where the workdir is and rerun the same command: it "
-                 "resumes from the last checkpoint kept there.")
+class NoWriteAccess(OSError):
+  """The workdir, or its checkpoints/, cannot be written (a read-only file
+  system, its permissions): its own line (disk.py), exit 1 as NoSpace; a
+  rerun once it is writable resumes."""
+
+  exit_code = EXIT_UNEXPECTED
+
+
+class WorkdirRemoved(RuntimeError):
+  """The workdir was removed (or moved) while the run went: the run stops
+  after the checkpoint it was saving, which made the folder anew."""
+
+  exit_code = EXIT_UNEXPECTED
 
 
 # Errors with their own exit code (the rest exit 1, or 200 when a peer is
 # lost).
-KNOWN = (UserError, Preempted, PeerLost, NoIntactCheckpoint, NoSpace)
+KNOWN = (UserError, Preempted, PeerLost, NoIntactCheckpoint, NoSpace,
+         NoWriteAccess, WorkdirRemoved)
 
 
 # Lines of a TensorFlow runtime error that say where, not what.

@@ -28,7 +28,7 @@ import traceback
 
 from absl import app, flags, logging
 
-from dist_keras import configs, errors, quiet, terminal, validate
+from dist_keras import configs, disk, errors, quiet, terminal, validate
 from dist_keras.distribute import peers, tfconfig, tpu_env
 
 _CONFIG = flags.DEFINE_string(
@@ -68,9 +68,7 @@ def main(argv) -> None:
   except KeyboardInterrupt as e:  # Not an Exception: Ctrl-C.
     _fail(_interrupted(e), errors.EXIT_INTERRUPTED, chosen)
   except Exception as e:  # pylint: disable=broad-except
-    known = errors.no_space(e)  # (A lost peer: api.run raises PeerLost.)
-    if known:
-      _fail(known, known.exit_code, chosen)
+    # (A lost peer, a full disk: api.run raises PeerLost, NoSpace.)
     _fail(e, errors.EXIT_UNEXPECTED, chosen)
 
 
@@ -94,6 +92,7 @@ def _train(config, workdir: str) -> int:
   cluster = tfconfig.from_env()
   tfconfig.choose(config.runtime.strategy, cluster)
   if cluster is None or cluster.is_chief:  # Only the chief writes there.
+    disk.check_rerun(workdir)  # A rerun's workdir it can no longer write.
     validate.workdir(workdir)
   errors.check_tensorflow_installed()
   set_now = tpu_env.prepare_and_report(config.runtime.strategy,

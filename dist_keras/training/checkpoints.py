@@ -204,8 +204,11 @@ class Checkpoints:
   def save(self, step: int, stopped: bool = False) -> str:
     self.step.assign(step)
     self.stopped.assign(stopped)
-    self.saved_at = step
-    return self.manager.save(checkpoint_number=step)
+    path = self.manager.save(checkpoint_number=step)
+    self.saved_at = step  # (Not a save that failed.)
+    if self._scratch is None:
+      run_files.check_held(self.workdir, os.path.basename(path))
+    return path
 
   @property
   def scratch(self) -> str | None:

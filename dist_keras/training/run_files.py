@@ -11,12 +11,13 @@ import os
 
 import tensorflow as tf
 
-from dist_keras.errors import UserError
+from dist_keras import disk, validate
+from dist_keras.errors import UserError, WorkdirRemoved
 
 CONFIG_JSON = "config.json"
 SUMMARY_JSON = "summary.json"
 MODEL_FILE = "model.keras"
-CHECKPOINTS = "checkpoints"
+CHECKPOINTS = disk.CHECKPOINTS
 
 
 def prepare(workdir: str) -> str | None:
@@ -27,24 +28,35 @@ def prepare(workdir: str) -> str | None:
 
   The run's first touch of the workdir: before anything reads it (a
   checkpoint another run is writing must not be taken for a damaged one,
-  or for another model's) or writes it."""
+  or for another model's) or writes it. Raises NoSpace or NoWriteAccess
+  (disk.py) for a full or read-only disk, leaving nothing there."""
+  disk.check_rerun(workdir)  # (The command line's, before TF.)
+  validate.workdir(workdir)
   created = _new_part(workdir)
-  _check(workdir)
+  try:
+    _check(workdir)
+  except BaseException:
+    _remove_unused(created)  # A folder it made, empty.
+    raise
   _hold(workdir)
   return created
 
 
 def _check(workdir: str) -> None:
   """Makes `workdir` and checks that the run can write there."""
+  probe = os.path.join(workdir, ".write_test")
   try:
     tf.io.gfile.makedirs(workdir)
-    probe = os.path.join(workdir, ".write_test")
-    with tf.io.gfile.GFile(probe, "w") as f:
-      f.write("ok")
-    tf.io.gfile.remove(probe)
+    try:
+      with tf.io.gfile.GFile(probe, "w") as f:
+        f.write("ok")
+    finally:  # A full disk makes the file, then fails writing it.
+      if tf.io.gfile.exists(probe):
+        tf.io.gfile.remove(probe)
   except (tf.errors.OpError, OSError) as e:
-    raise UserError(f"--workdir={workdir} is not writable ({type(e).__name__})"
-                    "; pass a folder you can write to.") from e
+    raise disk.fault(e, workdir) or UserError(
+        f"--workdir={workdir} is not writable ({type(e).__name__}); pass a "
+        "folder you can write to.") from e
   for name, folder in [(CHECKPOINTS, True), (CONFIG_JSON, False),
                        (SUMMARY_JSON, False), (MODEL_FILE, False)]:
     path = os.path.join(workdir, name)
@@ -98,6 +110,28 @@ def _hold(workdir: str) -> None:
   lock.write(f"{os.getpid()}\n")
   lock.flush()
   _HELD[key] = lock
+
+
+def check_held(workdir: str, saved: str) -> None:
+  """Raises WorkdirRemoved if the workdir this process holds was removed
+  or moved away since prepare() (its lock file is not the one held):
+  config.json and TensorBoard's events went with it (the writer goes on
+  into the removed file), and no lock keeps a second run out. The run
+  stops there rather than end "done" without them; `saved`, the
+  checkpoint just saved, made the folder anew: a rerun resumes from it."""
+  lock = _HELD.get(os.path.abspath(workdir))
+  if lock is None:  # (gs://: no lock.)
+    return
+  try:
+    same = os.path.samestat(os.fstat(lock.fileno()), os.stat(lock.name))
+  except FileNotFoundError:
+    same = False
+  if not same:
+    raise WorkdirRemoved(
+        f"--workdir={workdir} was removed or moved away while the run went "
+        f"(with its {_LOCK_FILE}, config.json and TensorBoard's events): "
+        f"stopped after saving {saved} in it anew; rerun the same command "
+        "to resume from there, or remove the folder if it was meant to go.")
 
 
 def release(workdir: str, created: str | None = None) -> None:
@@ -208,7 +242,9 @@ def _replacing(tmp: str, path: str):
   try:
     yield
     tf.io.gfile.rename(tmp, path, overwrite=True)
-  except BaseException:
+  except BaseException as e:
+    if isinstance(e, OSError) and e.filename is None:
+      e.filename = tmp  # Keras' model.save names none: the line would not.
     if tf.io.gfile.exists(tmp):
       tf.io.gfile.remove(tmp)
     raise
