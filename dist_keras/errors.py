@@ -243,8 +243,9 @@ def raised_in(where: str):
 
 
 def in_users_code(error: Exception) -> bool:
-  """Whether a user's function raised `error` (raised_in marked it)."""
-  return bool(_where(error))
+  """Whether a user's function raised `error`: raised_in marked it, or a
+  function a dataset's map (filter, ...) runs did, as the run iterated."""
+  return bool(_where(error) or _IN_DATASET_FN.search(str(error)))
 
 
 def _where(error: Exception) -> list:

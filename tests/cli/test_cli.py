@@ -267,6 +267,11 @@ def test_an_unexpected_tf_error_is_one_line_saying_what_happened():
       "failed: [feature out of range in my data] [Condition x < y did not "
       "hold element-wise:]")
   assert errors.unexpected(ValueError("plain\nsecond")) == "ValueError: plain"
+  # The user's map function failed, not dist_keras: the command line does
+  # not call it "unexpected" (a bug's word).
+  assert errors.in_users_code(error)
+  assert not errors.in_users_code(tf.errors.InvalidArgumentError(
+      None, None, "Graph execution error:\n\nsomething of ours"))
 
 
 def _until_stopped(workdir, log_every: int) -> list:
