@@ -13,7 +13,7 @@ step it stopped at was checkpointed), 200 a peer worker was lost
 (rerun every worker to resume), 201 no checkpoint in the workdir reads back
 (a copy may still be arriving: retry, else restore checkpoints/).
 """
-import contextlib
+import atexit
 import os
 import shlex
 import signal
@@ -243,18 +243,13 @@ def run() -> None:
       terminal.say(str(code), err=True)  # What sys.exit("...") prints.
       code = 1
     terminal.flush()  # A closed pipe costs its lines: the code stands.
-    _remove_autograph_files()
+    # What os._exit would skip: the handlers registered with atexit (a
+    # user's config or module's: a tracker's finish, a log flush; autograph's
+    # removal of the modules it generated: 8 files a run were left in the
+    # temporary directory). Not the rest of Python's exit (above).
+    atexit._run_exitfuncs()  # pylint: disable=protected-access
+    terminal.flush()
     os._exit(code)
-
-
-def _remove_autograph_files() -> None:
-  """What TensorFlow's own at-exit handlers, which os._exit skips, would
-  remove: the modules autograph wrote to the temporary directory (about 8
-  files a run were left there, thousands on a test host)."""
-  for name, module in list(sys.modules.items()):
-    if name.startswith("__autograph_generated_file"):
-      with contextlib.suppress(OSError, TypeError):  # (No __file__: None.)
-        os.remove(module.__file__)
 
 
 def _fill_closed_streams() -> None:

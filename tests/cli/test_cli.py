@@ -29,15 +29,22 @@ def _train(*args, env=None):
 @pytest.mark.parametrize("env", [None, {"TF_CONFIG": " "}])
 def test_run_prints_progress_and_where_tensorboard_logs_are(tmp_path, env):
   """(A blank TF_CONFIG, a template's empty value, is no cluster: it was a
-  JSONDecodeError from TensorFlow's resolver, exit 1.) Nothing is left in
-  the temporary directory: the run's os._exit skipped TensorFlow's removal
-  of autograph's generated modules (8 files a run)."""
+  JSONDecodeError from TensorFlow's resolver, exit 1.) The handlers
+  registered with atexit run, though the run ends with os._exit: a config
+  file's (a tracker's finish), and autograph's removal of its generated
+  modules (8 files a run were left in the temporary directory)."""
   workdir, temp = str(tmp_path / "run"), tmp_path / "tmp"
   temp.mkdir()
-  result = _train(f"--workdir={workdir}", *TINY,
+  config = tmp_path / "mine.py"
+  config.write_text(
+      "import atexit\nfrom dist_keras.configs import base\n"
+      f"atexit.register(lambda: open({str(tmp_path / 'finished')!r}, 'w'))\n"
+      "def get_config():\n  return base.get_config()\n")
+  result = _train(f"--config={config}", f"--workdir={workdir}", *TINY,
                   env={**(env or {}), "TMPDIR": str(temp)})
   assert result.returncode == 0, result.stderr
   assert not os.listdir(temp)
+  assert (tmp_path / "finished").exists()
   assert f"tensorboard --logdir {workdir}" in result.stdout
   assert "MirroredStrategy with 2 replica(s)" in result.stdout
   assert "step 4/4" in result.stdout and "eval accuracy" in result.stdout
@@ -546,6 +553,8 @@ def test_a_stdout_closed_at_the_start_is_no_error_at_the_exit(monkeypatch):
 
   monkeypatch.setattr(train.app, "run", finished)
   monkeypatch.setattr(train.os, "_exit", exit_now)
+  # (This process is pytest's: its own at-exit handlers must wait.)
+  monkeypatch.setattr(train.atexit, "_run_exitfuncs", lambda: None)
   monkeypatch.setattr(sys, "stdout", None)
   with pytest.raises(_Exited) as exited:
     train.run()
@@ -581,6 +590,8 @@ def test_sys_exit_without_a_code_exits_0_and_says_nothing(monkeypatch,
 
   monkeypatch.setattr(train.app, "run", lambda *args, **kwargs: sys.exit())
   monkeypatch.setattr(train.os, "_exit", exit_now)
+  # (This process is pytest's: its own at-exit handlers must wait.)
+  monkeypatch.setattr(train.atexit, "_run_exitfuncs", lambda: None)
   with pytest.raises(_Exited) as exited:
     train.run()
   assert exited.value.args == (0,)
