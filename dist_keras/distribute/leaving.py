@@ -28,6 +28,7 @@ TensorFlow has no public API for the barrier: its own preemption handler
 """
 import atexit
 import dataclasses
+import errno
 import socket
 import sys
 import time
@@ -66,28 +67,37 @@ def together(cluster: tfconfig.ClusterSpec) -> None:
             for index, address in enumerate(addresses)
             if address != cluster.address}
   deadline = time.monotonic() + LEAVE_SECONDS
-  while others and time.monotonic() < deadline:
-    others = {task: address for task, address in others.items()
-              if listening(address)}
-    if others:
+  answers = dict.fromkeys(others, True)
+  while answers and time.monotonic() < deadline:
+    answers = {task: answer for task in answers
+               if (answer := listening(others[task])) is not False}
+    if answers:
       time.sleep(_PROBE_SECONDS)
-  for task, address in others.items():
-    terminal.say(f"dist_keras: {task} ({address}) still answers "
+  for task, answer in answers.items():
+    state = "still answers" if answer else "could not be reached"
+    terminal.say(f"dist_keras: {task} ({others[task]}) {state} "
                  f"{LEAVE_SECONDS} s after the run finished; the chief "
                  "leaves without waiting for it", err=True)
 
 
-def listening(address: str) -> bool:
-  """Whether a process still listens at "host:port" (or one cannot tell:
-  it did not answer within a second)."""
+# A connect's errors that say nothing listens there any more: refused, or
+# its host gone (a pod deleted after it left).
+_GONE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+         errno.EHOSTDOWN)
+
+
+def listening(address: str) -> bool | None:
+  """Whether a process still listens at "host:port": True, False, or None
+  when one cannot tell (no answer within a second: a firewall dropping the
+  probe)."""
   host, _, port = address.rpartition(":")
   try:
     with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
       return True
-  except (ConnectionRefusedError, socket.gaierror):  # Gone, host and all.
+  except socket.gaierror:  # The host's name is gone.
     return False
-  except OSError:
-    return True
+  except OSError as e:
+    return False if e.errno in _GONE else None
 
 
 @dataclasses.dataclass

@@ -2,6 +2,7 @@
 then the others exit and the chief waits until their processes have ended
 (on a real cluster: tests/distribute/test_multi_worker.py); at exit, for
 dist_keras.fit (tests/distribute/test_fit_leaves_together.py)."""
+import errno
 import socket
 import threading
 import time
@@ -86,8 +87,34 @@ def test_the_chief_waits_for_a_task_still_answering_only_so_long(
 def test_a_task_is_gone_once_nothing_listens_at_its_address():
   server, address = _listener()
   with server:
-    assert leaving.listening(address)
-  assert not leaving.listening(address)
+    assert leaving.listening(address) is True
+  assert leaving.listening(address) is False
+
+
+@pytest.mark.parametrize("error,answer", [
+    (OSError(errno.EHOSTUNREACH, "No route to host"), False),
+    (OSError(errno.ENETUNREACH, "Network is unreachable"), False),
+    (socket.timeout("timed out"), None)])
+def test_an_unreachable_task_is_gone_and_a_silent_one_not_said_to_answer(
+    service, monkeypatch, capsys, error, answer):
+  """A worker's host gone after it left (a pod deleted) counted as still
+  listening: the chief waited the whole LEAVE_SECONDS, then said the task
+  "still answers"."""
+  def connect(*args, **kwargs):
+    raise error
+  monkeypatch.setattr(leaving.socket, "create_connection", connect)
+  monkeypatch.setattr(leaving, "LEAVE_SECONDS", 0.3)
+  assert leaving.listening("w1:2222") is answer
+  started = time.monotonic()
+  leaving.together(tfconfig.ClusterSpec(
+      {"chief": ["c:1"], "worker": ["w1:2222"]}, "chief", 0))
+  waited, said = time.monotonic() - started, capsys.readouterr().err
+  if answer is False:
+    assert waited < 0.3 and said == ""
+  else:
+    assert said == ("dist_keras: worker:0 (w1:2222) could not be reached "
+                    "0.3 s after the run finished; the chief leaves without "
+                    "waiting for it\n")
 
 
 # --- As the interpreter exits (dist_keras.fit's runs) -----------------------
