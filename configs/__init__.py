@@ -280,11 +280,30 @@ def _file_failed(spec: str, file: str, error: Exception) -> UserError:
         f"{where}: {key!r} names no config key"
         + (f" (did you mean {close[0]!r}?)" if close else "")
         + "; every key and its default is in configs/base.py.")
-  fix = ("run from the folder that holds the module it imports, or add "
-         "that folder to PYTHONPATH" if isinstance(error, ImportError) else
-         "fix the file (every key and its default is in configs/base.py)")
+  # ml_collections' for a section the ConfigDict lacks: AttributeError('x').
+  section = re.fullmatch(r"'(\w+)'", errors.first_line(error))
+  if isinstance(error, AttributeError) and section:
+    sections = list(base.get_config())
+    close = difflib.get_close_matches(section.group(1), sections, n=1)
+    return UserError(
+        f"{where}: {section.group(1)!r} names no config section"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f"; the sections are {', '.join(sections)} (configs/base.py).")
+  fix = _import_fix(error) or (
+      "fix the file (every key and its default is in configs/base.py)")
   return UserError(f"{where}: the config file raised {type(error).__name__}:"
                    f" {errors.first_line(error)}; {fix}.")
+
+
+def _import_fix(error: Exception) -> str | None:
+  """The fix for an import a config file makes that failed: a module of
+  the user's not on the path, or not installed; a name a module lacks."""
+  if not isinstance(error, ImportError):
+    return None
+  if not isinstance(error, ModuleNotFoundError):  # "cannot import name".
+    return "fix the name it imports"
+  return ("run from the folder that holds the module it imports, or add "
+          "that folder to PYTHONPATH (or pip install it, if it is a package)")
 
 
 def _import_file(file: str):

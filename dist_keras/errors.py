@@ -182,6 +182,8 @@ def first_line(error: Exception, limit: int = 240) -> str:
   non-empty line, spaces collapsed, at most `limit` characters; its type's
   name if it has no message. Under Keras' "Exception encountered when
   calling X.call()." the line is the layer's own message, which follows."""
+  while len(error.args) == 1 and isinstance(error.args[0], BaseException):
+    error = error.args[0]  # ml_collections' AttributeError(KeyError(...)).
   text = _ANSI.sub("", str(error.args[0] if len(error.args) == 1 else error))
   lines = [" ".join(line.split()) for line in text.splitlines()]
   lines = [line for line in lines if line] or [type(error).__name__]

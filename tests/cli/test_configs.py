@@ -146,7 +146,16 @@ def test_a_config_argument_its_get_config_cannot_take_says_so(tmp_path):
      "raised TypeError: Could not override field 'steps'"),
     ("  import no_such_module_here\n", "--config=FILE line 4: the config "
      "file raised ModuleNotFoundError: No module named "
-     "'no_such_module_here'; run from the folder that holds the module"),
+     "'no_such_module_here'; run from the folder that holds the module it "
+     "imports, or add that folder to PYTHONPATH (or pip install it, if it is "
+     "a package)."),
+    # ml_collections' AttributeError(KeyError(...)) read as "'\\'trian\\'
+    # \\nDid you mean ...'"; "cannot import name" told to fix PYTHONPATH.
+    ("  c.trian.steps = 10\n", "--config=FILE line 4: 'trian' names no "
+     "config section (did you mean 'train'?); the sections are data, eval, "
+     "log, model, runtime, train (configs/base.py)."),
+    ("  from os import not_a_name\n", "--config=FILE line 4: the config "
+     "file raised ImportError: cannot import name 'not_a_name' from 'os' ("),
 ])
 def test_a_config_files_own_mistake_is_named_with_its_line(tmp_path, body,
                                                            message):
@@ -158,6 +167,8 @@ def test_a_config_files_own_mistake_is_named_with_its_line(tmp_path, body,
   with pytest.raises(UserError) as raised:
     configs.from_command_line(str(path))
   assert str(raised.value).startswith(message.replace("FILE", str(path)))
+  if "ImportError" in message:
+    assert str(raised.value).endswith("); fix the name it imports.")
 
 
 @pytest.mark.parametrize("config,message", [
