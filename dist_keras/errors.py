@@ -210,9 +210,13 @@ def cause(text: str) -> str:
   return _short(" ".join(text.split()))
 
 
-def _short(line: str) -> str:
-  return _IN_DATASET_FN.sub(r"in a tf.data function (\1): ",
-                            line.strip())[:160]
+def _short(line: str, limit: int = 160) -> str:
+  """`line` for a one-line message: at most `limit` characters, cut at a
+  word's end with "..." (not mid-word, as if that were all it said)."""
+  line = _IN_DATASET_FN.sub(r"in a tf.data function (\1): ", line.strip())
+  if len(line) <= limit:
+    return line
+  return line[:limit - 3].rsplit(" ", 1)[0] + "..."
 
 
 def unexpected(error: Exception, said=()) -> str:

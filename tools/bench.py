@@ -280,7 +280,8 @@ def report(results, args, replicas: int, global_batch: int) -> dict:
          "epochs": args.epochs, "steps": args.steps,
          "per_call": args.per_call, "variants": {}, "ratios": {}}
   print(f"{args.config}: {replicas} replicas under Mirrored, global batch "
-        f"{global_batch}; {args.rounds} rounds of 1 + {args.epochs} x "
+        f"{global_batch}; {args.rounds} round{'s' * (args.rounds != 1)} of "
+        f"1 + {args.epochs} x "
         f"{args.steps} steps per variant (medians over rounds)")
   for name, rows in results.items():
     if isinstance(rows, str):

@@ -19,7 +19,7 @@ def test_real_rounds(tmp_path, processes):
        "--settings=defaults", f"--out={out}", *processes,
        *[f"--override={o}" for o in TINY]])
   assert result.returncode == 0, result.stderr[-3000:]
-  assert ("lstm_longmem: 2 replicas under Mirrored, global batch 32; 1 rounds "
+  assert ("lstm_longmem: 2 replicas under Mirrored, global batch 32; 1 round "
           "of 1 + 1 x 3 steps") in result.stdout
   report = json.loads(out.read_text())
   assert list(report["variants"]) == [
