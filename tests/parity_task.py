@@ -92,6 +92,26 @@ def embedding_clipnorm():
   return _embedding(keras.optimizers.Adam(0.01, clipnorm=0.01))
 
 
+# Rows of embeddings_mixed's large Embedding: its table (48 KB) sends more
+# than a replica's slices (1-3 KB at 2-4 replicas), the small one's less.
+LARGE_VOCAB = 3000
+
+
+def embeddings_mixed():
+  """Two Embeddings of the tokens under one global-norm clip, added: on 2+
+  replicas the small one's table is all-reduced, the large one's slices
+  gathered (each the path of fewer bytes), and both clipped by one norm."""
+  tokens = keras.Input((TOKENS,), dtype="int32")
+  added = keras.layers.Add()([keras.layers.Embedding(VOCAB, 4)(tokens),
+                              keras.layers.Embedding(LARGE_VOCAB, 4)(tokens)])
+  model = keras.Model(tokens, keras.layers.Dense(3)(
+      keras.layers.GlobalAveragePooling1D()(added)))
+  model.compile(optimizer=keras.optimizers.Adam(0.01, global_clipnorm=0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  return model
+
+
 def _embedding(optimizer):
   model = keras.Sequential([
       keras.Input((TOKENS,), dtype="int32"),

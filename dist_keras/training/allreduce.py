@@ -17,9 +17,10 @@ token's slices add up, so the summed (dense) gradient trains other weights
 2026-12-05); here the replicas' slices are gathered. Under a global-norm
 clip (global_clipnorm, the built-in models' default) Keras' clip densifies
 the slices before the optimizer sees them, so each replica sums its own
-into the dense table, all-reduced with the dense gradients
-(sparse_grads.py). Keras' own fit under MirroredStrategy clips each
-replica's gradients by that replica's own norm, which is not one device's.
+into the dense table, all-reduced with the dense gradients, where the
+table sends fewer bytes than the slices (sparse_grads.py). Keras' own fit
+under MirroredStrategy clips each replica's gradients by that replica's
+own norm, which is not one device's.
 """
 import hashlib
 import json
@@ -61,8 +62,8 @@ def all_reduce_gradients(grads, dtype: str = "float32",
   TensorFlow's all-reduce of it concatenates the replicas' slices (an
   all-gather), so the optimizer sees the slices one device's would (in one
   device's order when replica r reads the r-th part of its batch). Under a
-  global-norm clip the step hands it the summed table instead
-  (sparse_grads.Tables.local).
+  global-norm clip the step hands it the summed table instead where that
+  sends fewer bytes (sparse_grads.Tables.local).
 
   A 16-bit `dtype` compresses the all-reduce (Horovod's fp16 compression):
   dense gradients are cast for the collective and the sums cast back,
@@ -178,10 +179,11 @@ def gradient_bytes(variables, allreduce_dtype: str = "float32") -> int:
 def sent_bytes(grads, allreduce_dtype: str = "float32"):
   """An int64 [all-reduced, gathered] pair: the bytes one replica sends of
   `grads` (as_reduced's) in all_reduce_gradients. Dense gradients count in
-  the dtype they are reduced in (an Embedding's table under a global-norm
-  clip among them, and the sum of its slices' squares: sparse_grads.py); an
-  IndexedSlices' values and indices, as gathered, at this step's number of
-  slices (a tensor: a dynamic batch shape is counted too)."""
+  the dtype they are reduced in (an Embedding's table summed under a
+  global-norm clip among them, and the sum of its slices' squares:
+  sparse_grads.py); an IndexedSlices' values and indices, as gathered, at
+  this step's number of slices (a tensor: a dynamic batch shape is counted
+  too)."""
   dense, gathered = [tf.constant(0, tf.int64)], [tf.constant(0, tf.int64)]
   for g in grads:
     if isinstance(g, tf.IndexedSlices):

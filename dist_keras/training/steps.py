@@ -184,7 +184,7 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
       batch = stamps.after_stamp(start, batch)
     loss, grads = compute(batch)
     # Under a global-norm clip an Embedding's slices are summed here, into
-    # a table all-reduced dense (sparse_grads.py).
+    # a table all-reduced dense, where it sends fewer bytes (sparse_grads).
     tables = sparse_grads.table_form(optimizer, variables, grads,
                                      options.allreduce_dtype)
     if tables is not None:

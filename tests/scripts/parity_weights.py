@@ -32,6 +32,7 @@ MODELS = {
     "gan": "images_dataset_fn", "callbacks_model": "dataset_fn",
     "embedding_adam": "tokens_dataset_fn",
     "embedding_global_clipnorm": "tokens_dataset_fn",
+    "embeddings_mixed": "tokens_dataset_fn",
 }
 # callbacks_model trains with parity_task.callbacks_fn (EarlyStopping,
 # ReduceLROnPlateau, ModelCheckpoint to $PARITY_BEST) in epochs of 4 steps,

@@ -38,9 +38,11 @@ DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
 # Across workers (2 processes a model): the acceptance's five, the GAN's
 # two optimizers, the callbacks that must stop every worker alike and an
 # Embedding's sparse gradient (gathered by the collective runtime; under a
-# global-norm clip, its table all-reduced).
+# global-norm clip, its table all-reduced; a large one's gathered beside a
+# small one's table).
 WORKERS = ("custom_step,accumulate,ema,global_clipnorm,two_output,gan,"
-           "callbacks_model,embedding_adam,embedding_global_clipnorm")
+           "callbacks_model,embedding_adam,embedding_global_clipnorm,"
+           "embeddings_mixed")
 # The acceptance's five and the GAN (its two optimizers' state): stopped
 # after step 7, then resumed from ckpt-4 by a new fit call.
 RESUMED = "custom_step,accumulate,ema,global_clipnorm,two_output,gan"
@@ -249,19 +251,25 @@ def test_an_embeddings_sparse_gradient_trains_what_fit_trains(tmp_path,
     np.testing.assert_allclose(two[i], one[i], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("name,clip,gathers", [
-    ("embedding_global_clipnorm", 0.01, False),
-    ("embedding_clipnorm", 0.01, True)])
+@pytest.mark.parametrize("name,clip,gathered,summed", [
+    ("embedding_global_clipnorm", 0.01, (), True),
+    ("embedding_clipnorm", 0.01, (0,), False),
+    ("embeddings_mixed", 0.01, (1,), True)])
 def test_an_embeddings_clipped_gradient_trains_what_one_device_trains(
-    tmp_path, mirrored, name, clip, gathers):
+    tmp_path, mirrored, name, clip, gathered, summed):
   """Clipped by Adam's global_clipnorm, an Embedding's slices reach Adam
   as a dense table (Keras' clip densifies them): 2 replicas sum each
   replica's slices into it and all-reduce it, and clip with the norm Keras
   takes from the slices (training/sparse_grads.py), gathering nothing.
   Clipped per variable (clipnorm), Adam sees the clipped slices: gathered.
-  Either way 2 replicas, timed steps and calibration included, = one
-  device, with the clip scaling (the first batch's Embedding gradient
-  alone is past it)."""
+  Two Embeddings under one global-norm clip, the large one's slices
+  gathered (its table sends more), the small one's table all-reduced: one
+  norm clips both. Either way 2 replicas, timed steps and calibration
+  included, = one device, with the clip scaling (the first batch's
+  Embedding gradient alone is past it). `gathered`: the Embeddings whose
+  slices a replica gathers (24 examples of 5 tokens, 4 float32s and an
+  int32 index a slice), not their tables; `summed`: whether one is summed
+  (with the float32 sum of its slices' squares)."""
   keras.utils.set_random_seed(0)
   model = getattr(parity_task, name)()
   (x, y), = parity_task.tokens_dataset_fn(
@@ -276,6 +284,11 @@ def test_an_embeddings_clipped_gradient_trains_what_one_device_trains(
   two, summary = _embedding_run(tmp_path / "m2", mirrored, name,
                                 **{"log.sync_timing": True,
                                    "log.calibration_steps": 3})
-  assert (summary["gathered_bytes"] > 0) == gathers
+  per_replica = parity_task.GLOBAL_BATCH // 2 * parity_task.TOKENS
+  assert summary["gathered_bytes"] == len(gathered) * per_replica * (4 * 4
+                                                                   + 4)
+  nbytes = [v.numpy().nbytes for v in model.trainable_variables]
+  assert summary["gradient_bytes"] == sum(nbytes) - sum(
+      nbytes[i] for i in gathered) + 4 * summed
   for i, (got, want) in enumerate(zip(two, one)):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=str(i))

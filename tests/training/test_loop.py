@@ -399,6 +399,22 @@ def test_the_sent_bytes_are_counted_without_timed_steps(tmp_path, mirrored):
   assert result.summary["gathered_bytes"] == 16 * 12 * (8 * 4 + 4)
 
 
+def test_a_large_vocabularys_slices_are_sent_not_its_table(tmp_path,
+                                                           mirrored):
+  """Under the default global_clipnorm, a 50,000-token table of 8 float32s
+  (1.6 MB) would send far more than a replica's slices, 16 sequences x 12
+  tokens of 8 float32s and their int32 indices (7 KB): the slices are
+  gathered, the table is not all-reduced (training/sparse_grads.py), and
+  the summary says so."""
+  c = helpers.tiny_config()
+  c.data.vocab_size = 50_000
+  c.train.steps, c.eval.every, c.train.checkpoint_every = 4, 0, 4
+  result = helpers.fit(c, tmp_path, mirrored)
+  dense = allreduce.gradient_bytes(result.model.trainable_variables)
+  assert result.summary["gradient_bytes"] == dense - 50_000 * 8 * 4
+  assert result.summary["gathered_bytes"] == 16 * 12 * (8 * 4 + 4)
+
+
 def test_sync_timing_off_writes_no_sync_tags(tmp_path, mirrored):
   c = helpers.tiny_config()
   c.log.sync_timing = False

@@ -164,22 +164,56 @@ def _op_types(concrete) -> set:
       node.op for function in library for node in function.node_def}
 
 
-@pytest.mark.parametrize("clip, gathers", [(1.0, False), (0.0, True)])
-def test_under_a_global_norm_clip_the_default_step_gathers_nothing(
-    mirrored, clip, gathers):
+@pytest.mark.parametrize("vocab, clip, gathers", [
+    (16, 1.0, False), (50_000, 1.0, True), (16, 0.0, True)])
+def test_under_a_global_norm_clip_only_a_large_vocabulary_is_gathered(
+    mirrored, vocab, clip, gathers):
   """The default model's plain step (an Embedding under Adam) under its
   global_clipnorm all-reduces the Embedding's table: no all-gather, and
-  none of the count gather's tf.cond. Without a clip Adam sees the slices,
-  gathered (they were gathered under the clip too: 12,800 slices for Keras'
-  clip to densify on every replica)."""
+  none of the count gather's tf.cond. A 50,000-token table (1.6 MB) sends
+  far more than a replica's 192 slices (7 KB): gathered. Without a clip
+  Adam sees the slices, gathered (they were gathered under the clip too:
+  12,800 slices for Keras' clip to densify on every replica)."""
   c = helpers.tiny_config()
   c.train.global_clipnorm = clip
+  c.data.vocab_size = vocab
   with helpers.built(c, mirrored) as run:
     step = steps.make_train_step(mirrored, run.model)
     ops = _op_types(step.get_concrete_function(iter(run.parts.train_ds)))
   assert "CollectiveReduceV2" in ops
   assert ("CollectiveGatherV2" in ops) == gathers
   assert bool(ops & {"If", "StatelessIf"}) == gathers
+
+
+@pytest.mark.parametrize("replicas, rows, table", [
+    (2, 10, True), (2, 11, False), (4, 20, True), (4, 21, False)])
+def test_the_table_is_taken_while_it_sends_no_more_bytes(replicas, rows,
+                                                          table):
+  """8 slices a replica of 4 float32s and an int32 index, 160 bytes: a ring
+  all-gather sends n-1 replicas' (2 replicas: 160 bytes, 4: 480); a ring
+  all-reduce 2(n-1)/n of the table of `rows` x 4 float32s (2: 16 a row,
+  4: 24). A tie takes the table."""
+  slices = tf.IndexedSlices(tf.zeros([8, 4]), tf.zeros([8], tf.int32),
+                            tf.constant([rows, 4]))
+  variable = keras.Variable(np.zeros([rows, 4], np.float32))
+  assert sparse_grads.table_sends_less(slices, variable, replicas) == table
+
+
+def test_slices_of_a_count_unknown_at_trace_time_are_gathered():
+  """A dynamic batch shape: the slices could outweigh even a 1-row table,
+  or not; gathered (a count of 1 takes that table)."""
+  variable = keras.Variable(np.zeros([1, 4], np.float32))
+  taken = []
+
+  def trace(indices):
+    slices = tf.IndexedSlices(tf.zeros([tf.size(indices), 4]), indices,
+                              tf.constant([1, 4]))
+    taken.append(sparse_grads.table_sends_less(slices, variable, 2))
+    return slices.values
+
+  for shape in ([None], [1]):
+    tf.function(trace).get_concrete_function(tf.TensorSpec(shape, tf.int32))
+  assert taken == [False, True]
 
 
 def _sgd(**kwargs):
@@ -205,8 +239,8 @@ def test_only_a_global_norm_clip_alone_sums_the_slices(mirrored, optimizer,
   variables = [keras.Variable(np.zeros([4, 3], np.float32))]
 
   def forms():
-    sparse = _replica_gradients()[2]
-    return (sparse_grads.table_form(optimizer, variables, [sparse], dtype),
+    return (sparse_grads.table_form(optimizer, variables, [_many_slices()],
+                                    dtype),
             sparse_grads.table_form(optimizer, variables,
                                     [tf.zeros([4, 3])], dtype))
 
@@ -214,7 +248,14 @@ def test_only_a_global_norm_clip_alone_sums_the_slices(mirrored, optimizer,
   assert (form is not None) == tables and dense is None
   one = tf.distribute.OneDeviceStrategy("/cpu:0")
   assert one.run(lambda: sparse_grads.table_form(
-      optimizer, variables, [_replica_gradients()[2]], dtype)) is None
+      optimizer, variables, [_many_slices()], dtype)) is None
+
+
+def _many_slices():
+  """8 slices of a 4 x 3 table: their 128 bytes outweigh its 48, so the
+  table is the path of fewer bytes (table_sends_less)."""
+  return tf.IndexedSlices(tf.ones([8, 3]), tf.zeros([8], tf.int32),
+                          tf.constant([4, 3]))
 
 
 def test_a_variable_keras_overwrites_or_a_16_bit_gradient_gathers(mirrored):
@@ -226,7 +267,7 @@ def test_a_variable_keras_overwrites_or_a_16_bit_gradient_gathers(mirrored):
   plain = [keras.Variable(np.zeros([4, 3], np.float32))] * 2
 
   def forms():
-    sparse = _replica_gradients()[2]
+    sparse = _many_slices()
     return [sparse_grads.table_form(optimizer, variables, grads, "float32")
             for variables, grads in [
                 (plain, [sparse, tf.zeros([2])]),
@@ -258,3 +299,46 @@ def test_the_tables_sum_slices_locally_and_their_squares_once(mirrored):
     assert float(value) == 15.0
   np.testing.assert_array_equal(mirrored.experimental_local_results(sent)[0],
                                 [(2 * 3 + 4 * 3 + 1) * 4, 0])
+
+
+def test_a_gathered_embedding_is_clipped_by_the_one_norm(mirrored):
+  """One Embedding summed into its table, another gathered (its table the
+  larger, say): the gathered one stays an IndexedSlices, counted as
+  gathered bytes (a slice of 3 float32s and its int32 index), and the clip
+  counts every replica's slices' squares (1 x 3 + 4 x 3 = 15, not its
+  summed row's 27), as Keras' clip of one device's slices of both does;
+  it hands the optimizer the gathered one densified, as Keras does."""
+  tables = sparse_grads.Tables((False, False, True, False), clip_norm=1.0)
+
+  def replica():
+    dense, none, summed = _replica_gradients()
+    gathered = tf.IndexedSlices(summed.values, tf.constant([2]),
+                                summed.dense_shape)
+    local = tables.local([dense, none, summed, gathered])
+    reduced = allreduce.all_reduce_gradients(local)
+    return (tables.clip_by_global_norm(reduced[:-1], reduced[-1]),
+            isinstance(local[3], tf.IndexedSlices),
+            allreduce.sent_bytes(local))
+
+  clipped, kept, sent = mirrored.run(replica)
+  assert kept
+  np.testing.assert_array_equal(mirrored.experimental_local_results(sent)[0],
+                                [(2 * 3 + 4 * 3 + 1) * 4, (3 + 1) * 4])
+  one_device = [
+      tf.fill([2, 3], 3.0), None,
+      tf.IndexedSlices(tf.constant([[1.0] * 3, [2.0] * 3]),
+                       tf.constant([1, 1]), tf.constant([4, 3])),
+      tf.IndexedSlices(tf.constant([[1.0] * 3, [2.0] * 3]),
+                       tf.constant([2, 2]), tf.constant([4, 3]))]
+  keras_clip = _sgd(global_clipnorm=1.0)._clip_gradients(one_device)  # pylint: disable=protected-access
+  assert clipped[1] is None
+  for got, want in zip(clipped, keras_clip):
+    if want is None:
+      continue
+    for value in mirrored.experimental_local_results(got):
+      assert not isinstance(value, tf.IndexedSlices)
+      np.testing.assert_allclose(value, tf.convert_to_tensor(want),
+                                 rtol=1e-6)
+  # Keras' norm: the dense 6 x 9 and both Embeddings' slices, 15 each.
+  np.testing.assert_allclose(tf.convert_to_tensor(keras_clip[0]),
+                             np.full([2, 3], 3.0 / np.sqrt(84.0)), rtol=1e-6)
