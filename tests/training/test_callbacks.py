@@ -326,7 +326,7 @@ def test_a_run_killed_before_its_results_is_finished_by_the_rerun(
   assert "already finished" not in out
   assert f"eval at step {EPOCH * EPOCHS}" in out
   calibration = sorted(k for k in first.summary if k != "allreduce_ms"
-                       and k.startswith(("ideal_", "allreduce_")))
+                       and k.startswith(("ideal_", "allreduce_", "call_")))
   unknown = [k for k in calibration if not (
       k == "allreduce_predicted_ms" and not two_replicas)]  # 0.0: known.
   assert "train_loss" in first.summary and "allreduce_predicted_ms" in (
