@@ -125,8 +125,10 @@ def multi_worker(runtime_cfg,
   gRPC server and waits for every peer to come up.
   """
   options = communication_options(runtime_cfg)
-  check_cpu_devices_unset(runtime_cfg.num_cpu_devices)
   check_port_free(cluster)
+  note = cpu_devices_note(runtime_cfg.num_cpu_devices)
+  if note:
+    terminal.say(note)
   # Every worker says it: the wait below prints nothing until every peer is
   # up (a worker started alone looked hung).
   others = ", ".join(f"{kind}:{i} at {address}"
@@ -141,17 +143,16 @@ def multi_worker(runtime_cfg,
         communication_options=options)
 
 
-def check_cpu_devices_unset(num_cpu_devices: int) -> None:
-  """UserError for a runtime.num_cpu_devices set under multi-worker, where
-  it does not apply (as a built-in's setting with a user's model is
-  refused: registry.py), rather than ignored; 1 is what each worker has."""
+def cpu_devices_note(num_cpu_devices: int) -> str | None:
+  """The line for a runtime.num_cpu_devices set for a multi-worker run,
+  where it does not apply (not ignored without a word; not refused: one
+  config may serve a Mirrored run on one host and a cluster alike)."""
   default = base.get_config().runtime.num_cpu_devices
-  if num_cpu_devices not in (1, default):
-    raise UserError(
-        f"runtime.num_cpu_devices={num_cpu_devices} does not apply to a "
-        "multi-worker run (each worker trains on its GPUs or one CPU "
-        "device); leave it at its default "
-        f"({default}) or 1, or run more workers.")
+  if num_cpu_devices in (1, default):
+    return None
+  return (f"dist_keras: runtime.num_cpu_devices={num_cpu_devices} does not "
+          "apply to a multi-worker run: each worker trains on its GPUs or "
+          "one CPU device")
 
 
 def check_port_free(spec: tfconfig.ClusterSpec) -> None:
