@@ -140,7 +140,7 @@ def build(job: Job) -> loop.Trainer:
     # Loss and metrics state, from the batches of both splits.
     no_eval = checks.build_state(
         model, strategy, batch_spec, eval_spec,
-        builtin_data=registry.builtin_data(config, *job.functions[1:]))
+        builtin_data=getattr(dataset_fn, "builtin_data", None))
     notes.append(no_eval)
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).

@@ -32,12 +32,6 @@ def is_builtin(name: str) -> bool:
   return not imports.is_import_path(name)
 
 
-def builtin_data(config, dataset_fn=None) -> str | None:
-  """config.data.name if the data is a built-in, else None (the user's)."""
-  return (config.data.name if dataset_fn is None
-          and is_builtin(config.data.name) else None)
-
-
 def resolve(config, model_fn=None, dataset_fn=None):
   """(model_fn, dataset_fn): the functions given, else the ones
   config.model.name and config.data.name name.
@@ -68,6 +62,8 @@ def resolve(config, model_fn=None, dataset_fn=None):
     source = data.source(config.data, inputs)
     spec = source.spec
     dataset_fn = data.dataset_fn(source, data.Batching.from_config(config))
+    # Its name, for the checks' messages (a user's model on it).
+    dataset_fn.builtin_data = config.data.name
   if not user_model:
     model_fn = models.model_fn(config, spec)
   return model_fn, dataset_fn
