@@ -207,14 +207,15 @@ def main(argv=None) -> int:
           "--config.log.profile_steps=START,STOP to write one.")
   except common.BadInput as e:
     return common.fail(PROG, e)
+  from dist_keras import quiet  # pylint: disable=g-import-not-at-top
+  # TensorFlow, imported here (reading the trace imports it too): seconds
+  # that --help need not wait, and its start-up lines filtered.
+  with quiet.startup_lines_filtered():
+    from dist_keras import tensorboard_events  # pylint: disable=g-import-not-at-top
   results = [cross_check(p, args.num_steps) for p in paths]
   if args.json:
     print(json.dumps(results, indent=2))
     return 0
-  from dist_keras import quiet  # pylint: disable=g-import-not-at-top
-  # TensorFlow, imported here: seconds that --help need not wait.
-  with quiet.startup_lines_filtered():
-    from dist_keras import tensorboard_events  # pylint: disable=g-import-not-at-top
   scalars = tensorboard_events.read_scalars(args.workdir)
   for result in results:
     print_trace(result)

@@ -1,9 +1,9 @@
 """Trains tests/parity_task.py's models with Keras' fit or with dist_keras
 and saves their weights and evals (for tests/training/test_fit_parity.py).
 
-  python tests/scripts/parity_weights.py --runs=fit,one,resumed \
+  python tests/scripts/parity_weights.py --runs=fit,one,resumed \\
       --out='one_{run}.npz'
-  python tests/scripts/parity_weights.py --strategy=mirrored --devices=2 \
+  python tests/scripts/parity_weights.py --strategy=mirrored --devices=2 \\
       --runs=one,resumed --out='m2_{run}.npz'
 
 A process holds one replica count (and fit runs on one device): each run
