@@ -41,6 +41,8 @@ def carry_on(run, meters, setup: dict, record: dict, arrays: dict) -> str:
   before = totals["segments"] or _covers([], 0, 0)
   run.skipped_steps += totals["skipped_steps"]
   run.skipped[:0] = totals["skipped"]
+  # train.divergence_retries is the run's, not each process's.
+  run.retries_left = max(0, run.retries_left - len(totals["skipped"]))
   run.tracing_seconds += totals["tracing_seconds"]
   changed = [f"{key} {totals['setup'].get(key)} -> {setup[key]}"
              for key in SETUP if totals["setup"].get(key) != setup[key]]

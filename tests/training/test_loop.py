@@ -692,6 +692,12 @@ def test_divergence_retries_go_back_and_skip_the_batches_that_diverged(
   assert all(np.isfinite(w).all() for w in result.model.get_weights())
   with pytest.raises(errors.Diverged, match="at step 15"):
     helpers.fit_fns(*_poisoned([10, 15]), tmp_path / "twice", config)
+  # The budget is the run's: a resumed process does not get a fresh one
+  # (it went back to ckpt-12 and trained on).
+  helpers.fit_fns(*_poisoned([10]), tmp_path / "resumed",
+                  dict(config, **{"train.steps": 12}))
+  with pytest.raises(errors.Diverged, match="at step 15"):
+    helpers.fit_fns(*_poisoned([10, 15]), tmp_path / "resumed", config)
 
 
 def test_only_the_command_line_keeps_the_train_iterator_to_its_exit(
