@@ -189,17 +189,18 @@ class Calibrate(keras.callbacks.Callback):
 
   def on_train_end(self, logs=None):
     trainer, meters = self.trainer, self.trainer.meters
-    count = trainer.settings.calibration_steps
-    if not count or not meters.calls.largest() or trainer.custom_step:
+    count, largest = trainer.settings.calibration_steps, meters.calls.largest()
+    if not count or not largest or trainer.custom_step:
       return
-    if self.stop_request.agreed() or not self._calibrated(count):
+    if self.stop_request.agreed() or not self._calibrated(count, *largest):
       trainer.say(f"calibration skipped: {self.stop_request.describe()}")
 
-  def _calibrated(self, count: int) -> bool:
+  def _calibrated(self, count: int, size: int, step_seconds: float) -> bool:
     """Announces a long calibration, runs it and prints its results; False
-    if a stop request cut it short."""
+    if a stop request cut it short. The run's step as the ideal one is
+    timed: in calls of the same `size`, without what runs between calls (a
+    callback's seconds are not communication): meters.calls.largest()."""
     trainer, meters = self.trainer, self.trainer.meters
-    size, step_seconds = meters.calls.largest()
     per_call, timed_calls = calibration.call_plan(count, size)
     seconds = per_call * (timed_calls + 1) * step_seconds
     if seconds >= trainer.settings.progress_seconds > 0:
@@ -208,7 +209,7 @@ class Calibrate(keras.callbacks.Callback):
                   "(log.calibration_steps=0 skips it)")
     try:
       with self.stop_request.skippable():
-        measured = self._calibrate(count)
+        measured = self._calibrate(count, size, step_seconds)
     except preemption.Skipped:
       return False
     for line in calibration.lines(self.run.calibrated, meters.traffic,
@@ -216,13 +217,9 @@ class Calibrate(keras.callbacks.Callback):
       trainer.say(line)
     return True
 
-  def _calibrate(self, count: int):
+  def _calibrate(self, count: int, size: int, step_seconds: float):
     """Sets run.calibrated; returns the run's measured all-reduce ms."""
     trainer, meters = self.trainer, self.trainer.meters
-    # The run's step as the ideal one is timed: in calls of the same size,
-    # without what runs between calls (a callback's seconds are not
-    # communication).
-    size, step_seconds = meters.calls.largest()
     ideal_ms = calibration.no_communication_step_ms(
         trainer.strategy, steps.make_compute_only(
             self.model, trainer.settings.step_options["allreduce_dtype"]),
