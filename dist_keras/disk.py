@@ -14,7 +14,7 @@ import re
 from dist_keras import errors
 
 CHECKPOINTS = "checkpoints"  # The workdir's folder of checkpoints.
-_CONFIG_JSON = "config.json"  # What a run writes first (run_files).
+CONFIG_JSON = "config.json"  # What a run writes first (run_files).
 _FULL, _READ_ONLY, _DENIED = ("No space left on device",
                               "Read-only file system", "Permission denied")
 _ERRNO = {errno.ENOSPC: _FULL, errno.EROFS: _READ_ONLY,
@@ -65,7 +65,7 @@ def check_rerun(workdir: str) -> None:
     return
   folder = os.path.join(workdir, CHECKPOINTS)
   if not (os.path.isdir(folder)
-          or os.path.exists(os.path.join(workdir, _CONFIG_JSON))):
+          or os.path.exists(os.path.join(workdir, CONFIG_JSON))):
     return
   for path in (workdir, folder):
     if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):

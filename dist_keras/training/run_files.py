@@ -14,7 +14,7 @@ import tensorflow as tf
 from dist_keras import disk, validate
 from dist_keras.errors import UserError, WorkdirRemoved
 
-CONFIG_JSON = "config.json"
+CONFIG_JSON = disk.CONFIG_JSON
 SUMMARY_JSON = "summary.json"
 MODEL_FILE = "model.keras"
 CHECKPOINTS = disk.CHECKPOINTS
