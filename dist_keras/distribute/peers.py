@@ -12,6 +12,11 @@ from dist_keras.distribute import tfconfig
 _PEER_ERRORS = ("UnavailableError", "AbortedError", "CancelledError",
                 "DeadlineExceededError")
 _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+# A remote file system's error names its URL or HTTP (gs://, s3://: a
+# checkpoint's save timing out there is no peer's doing); a peer's names a
+# task, or only the socket it lost (gRPC's "dns:///worker-1:2222" too).
+_REMOTE_STORAGE = re.compile(
+    r"\b(?:gs|s3|hdfs|az|abfss?|https?)://|\bHTTP request", re.IGNORECASE)
 
 
 def lost(error: Exception):
@@ -27,10 +32,12 @@ def lost(error: Exception):
 
 
 def who(error: Exception, cluster) -> str:
-  """The first other task `error` names ("task worker:1"), else "a peer
-  task"."""
+  """The first other task `error` names ("task worker:1"), else "remote
+  storage" for a remote file system's error, else "a peer task"."""
   me = (cluster.task_type, cluster.task_index)
   others = [m for m in _TASK.finditer(str(error))
             if (m.group(1), int(m.group(2))) != me]
-  return (f"task {others[0].group(1)}:{others[0].group(2)}" if others
+  if others:
+    return f"task {others[0].group(1)}:{others[0].group(2)}"
+  return ("remote storage" if _REMOTE_STORAGE.search(str(error))
           else "a peer task")

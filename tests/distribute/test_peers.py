@@ -51,3 +51,21 @@ def test_fit_raises_peer_lost_as_its_docstring_says(tmp_path, monkeypatch):
                      match="lost contact with task worker:1"):
     helpers.fit_fns(user_task.model_fn, user_task.dataset_fn, tmp_path,
                     {"train.steps": 2, "train.global_batch_size": 48})
+
+
+@pytest.mark.parametrize("message, named", [
+    (_MESSAGE, "task worker:1"),
+    ("Collective ops is aborted by: Socket closed", "a peer task"),
+    ("DNS resolution failed for dns:///worker-1:2222", "a peer task"),
+    (("Error executing an HTTP request: HTTP response code 503 with body "
+      "'...' when initiating an upload to gs://bucket/run/ckpt-2_temp/part"),
+     "remote storage"),
+    ("All 10 retry attempts failed. s3://bucket/run/ckpt-2.index",
+     "remote storage"),
+])
+def test_an_unavailable_remote_storage_is_not_called_a_peer(message, named):
+  """A checkpoint's save timing out on gs:// or s3:// under a cluster was
+  'lost contact with a peer task': the user looked for a dead worker."""
+  cluster = types.SimpleNamespace(task_type="worker", task_index=0)
+  error = tf.errors.DeadlineExceededError(None, None, message)
+  assert peers.who(error, cluster) == named
