@@ -40,6 +40,7 @@ from dist_keras import errors, terminal
 from dist_keras.distribute import peers, tfconfig
 
 BARRIER = "dist_keras/finished"
+REFUSED = "dist_keras/refused"
 # A worker waits this long for the others to finish: the chief writes
 # model.keras and summary.json after the last collective (seconds, more to
 # remote storage). A peer that died fails the barrier sooner: at once for
@@ -78,6 +79,16 @@ def together(cluster: tfconfig.ClusterSpec) -> None:
     terminal.say(f"dist_keras: {task} ({others[task]}) {state} "
                  f"{LEAVE_SECONDS} s after the run finished; the chief "
                  "leaves without waiting for it", err=True)
+
+
+def met(barrier: str, seconds: float = 60) -> None:
+  """Returns once every worker has come to `barrier` (the coordination
+  service's, not a collective): workers that all refuse a run after a
+  collective meet here first. One that left at once could close its
+  channel while a peer still received its part of the collective's last
+  ring step (TF's "Aborting RingReduce ... Socket closed"; the peer then
+  reported a lost worker)."""
+  context.context().wait_at_barrier(barrier, int(seconds * 1000))
 
 
 # A connect's errors that say nothing listens there any more: refused, or

@@ -30,6 +30,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from dist_keras.distribute import leaving
 from dist_keras.errors import UserError
 
 
@@ -159,6 +160,7 @@ def check_same_config(strategy, config_dict: dict) -> None:
                           "big")
   total = host_value_sum(strategy)(float(digest))
   if total != float(digest) * strategy.num_replicas_in_sync:
+    leaving.met(leaving.REFUSED)  # Every worker sees the same sum.
     raise UserError(
         f"the workers were started with different configs (this worker's "
         f"digest {digest:08x}); start every worker with the same --config, "

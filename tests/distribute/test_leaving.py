@@ -197,3 +197,29 @@ def test_ctrl_c_while_leaving_at_exit_says_nothing(armed, monkeypatch, capsys):
       wait_at_barrier=interrupted))
   leaving.leave_at_exit()
   assert capsys.readouterr() == ("", "")
+
+
+def test_workers_refusing_different_configs_meet_before_they_leave(
+    service, monkeypatch):
+  """Each worker sees the digest sum differ and refuses; one that left at
+  once closed its channel while its peer still received the sum's last
+  ring step (the peer said 'lost contact', exit 200, not the refusal)."""
+  from dist_keras.training import allreduce  # pylint: disable=g-import-not-at-top
+
+  class Cluster(tf.distribute.MultiWorkerMirroredStrategy):
+    num_replicas_in_sync = 2
+
+    def __init__(self):  # pylint: disable=super-init-not-called
+      pass
+
+  monkeypatch.setattr(allreduce, "host_value_sum",
+                      lambda strategy: lambda value: value + 1.0)
+  config = {"data": {"name": "synthetic", "data_dir": "/here"}}
+  with pytest.raises(allreduce.UserError, match="different configs"):
+    allreduce.check_same_config(Cluster(), config)
+  assert service.calls == [(leaving.REFUSED, 60_000)]
+  service.calls.clear()
+  monkeypatch.setattr(allreduce, "host_value_sum",
+                      lambda strategy: lambda value: 2 * value)
+  allreduce.check_same_config(Cluster(), config)  # The same: no barrier.
+  assert not service.calls

@@ -210,8 +210,9 @@ def test_a_bad_tf_config_fails_before_tensorflow_starts(tmp_path):
 
 
 def test_workers_started_with_different_configs_are_refused(tmp_path):
-  """A model size that differs failed in a collective: a shape error (exit
-  1) on one worker and a lost peer (exit 200, 'retry') on the other."""
+  """Both refuse in one line (exit 2): no shape error in a collective, and
+  no lost peer for the worker still receiving the digest sum's last ring
+  step when the other left (it said 'Aborting RingReduce', exit 200)."""
   workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
   procs = [subprocess.Popen(
       [sys.executable, *_train_args(tmp_path / "run",
