@@ -15,7 +15,7 @@ import time
 import tensorflow as tf
 
 from dist_keras import errors
-from dist_keras.distribute import strategies
+from dist_keras.distribute import leaving, strategies
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, checkpoint_files, run_files
 from dist_keras.training import run_record
@@ -283,6 +283,7 @@ def check_workers_agree(strategy, step: int, workers: int,
     return
   total = int(allreduce.host_value_sum(strategy)(step))
   if total != step * strategy.num_replicas_in_sync:
+    leaving.met(leaving.REFUSED)  # Every worker sees the same sum.
     raise UserError(
         f"this worker is at step {step} after restoring --workdir={workdir}, "
         f"but the workers disagree (sum of steps {total}); put the workdir "

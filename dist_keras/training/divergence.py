@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from dist_keras import errors
+from dist_keras.distribute import leaving
 from dist_keras.training import steps
 
 
@@ -33,6 +34,10 @@ def check(run, out: dict, optimizer, checkpoints) -> None:
     if np.isfinite(loss) and finite:
       return
     what = f"loss {loss}" if finite else f"non-finite gradients (loss {loss})"
+    if run.multi_worker and not run.retries_left:
+      # All-reduced: every worker stops here. One leaving at once could
+      # cut a peer's last receive of this step's all-reduce.
+      leaving.met(leaving.REFUSED)
   kept, rerun = ((f"the last good checkpoint "
                   f"({os.path.basename(checkpoints.last_saved())}) is kept",
                   "rerun to resume from it")

@@ -223,3 +223,34 @@ def test_workers_refusing_different_configs_meet_before_they_leave(
                       lambda strategy: lambda value: 2 * value)
   allreduce.check_same_config(Cluster(), config)  # The same: no barrier.
   assert not service.calls
+
+
+def test_workers_disagreeing_on_the_resume_step_meet_before_they_leave(
+    service, monkeypatch):
+  from dist_keras.training import checkpoints  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(checkpoints.allreduce, "host_value_sum",
+                      lambda strategy: lambda step: step + 1)
+  strategy = types.SimpleNamespace(num_replicas_in_sync=2)
+  with pytest.raises(checkpoints.UserError, match="workers disagree"):
+    checkpoints.check_workers_agree(strategy, 5, 2, "/w")
+  assert service.calls == [(leaving.REFUSED, 60_000)]
+
+
+@pytest.mark.parametrize("multi_worker, retries_left, met", [
+    (True, 0, True), (True, 1, False), (False, 0, False)])
+def test_workers_stopping_at_divergence_meet_before_they_leave(
+    monkeypatch, multi_worker, retries_left, met):
+  """The loss and gradients are all-reduced: every worker stops at the
+  same step; one going back to a checkpoint (a retry left) goes on."""
+  import keras  # pylint: disable=g-import-not-at-top
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  from dist_keras.training import divergence  # pylint: disable=g-import-not-at-top
+  barriers = []
+  monkeypatch.setattr(leaving, "met", barriers.append)
+  run = types.SimpleNamespace(multi_worker=multi_worker, step=7,
+                              retries_left=retries_left, skipped_steps=0)
+  out = {"loss": float("nan"), "finite_grads": True, "skipped": 0}
+  with pytest.raises(errors.Diverged):
+    divergence.check(run, out, keras.optimizers.SGD(),
+                     types.SimpleNamespace(saved_at=None))
+  assert barriers == ([leaving.REFUSED] if met else [])

@@ -230,6 +230,25 @@ def test_workers_started_with_different_configs_are_refused(tmp_path):
   assert not (tmp_path / "run" / "config.json").exists()
 
 
+def test_workers_that_diverge_stop_together_with_the_same_line(tmp_path):
+  """The loss is all-reduced: every worker stops at the same step (exit
+  3), none says it lost a peer that left first."""
+  workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+  procs = [subprocess.Popen(
+      [sys.executable, *_train_args(tmp_path / "run",
+                                    "--config.train.optimizer=sgd",
+                                    "--config.train.learning_rate=1e38")],
+      cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, env=dict(ENV, PYTHONPATH=helpers.REPO, TF_CONFIG=json.dumps(
+          {"cluster": {"worker": workers},
+           "task": {"type": "worker", "index": i}})))
+           for i in range(2)]
+  for proc in procs:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 3, err[-2000:]
+    assert err.startswith("dist_keras: error: loss "), err[-2000:]
+
+
 # --- Two hosts of their own: network namespaces joined by a veth pair -------
 
 _NETNS = ("dk_host_a", "dk_host_b")
