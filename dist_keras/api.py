@@ -84,12 +84,12 @@ def _trained(job: Job) -> tuple[FitResult, object]:
   try:
     with build(job) as trainer:
       try:
-        summary = trainer.run()
-      except tf.errors.InvalidArgumentError as e:
-        bad = errors.bad_data_value(e)
-        if bad is None:
-          raise
-        raise bad from e
+        summary = _translated_run(trainer)
+      except errors.UserError as e:
+        if (e.exit_code == errors.EXIT_CONFIG_ERROR
+            and trainer.parts.checkpoints.saved_at is None):
+          run_files.refused(job.workdir)  # Removed as the Trainer closes.
+        raise
   except preemption.StoppedAtOnce as e:  # Before training began.
     raise e.error() from None
   except (tf.errors.OpError, OSError) as e:
@@ -101,6 +101,17 @@ def _trained(job: Job) -> tuple[FitResult, object]:
     raise lost from e
   return FitResult(trainer.model, summary, job.workdir,
                    dict(trainer.history.history)), trainer.strategy
+
+
+def _translated_run(trainer) -> dict:
+  """trainer.run(), a batch value the model cannot take said as such."""
+  try:
+    return trainer.run()
+  except tf.errors.InvalidArgumentError as e:
+    bad = errors.bad_data_value(e)
+    if bad is None:
+      raise
+    raise bad from e
 
 
 def build(job: Job) -> loop.Trainer:

@@ -39,6 +39,7 @@ def prepare(workdir: str) -> str | None:
     _remove_unused(created)  # A folder it made, empty.
     raise
   _hold(workdir)
+  _CREATED[os.path.abspath(workdir)] = created
   return created
 
 
@@ -86,7 +87,12 @@ def _new_part(workdir: str) -> str | None:
 # processes at once would interleave checkpoints, config.json, summary.json
 # and model.keras, and both report success.
 _HELD = {}
+# Per held workdir: what prepare() created, and whether the run was
+# refused on a bad value before its first checkpoint (refused()).
+_CREATED, _REFUSED = {}, set()
 _LOCK_FILE = ".lock"
+# What a run writes before its first checkpoint, and nothing else.
+_STARTING_FILES = (_LOCK_FILE, CONFIG_JSON, "events.out.tfevents.")
 
 
 def _hold(workdir: str) -> None:
@@ -134,22 +140,37 @@ def check_held(workdir: str, saved: str) -> None:
         "to resume from there, or remove the folder if it was meant to go.")
 
 
+def refused(workdir: str) -> None:
+  """The run failed on a bad value (exit 2) before its first checkpoint:
+  release() removes what it wrote (config.json, TensorBoard's events) with
+  the folder prepare() created, as for a run refused before training."""
+  _REFUSED.add(os.path.abspath(workdir))
+
+
 def release(workdir: str, created: str | None = None) -> None:
   """Lets go of a workdir prepare() held; with `created` (what prepare
   made), a run that failed before it wrote anything removes it: a bad
   model or dataset leaves no folder behind. (Only while this process
   holds the lock: never another run's.)"""
-  lock = _HELD.pop(os.path.abspath(workdir), None)
+  key = os.path.abspath(workdir)
+  lock, made = _HELD.pop(key, None), _CREATED.pop(key, None)
+  refused_run = key in _REFUSED
+  _REFUSED.discard(key)
   if lock is None:
     return
   try:
-    _remove_unused(created)
+    _remove_unused(made if refused_run else created,
+                   starting_files=refused_run)
   finally:
     lock.close()
 
 
-def _remove_unused(created: str | None) -> None:
-  if not created or not _only_locks(created):
+def _remove_unused(created: str | None, starting_files=False) -> None:
+  """Removes `created` if it holds only locks (or, with `starting_files`,
+  only what a run writes before its first checkpoint)."""
+  names = (_STARTING_FILES if starting_files and created
+           and tf.io.gfile.isdir(created) else (_LOCK_FILE,))
+  if not created or not _holds_only(created, names):
     return
   if tf.io.gfile.isdir(created):
     tf.io.gfile.rmtree(created)
@@ -157,13 +178,14 @@ def _remove_unused(created: str | None) -> None:
     tf.io.gfile.remove(created)
 
 
-def _only_locks(path: str) -> bool:
-  """Whether `path` holds nothing but lock files (in empty folders)."""
+def _holds_only(path: str, names: tuple) -> bool:
+  """Whether `path` holds nothing but files whose names start with one of
+  `names` (in folders of their own: none else), or is one."""
   if not tf.io.gfile.isdir(path):
-    return (os.path.basename(path) == _LOCK_FILE
+    return (os.path.basename(path).startswith(names)
             and tf.io.gfile.exists(path))
-  return all(name == _LOCK_FILE for _, _, names in tf.io.gfile.walk(path)
-             for name in names)
+  return all(name.startswith(names) for _, _, found in tf.io.gfile.walk(path)
+             for name in found)
 
 
 def write_json(workdir: str, name: str, data: dict) -> str:

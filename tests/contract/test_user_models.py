@@ -194,13 +194,23 @@ BAD = [
 
 def test_labels_out_of_the_models_range_are_a_user_error(tmp_path):
   """Found by the first step (exit 2 on the command line), not a bug's
-  exit 1."""
+  exit 1; the folder the run made goes with its config.json and events
+  (they were left, beside a stale lock: 'exit 2 writes nothing')."""
   with pytest.raises(dist_keras.UserError, match=(
       r"^a batch holds a value the model cannot take \(Received a label "
       r"value of \d which is outside the valid range of \[0, 3\)\): ")):
     helpers.fit_fns(user_task.classes_model_fn,
                     user_task.out_of_range_labels_dataset_fn,
                     tmp_path / "run", CONFIG)
+  assert not (tmp_path / "run").exists()
+  # A folder that was there: the user's own file, and ours, stay.
+  (tmp_path / "mine").mkdir()
+  (tmp_path / "mine" / "notes.txt").write_text("mine")
+  with pytest.raises(dist_keras.UserError):
+    helpers.fit_fns(user_task.classes_model_fn,
+                    user_task.out_of_range_labels_dataset_fn,
+                    tmp_path / "mine", CONFIG)
+  assert "notes.txt" in os.listdir(tmp_path / "mine")
 
 
 def test_an_empty_eval_split_is_refused_not_reported_as_loss_0(tmp_path):
