@@ -53,8 +53,10 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
   Raises:
     dist_keras.UserError: a bad setting, model or dataset (one line naming
       the value and the fix), before anything is written.
-    dist_keras.errors.Diverged, Preempted, PeerLost, NoIntactCheckpoint:
-      see errors.py.
+    dist_keras.errors.Diverged, PeerLost, NoIntactCheckpoint: see errors.py.
+    dist_keras.errors.Preempted (a SystemExit, code 143): SIGTERM; the
+      step it stopped at was checkpointed and its line printed: a script
+      that does not catch it exits 143, as the command line does.
     dist_keras.errors.NoSpace, NoWriteAccess (OSErrors): the disk under
       the workdir filled up, or stopped taking writes (read-only, its
       permissions), at start or mid-run; one line naming the file and the

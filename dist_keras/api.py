@@ -10,7 +10,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from dist_keras import disk, errors, registry, validate
+from dist_keras import disk, errors, registry, terminal, validate
 from dist_keras.contract import checks
 from dist_keras.distribute import leaving, peers, pipelines, strategies
 from dist_keras.distribute import tfconfig
@@ -69,8 +69,12 @@ def run(job: Job) -> FitResult:
   its end, and Ray Train ends its workers itself)."""
   try:
     result, strategy = _trained(job)
-  except BaseException:
+  except BaseException as e:
     leaving.at_exit(None)  # Its peers may never come to the barrier.
+    if isinstance(e, errors.Preempted) and not job.to_exit:
+      # An uncaught SystemExit ends the script without a word: its line
+      # now, as the command line's (which says it itself) would be.
+      terminal.error(str(e))
     raise
   cluster = tfconfig.from_env()
   if (not job.to_exit and strategies.num_workers(strategy) > 1

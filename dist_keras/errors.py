@@ -61,10 +61,22 @@ class PeerLost(RuntimeError):
   exit_code = EXIT_PEER_LOST
 
 
-class Preempted(RuntimeError):
-  """SIGTERM arrived; the current step was checkpointed: retry to resume."""
+class Preempted(SystemExit):
+  """SIGTERM arrived; the current step was checkpointed: retry to resume.
+
+  A SystemExit with code 143 and its one line as str(): a script that does
+  not catch it ends as a preempted command line does, exit 143 with no
+  traceback (dist_keras.fit has printed the line), which a launcher or
+  Kubernetes restarts (>= 128); a RuntimeError's exit 1 read as a bug. As
+  a SIGTERM's default action would end the script, the script's own
+  handling of a failure (an `except Exception`) does not take it for one.
+  """
 
   exit_code = EXIT_PREEMPTED
+
+  def __init__(self, message: str):
+    super().__init__(message)
+    self.code = EXIT_PREEMPTED  # What the interpreter exits with.
 
 
 class Interrupted(KeyboardInterrupt):

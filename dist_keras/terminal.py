@@ -50,6 +50,12 @@ def say(line: str, err: bool = False, end: str = "\n") -> None:
     silence({fd, *(terminals((1, 2)) if e.errno == errno.EIO else ())})
 
 
+def error(message: str) -> None:
+  """An error's one line on stderr, as the command line says its errors
+  (and dist_keras.fit its preemption, which ends a script silently)."""
+  say(f"dist_keras: error: {message}", err=True)
+
+
 def flush() -> None:
   """Flushes stdout and stderr where they are there; a failure costs only
   what they held (the exit's code, or the run, stands)."""

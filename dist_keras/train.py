@@ -165,7 +165,7 @@ def _fail(error: Exception, code: int, chosen_workdir=None) -> None:
 def _say_error(message: str) -> None:
   """The error's line on stderr, if stderr is still there: a closed pipe
   (`| tee` whose session ended) must not turn exit 143 into exit 1."""
-  terminal.say(f"dist_keras: error: {message}", err=True)
+  terminal.error(message)
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:

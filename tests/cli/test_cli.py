@@ -338,6 +338,7 @@ def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
   assert "Traceback" not in stderr, stderr[-2000:]
   last = stderr.strip().splitlines()[-1]
   assert last.startswith(f"dist_keras: error: stopped by {said} after step ")
+  assert stderr.count("dist_keras: error: ") == 1, stderr[-2000:]  # Once.
   step = int(last.split("after step ")[1].split(";")[0])
   # Stopped at the end of the call it was in (the signal came after step
   # 1's line), not at a later log or checkpoint step. Counted in steps, not

@@ -98,7 +98,7 @@ def test_a_failed_run_leaves_alone_at_exit(handlers, monkeypatch, fails):
   """Its peers may never come to the barrier: the process would wait
   there up to FINISH_SECONDS (after an earlier run that finished too)."""
   _run(monkeypatch)
-  with pytest.raises((Exception, KeyboardInterrupt)):
+  with pytest.raises((Exception, KeyboardInterrupt, SystemExit)):
     _run(monkeypatch, fails=fails)
   assert not _exit(handlers, monkeypatch)
 

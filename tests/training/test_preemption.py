@@ -1,19 +1,23 @@
 """Stop requests (preemption.py): SIGTERM and Ctrl-C checkpoint the step the
 run is at and stop it, a second Ctrl-C stops at once, an ignored SIGINT
 stays ignored; from the Python API a Ctrl-C is a KeyboardInterrupt after
-that checkpoint, and the same call resumes from it. The command line's
+that checkpoint, a SIGTERM a SystemExit (a script exits 143, one line), and
+the same call resumes from it. The command line's
 exits are in tests/cli/test_cli.py, the multi-worker agreement in
 tests/distribute/test_multi_worker.py."""
 import functools
+import json
 import os
 import re
 import signal
+import subprocess
 import sys
 
 import keras
 import pytest
 
 import dist_keras
+import helpers
 import user_task
 from dist_keras import api, errors, terminal
 from dist_keras.measure import calibration, mfu
@@ -94,17 +98,17 @@ def test_only_a_peer_asked_describes_the_peer():
 
 
 class _CtrlCAtBatch(keras.callbacks.Callback):
-  """Presses Ctrl-C once, at the first batch end from batch `at` on (a call
-  of several steps is one batch hook)."""
+  """Presses Ctrl-C (sends `signum`) once, at the first batch end from
+  batch `at` on (a call of several steps is one batch hook)."""
 
-  def __init__(self, at: int):
+  def __init__(self, at: int, signum=signal.SIGINT):
     super().__init__()
-    self.at, self.pressed = at, False
+    self.at, self.signum, self.pressed = at, signum, False
 
   def on_train_batch_end(self, batch, logs=None):
     if batch >= self.at and not self.pressed:
       self.pressed = True
-      signal.raise_signal(signal.SIGINT)
+      signal.raise_signal(self.signum)
 
 
 def test_ctrl_c_in_fit_checkpoints_raises_keyboardinterrupt_and_resumes(
@@ -307,6 +311,80 @@ def test_a_stop_request_after_the_results_are_written_changes_nothing(
   result = _fit(tmp_path, strategy=mirrored, config={"log.progress": True})
   assert result.summary["steps"] == 12
   assert "Ctrl-C" not in capsys.readouterr().err
+
+
+def test_sigterm_in_fit_is_preempted_exit_143_said_in_one_line_and_catchable(
+    tmp_path, mirrored, sigterm_kills, capsys):
+  """What a script's uncaught SystemExit does, a preemption in fit does:
+  exit 143, which a launcher restarts (a RuntimeError's exit 1 read as a
+  bug), no traceback; fit says its line first, as the command line does.
+  `except dist_keras.errors.Preempted` still catches it; `except
+  Exception`, a script's handling of its own failures, does not."""
+  caught = None
+  try:
+    _fit(tmp_path, strategy=mirrored,
+         callbacks=[_CtrlCAtBatch(at=4, signum=signal.SIGTERM)])
+  except Exception:  # pylint: disable=broad-except
+    pytest.fail("an `except Exception` took the preemption for a failure")
+  except dist_keras.errors.Preempted as e:
+    caught = e
+  assert isinstance(caught, SystemExit) and caught.code == 143
+  stopped = re.match(r"stopped by SIGTERM after step (\d+); checkpoint "
+                     r"ckpt-(\d+) saved in \S+; rerun the same command to "
+                     r"resume from it.$", str(caught))
+  assert stopped and stopped[1] == stopped[2], str(caught)
+  assert (tmp_path / "checkpoints" / f"ckpt-{stopped[1]}.index").exists()
+  assert capsys.readouterr().err.splitlines()[-1] == (
+      f"dist_keras: error: {caught}")
+  assert signal.getsignal(signal.SIGTERM) is sigterm_kills  # Given back.
+
+
+# A user's script: dist_keras.fit until SIGTERM (CONFIG, one device, a line
+# a step), with a handler of its own at exit.
+_USER_SCRIPT = """
+import atexit, json, sys
+import dist_keras, user_task
+atexit.register(lambda: print("the script's atexit handler ran"))
+dist_keras.fit(user_task.model_fn, user_task.dataset_fn, workdir=sys.argv[1],
+               strategy="one_device", config=json.loads(sys.argv[2]))
+"""
+
+
+def test_sigterm_ends_a_fit_script_with_143_and_its_line_and_a_rerun_resumes(
+    tmp_path, capsys):
+  """A pod's preemption of a script that calls fit and catches nothing:
+  the step is checkpointed, the script exits 143 (it exited 1 with a
+  38-line traceback: no restart), stderr ends with the one line, the
+  script's atexit handlers run, and a rerun resumes from that step."""
+  script = tmp_path / "train_mine.py"
+  script.write_text(_USER_SCRIPT)
+  workdir = tmp_path / "run"
+  config = {**CONFIG, "train.steps": 100000, "train.log_every": 1,
+            "log.progress": True}
+  proc = subprocess.Popen(
+      [sys.executable, str(script), str(workdir), json.dumps(config)],
+      cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([helpers.REPO, helpers.TESTS])))
+  for line in proc.stdout:
+    if line.startswith("step"):
+      break
+  proc.send_signal(signal.SIGTERM)
+  stdout, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == errors.EXIT_PREEMPTED, stderr[-2000:]
+  assert "Traceback" not in stderr, stderr[-2000:]
+  last = stderr.strip().splitlines()[-1]
+  stopped = re.match(r"dist_keras: error: stopped by SIGTERM after step "
+                     r"(\d+); checkpoint ckpt-(\d+) saved in (\S+); rerun "
+                     r"the same command to resume from it.$", last)
+  assert stopped and stopped[1] == stopped[2], last
+  assert stopped[3] == str(workdir / "checkpoints")
+  assert "the script's atexit handler ran" in stdout
+  step = int(stopped[1])
+  result = helpers.fit_fns(user_task.model_fn, user_task.dataset_fn, workdir,
+                           {**config, "train.steps": step + 2})
+  assert f"resumed from ckpt-{step} at step {step}" in capsys.readouterr().out
+  assert result.summary["steps"] == step + 2
 
 
 def test_the_command_lines_run_keeps_the_handler_to_its_exit(
