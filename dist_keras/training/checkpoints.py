@@ -142,8 +142,8 @@ class Checkpoints:
   gradient accumulation or a skipped loss-scaled step the optimizer counts
   differently. `stopped` marks a run a callback stopped (model.stop_training):
   a rerun finishes it instead of training on. `record` (run_record.py): the
-  last log window's train values, the measurements and the users'
-  callbacks' state, for the rerun.
+  last log window's train values, the measurements, the users' callbacks'
+  state and the epoch's metric state, for the rerun.
   """
 
   def __init__(self, workdir: str, model, optimizers, chief: bool,

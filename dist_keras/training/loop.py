@@ -136,7 +136,7 @@ class Trainer:
     epoch = schedule.epoch_after(run.step)
     first, last = epoch * schedule.epoch_steps, schedule.epoch_end(epoch)
     hooks.on_epoch_begin(epoch)
-    self.train_metrics.start_epoch()
+    self.train_metrics.start_epoch(first)
     while run.step < last and not run.stopping:
       hooks.on_train_batch_begin(run.step - first)
       self._call(run, call, iterator)
@@ -268,7 +268,7 @@ class Trainer:
       if not run.retries_left:
         raise
       self.say(divergence.go_back(run, self.parts.checkpoints, str(e)))
-      self.train_metrics.forget_window()
+      self.train_metrics.forget_window(self.parts.checkpoints.record.restored)
       return
     self.meters.ran(ran, out)
 

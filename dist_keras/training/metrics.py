@@ -7,6 +7,10 @@ add up across windows too: the loop reads the state once per log window and
 computes the window's values from the difference with the last read, while
 the model's metrics keep running over the whole epoch, as under `fit` (a
 callback reading `model.metrics` sees fit's epoch-to-date values).
+
+A run resumed mid-epoch goes on with the epoch's state as its checkpoint
+kept it (run_record.py), and the last window's end: its epoch values, its
+first window and a callback's decisions are an uninterrupted run's.
 """
 import keras
 import numpy as np
@@ -31,6 +35,18 @@ class MetricState:
     if not self.variables:
       return []
     return [np.asarray(t) for t in self._read()]
+
+  def assign(self, state) -> None:
+    """Sets the model's metric state to `state` (read()'s arrays). In the
+    cross-replica context TF sets each replica's part so that a read gives
+    `state` back (a SUM-aggregated variable: `state` / replicas each)."""
+    for variable, value in zip(self.variables, state):
+      variable.assign(value)
+
+  def signature(self) -> list:
+    """What a kept state must match to be this model's: each variable's
+    name and shape (its path is numbered by the process's other models)."""
+    return [[v.name, list(v.shape)] for v in self.variables]
 
   def results(self, state) -> dict:
     """{name: value} of `model.get_metrics_result()` for `state`, as `fit`
@@ -62,15 +78,74 @@ class TrainMetrics:
     self.state = state
     self._last = None  # The state at the last window's end.
     self._read = (None, None)  # (step, state) of the latest read.
+    self._epoch_from = 0  # The step before the epoch's first.
+    self._resumed = None  # (state, last) a resume sets as its epoch starts.
 
-  def start_epoch(self) -> None:
-    """Resets the model's metrics, as `fit` does when an epoch begins."""
+  def start_epoch(self, epoch_from: int) -> None:
+    """Resets the model's metrics, as `fit` does when an epoch begins
+    after step `epoch_from`; in a run resumed mid-epoch, sets them to the
+    checkpoint's instead (resume())."""
+    self._epoch_from = epoch_from
+    resumed, self._resumed = self._resumed, None
+    self._set(*(resumed or (None, None)))
+
+  def resume(self, kept, arrays: dict, step: int, epoch_from: int) -> str:
+    """At a resume after `step`, in the epoch after `epoch_from`: the
+    epoch's metrics of the checkpoint's record (`kept`: kept() then, None
+    when it keeps none) for start_epoch to set; the line that says why
+    they cannot be ('' when they are, or the epoch starts there)."""
+    if step == epoch_from:
+      return ""
+    self._resumed, why = self._kept(kept, arrays, epoch_from)
+    return (f"the resumed epoch's train values (its logs and History) "
+            f"count only its steps after {step}: {why}" if why else "")
+
+  def forget_window(self, record) -> None:
+    """After a divergence's go-back: the epoch's metrics as the checkpoint
+    gone back to (its `record`: RunRecord.restored) kept them, as its
+    weights are (reset when it is of an epoch before); the next window
+    starts there: the steps after it that were logged are forgotten."""
+    kept, arrays = record or ({}, {})
+    state = self._kept(kept.get("metrics"), arrays, self._epoch_from)[0]
+    now = state[0] if state else None
+    self._set(now, now)
+
+  def kept(self, step: int, arrays: dict) -> dict:
+    """The record's part for a checkpoint of `step`: the epoch's state at
+    `step` and at the last window's end, as arrays named in `arrays`.
+    At an epoch's end it is the state read before the eval (which resets
+    the metrics): a rerun with a higher train.steps goes on with it when
+    the last epoch was cut short by the train.steps before."""
+    now = self._state_at(step)
+    for i, (value, last) in enumerate(zip(now, self._last or now)):
+      arrays[f"metrics.{i}"] = value
+      if self._last is not None:
+        arrays[f"metrics.{i}.last"] = last
+    return {"epoch_from": self._epoch_from, "windowed": self._last is not None,
+            "variables": self.state.signature()}
+
+  def _kept(self, kept, arrays: dict, epoch_from: int) -> tuple:
+    """((state, last) of `kept` or None, why it is not this epoch's)."""
+    if kept is None:
+      return None, ("its checkpoint, saved by an older dist_keras, keeps "
+                    "none of the steps before")
+    if kept["epoch_from"] != epoch_from:
+      return None, (f"its checkpoint's epoch began after step "
+                    f"{kept['epoch_from']} (eval.every changed)")
+    if kept["variables"] != self.state.signature():
+      return None, "its checkpoint's metrics are another model's"
+    n = len(kept["variables"])
+    return ([arrays[f"metrics.{i}"] for i in range(n)],
+            [arrays[f"metrics.{i}.last"] for i in range(n)]
+            if kept["windowed"] else None), ""
+
+  def _set(self, state, last) -> None:
+    """The epoch's metrics set to `state` (None: reset), the last window's
+    end to `last`."""
     self.state.model.reset_metrics()
-    self._last, self._read = None, (None, None)
-
-  def forget_window(self) -> None:
-    """Forgets the epoch's metrics so far (they hold a diverged step's)."""
-    self.start_epoch()
+    if state is not None:
+      self.state.assign(state)
+    self._last, self._read = last, (None, None)
 
   def _state_at(self, step: int) -> list:
     """The state after `step`, read once however often it is asked for."""

@@ -1,8 +1,9 @@
 """What each checkpoint keeps beside the variables: the last log window's
 train values and the run's measurements (summary.json's fields that a
 rerun finishing the run without training cannot measure), the totals a
-resumed run goes on from (segments.py), and the users' callbacks' state
-(callback_state.py).
+resumed run goes on from (segments.py), the users' callbacks' state
+(callback_state.py), and the epoch's train metrics (metrics.py: a run
+resumed mid-epoch goes on with them, as a divergence's go-back does).
 
 A run stopped after its last checkpoint and before its results were
 written (SIGKILL, a second Ctrl-C, a lost node) is finished by its rerun,
@@ -52,9 +53,10 @@ class RunRecord(tf.train.experimental.PythonState):
 class Keep(keras.callbacks.Callback):
   """After the users' on_train_begin: their kept state set again (and the
   line saying what was not), the record's snapshot wired to this run; for
-  a rerun that trains, the run's totals so far carried on (segments.py);
-  for one that resumes where training ended, the train values of the
-  checkpoint's last log window."""
+  a rerun that trains, the run's totals so far carried on (segments.py)
+  and the epoch's metrics handed to the loop's (metrics.py); for one that
+  resumes where training ended, the train values of the checkpoint's last
+  log window."""
 
   def __init__(self, run, trainer, users: list):
     super().__init__()
@@ -73,6 +75,10 @@ class Keep(keras.callbacks.Callback):
     if run.resumed_at and not run.finishing:
       lines.append(segments.carry_on(run, self.trainer.meters, self.setup,
                                      record_dict, arrays))
+      schedule, step = run.schedule, run.resumed_at
+      lines.append(self.trainer.train_metrics.resume(
+          record_dict.get("metrics"), arrays, step,
+          schedule.epoch_after(step) * schedule.epoch_steps))
     if run.finishing and record_dict.get("logged_at") == run.step:
       run.logged, run.logged_at = record_dict["train"], run.step
     for line in lines:
@@ -86,7 +92,9 @@ class Keep(keras.callbacks.Callback):
                       for k, v in run.logged.items()},
             "measured": report.measured_fields(run, meters),
             "totals": segments.kept(run, meters, self.setup, arrays),
-            "callbacks": callback_state.states(self.users, arrays)}, arrays
+            "callbacks": callback_state.states(self.users, arrays),
+            "metrics": self.trainer.train_metrics.kept(run.step, arrays)
+            }, arrays
 
 
 def complete(summary: dict, trainer, run) -> str:

@@ -700,6 +700,25 @@ def test_divergence_retries_go_back_and_skip_the_batches_that_diverged(
     helpers.fit_fns(*_poisoned([10, 15]), tmp_path / "resumed", config)
 
 
+def test_going_back_after_a_divergence_goes_back_to_the_checkpoints_metrics(
+    tmp_path):
+  """The step-10 batch turns the loss NaN: back to ckpt-8's weights and
+  its metrics. The epoch's loss counts steps 1-8 and 11-20 (those the
+  weights went on from): the windows to 2, 4, 6, 8 and 12, ..., 20 (the
+  window to 10 emptied: step 9 forgotten with the weights it made)."""
+  config = {"train.steps": 20, "train.log_every": 2,
+            "train.checkpoint_every": 4, "train.global_batch_size": 48,
+            "train.divergence_retries": 1, "eval.every": 0,
+            "log.calibration_steps": 0, "log.peak_tflops": 1.0}
+  result = helpers.fit_fns(*_poisoned([10]), tmp_path, config)
+  assert result.summary["skipped_after_divergence"] == [[9, 10]]
+  windows = helpers.scalar_tags(str(tmp_path))["loss"]
+  assert [step for step, _ in windows] == [2, 4, 6, 8, 12, 14, 16, 18, 20]
+  # Every window is 2 steps of 48 examples: each weighs the same.
+  assert result.history["loss"] == [pytest.approx(
+      np.mean([loss for _, loss in windows]), rel=1e-6)]
+
+
 def test_only_the_command_line_keeps_the_train_iterator_to_its_exit(
     tmp_path, mirrored, monkeypatch):
   """Destroying an autotuned iterator waits until tf.data's autotune thread
