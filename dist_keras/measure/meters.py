@@ -50,7 +50,8 @@ class RunMeters:
       self.window.breakdown = breakdown.whole_step(*stamped)
 
   def close_window(self) -> tuple[dict, float]:
-    """Ends the log window: (its perf/ and sync/ values, seconds per step)."""
+    """Ends the log window: (its perf/ and sync/ values, seconds per step;
+    None for a window of no steps, which a divergence's go-back emptied)."""
     window, self.window = self.window, timing.Window()
     seconds = window.elapsed()
     values = {}
@@ -68,7 +69,7 @@ class RunMeters:
       values["sync/gradient_bytes"] = self.traffic.allreduced
       if self.traffic.gathered:
         values["sync/gathered_bytes"] = self.traffic.gathered
-    return values, seconds / window.steps
+    return values, (seconds / window.steps if window.steps else None)
 
   def kept(self, arrays: dict) -> dict:
     """What the throughput and the sync means are computed from, for a

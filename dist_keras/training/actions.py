@@ -137,6 +137,8 @@ class LogWindow(keras.callbacks.Callback):
     schedule = self.run.schedule
     train = self.trainer.train_values(self.trainer.train_metrics.window(step))
     perf, seconds = self.trainer.meters.close_window()
+    if seconds is None:  # Nothing ran since the last line.
+      return
     self.run.call_limit = auto_steps_per_call(seconds, self.run.multi_worker)
     self.run.logged, self.run.perf = train, perf
     self.run.logged_at = step

@@ -717,6 +717,12 @@ def test_going_back_after_a_divergence_goes_back_to_the_checkpoints_metrics(
   # Every window is 2 steps of 48 examples: each weighs the same.
   assert result.history["loss"] == [pytest.approx(
       np.mean([loss for _, loss in windows]), rel=1e-6)]
+  # A log line every step: the step that diverged leaves its window empty
+  # (it raised ZeroDivisionError reading the window's time per step).
+  result = helpers.fit_fns(*_poisoned([10]), tmp_path / "every",
+                           dict(config, **{"train.log_every": 1}))
+  windows = helpers.scalar_tags(str(tmp_path / "every"))["loss"]
+  assert [step for step, _ in windows] == [*range(1, 10), *range(11, 21)]
 
 
 def test_only_the_command_line_keeps_the_train_iterator_to_its_exit(
