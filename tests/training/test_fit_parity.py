@@ -14,7 +14,6 @@ import glob
 import os
 import subprocess
 import sys
-import tempfile
 
 import keras
 import numpy as np
@@ -93,11 +92,21 @@ def _command(out, process):
   return command
 
 
+def _scratch(out):
+  folder = out / "tmp"
+  folder.mkdir(exist_ok=True)
+  return folder
+
+
 def _run_group(out, group):
   procs = {name: subprocess.Popen(
       [sys.executable, *_command(out, name)], stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True,
-      env=dict(ENV, PARITY_BEST=str(out / f"best_{name}.keras")))
+      # A temporary folder of the group's own: the test below looks for
+      # the other worker's scratch copy there (another session's runs may
+      # have theirs in the machine's).
+      env=dict(ENV, PARITY_BEST=str(out / f"best_{name}.keras"),
+               TMPDIR=str(_scratch(out))))
            for name in group}
   for name, proc in procs.items():
     log, _ = proc.communicate(timeout=900)
@@ -182,9 +191,8 @@ def test_only_the_chief_wrote_the_best_model(runs):
   folder = runs.folder
   assert glob.glob(str(folder / "**" / "best_w2*"), recursive=True) == [
       str(folder / "best_w2.keras")]
-  assert not glob.glob(os.path.join(tempfile.gettempdir(),
-                                    "dist_keras_worker_*", "**", "best_w2*"),
-                       recursive=True)
+  assert not glob.glob(os.path.join(_scratch(folder), "dist_keras_worker_*",
+                                    "**", "best_w2*"), recursive=True)
 
 
 @pytest.mark.parametrize("run,tolerance", [
