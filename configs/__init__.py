@@ -6,9 +6,9 @@ directory. No TensorFlow import here: configs load before TensorFlow starts.
 
 `from_command_line` is the one way a config is loaded from text (the
 command line, every tool): a built-in name or a file, then overrides
-"section.key=value", each bad one a one-line UserError naming it.
+"section.key=value", each bad one a one-line UserError naming it, as is a
+key the user set that the chosen built-in model or data does not read.
 """
-import ast
 import copy
 import difflib
 import importlib
@@ -21,8 +21,11 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from dist_keras import errors
+from dist_keras import catalog, errors
 from dist_keras.configs import base
+# (check_types: this package's too, as it was.)
+from dist_keras.configs._values import (KEYS_ARE_IN, check_types, is_bool,
+                                        set_value)
 from dist_keras.errors import UserError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,9 +33,10 @@ DEFAULT = "lstm_longmem"
 
 
 def names() -> list[str]:
-  """Every experiment config in this folder (not the shared base)."""
-  return sorted(f[:-3] for f in os.listdir(_HERE)
-                if f.endswith(".py") and f not in ("__init__.py", "base.py"))
+  """Every experiment config in this folder (not the shared base, nor a
+  module of this package's own: _values.py)."""
+  return sorted(f[:-3] for f in os.listdir(_HERE) if f.endswith(".py")
+                and not f.startswith("_") and f != "base.py")
 
 
 def path(name: str) -> str:
@@ -60,21 +64,55 @@ def from_command_line(spec: str = DEFAULT, overrides=(),
       error quotes what they typed ("--config." on the command line).
 
   Raises:
-    UserError: one line naming the config or override that is wrong.
+    UserError: one line naming the config or override that is wrong, or
+      a key the user set (an override; a config file's change of base.py's
+      default) that the config's built-in model or data does not read.
   """
-  config = _load_file(spec)
+  config, user_set = _load_file(spec), {}
   for text in overrides:
     key, eq, value = text.partition("=")
     if not re.fullmatch(r"\w+\.\w+", key):
       raise UserError(f"{flag}{text} is not SECTION.KEY=VALUE (e.g. "
                       f"{flag}train.steps=500).")
     if not eq:  # A bare boolean key means True, as absl's flags read it.
-      value = "true" if _is_bool(config, key) else None
+      value = "true" if is_bool(config, key) else None
       if value is None:
         raise UserError(f"{flag}{key} needs a value: {flag}{key}=VALUE.")
     set_value(config, key, value, spelled=f"{flag}{key}", parse=True)
+    user_set[key] = f"{flag}{text}"
   check_types(config)
+  if not _is_builtin(spec.partition(":")[0]):  # A file of the user's.
+    user_set = {**_changed(config, f"--config={spec} sets "), **user_set}
+  refuse_unread(config, user_set)
   return config
+
+
+def refuse_unread(config, user_set: dict) -> None:
+  """UserError for the first key of `user_set` ({"section.key": how the
+  user set it}) that the config's built-in model or data does not read
+  (catalog.py): it would be ignored. Only what the user set: base.py gives
+  every model's keys, and a built-in config sets its own model's only."""
+  line = catalog.unread(config, user_set)
+  if line:
+    raise UserError(line)
+
+
+def set_in(given) -> dict:
+  """refuse_unread's `user_set` for `dist_keras.fit`'s `config`: a dict's
+  keys; none for a ConfigDict (which of its keys were meant is not known)."""
+  if not isinstance(given, Mapping):
+    return {}
+  return {str(key): f"config[{key!r}]={value!r}"
+          for key, value in given.items()}
+
+
+def _changed(config, how: str) -> dict:
+  """{key: how + "key=value"} of each key whose value `config` changed
+  from base.py's default."""
+  return {f"{section}.{field}": f"{how}{section}.{field}={value!r}"
+          for section, fields in base.get_config().items()
+          for field, default in fields.items()
+          if (value := config[section][field]) != default}
 
 
 def resolve(config):
@@ -94,133 +132,24 @@ def resolve(config):
   for key, value in config.items():
     if not re.fullmatch(r"\w+\.\w+", str(key)):
       raise UserError(f"config key {key!r} names no setting (keys are "
-                      "'section.key'); every key and its default is in "
-                      "configs/base.py.")
+                      f"'section.key'); {KEYS_ARE_IN}.")
     set_value(defaults, key, value, spelled=f"config[{key!r}]")
   check_types(defaults)
   return defaults
 
 
-def check_types(config) -> None:
-  """UserError for a key missing, a key base.py does not have, or a value
-  not of its default's type: ConfigDict's own type safety lets a bool pass
-  for an int (True trains one step) and a None for anything, and a config
-  file may build its ConfigDict from scratch or unlock() it (a misspelt key
-  would then be ignored)."""
-  defaults = base.get_config()
-  for section, fields in defaults.items():
-    for field, default in fields.items():
-      try:
-        value = config[section][field]
-      except (KeyError, AttributeError, TypeError):
-        raise UserError(f"the config has no {section}.{field}; build it from "
-                        "dist_keras.configs.base.get_config() (every key and "
-                        "its default are there).") from None
-      if not _same_type(value, default):
-        raise UserError(
-            f"{section}.{field}={value!r} is of type {type(value).__name__}, "
-            f"but it takes {type(default).__name__} values (default "
-            f"{default!r}); "
-            "every key and its default are in configs/base.py.")
-  _check_known(config, defaults)
-
-
-def _check_known(config, defaults) -> None:
-  """UserError naming the first key of `config` that `defaults` lacks (its
-  sections are ConfigDicts: check_types has checked every default key)."""
-  known = [f"{section}.{field}" for section, fields in defaults.items()
-           for field in fields]
-  for section in config.keys():
-    keys = ([f"{section}.{field}" for field in config[section].keys()]
-            if section in defaults else [section])
-    for key in keys:
-      if key not in known:
-        close = _nearest(key, known)
-        raise UserError(
-            f"config key {key!r} names no setting"
-            + (f" (did you mean {close[0]!r}?)" if close else "")
-            + "; every key and its default is in configs/base.py.")
-
-
-def _nearest(key: str, known: list) -> list:
-  """[the known key `key` most likely meant]: its field under another
-  section first (train.seed -> runtime.seed), else the closest spelling."""
-  field = key.rpartition(".")[2]
-  moved = [k for k in known if k.rpartition(".")[2] == field]
-  return moved[:1] or difflib.get_close_matches(key, known, n=1)
-
-
-def _same_type(value, default) -> bool:
-  if isinstance(default, bool) or isinstance(value, bool):
-    return isinstance(value, bool) and isinstance(default, bool)
-  if isinstance(default, float):
-    return isinstance(value, (int, float))
-  if isinstance(default, tuple):
-    return isinstance(value, (tuple, list))
-  return isinstance(value, type(default))
-
-
-def set_value(config, key: str, value, spelled: str = "",
-              parse: bool = False) -> None:
-  """config[key] = value for a dotted `key`; with `parse`, `value` is text
-  read as the type of the current value. UserError for an unknown key or a
-  wrong type, naming the key as `spelled` (default: the key)."""
-  spelled = spelled or key
-  section, field = key.split(".")
-  for part, known in ((section, config), (field, config.get(section))):
-    if known is None or part not in known:
-      close = difflib.get_close_matches(part, list(known or ()), n=1)
-      raise UserError(
-          f"{spelled} names no config key"
-          + (f" (did you mean {close[0]!r}?)" if close else "")
-          + "; every key and its default is in configs/base.py.")
-  shown = value if parse else repr(value)
-  try:
-    if parse:
-      value = _parse(config[section][field], value)
-    setattr(config[section], field, value)
-  except (TypeError, ValueError, SyntaxError, OverflowError) as e:
-    raise UserError(f"{spelled}={shown}: {errors.first_line(e)}; fix the value's "
-                    "type (see configs/base.py).") from None
-
-
-def _is_bool(config, key: str) -> bool:
-  section, field = key.split(".")
-  try:
-    return isinstance(config[section][field], bool)
-  except (KeyError, AttributeError):
-    return False  # set_value names the unknown key.
-
-
-def _parse(current, text: str):
-  """Command-line `text` as a value of `current`'s type."""
-  if isinstance(current, bool):
-    lowered = text.lower()
-    if lowered not in ("true", "false", "1", "0"):
-      raise ValueError(f"{text!r} is not a bool (true or false)")
-    return lowered in ("true", "1")
-  if isinstance(current, int):
-    return int(text)
-  if isinstance(current, float):
-    return float(text)
-  if isinstance(current, str) or current is None:
-    return text
-  try:
-    value = ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    raise ValueError(f"{text!r} is not a Python literal (e.g. "
-                     f"{current!r})") from None
-  return tuple(value) if isinstance(current, tuple) and isinstance(
-      value, list) else value
+def _is_builtin(name: str) -> bool:
+  """Whether --config's `name` means a built-in config. Only a .py file can
+  be a config file: a folder (a workdir named like a built-in, say) or
+  another file does not hide the built-in of its name."""
+  return name in names() and not (os.path.isfile(name)
+                                  and name.endswith(".py"))
 
 
 def _load_file(spec: str):
   name, _, arg = spec.partition(":")
-  # Only a .py file can be a config file: a folder (a workdir named like a
-  # built-in, say) or another file does not hide the built-in of its name.
-  py_file = os.path.isfile(name) and name.endswith(".py")
-  builtin = name in names() and not py_file
-  if not builtin and os.path.isfile(name) and not py_file:
+  builtin = _is_builtin(name)
+  if not builtin and os.path.isfile(name) and not name.endswith(".py"):
     raise UserError(
         f"--config={spec}: {name} is not a Python file (a config file's name "
         f"ends in .py); name a .py file or a built-in config "
@@ -279,7 +208,7 @@ def _file_failed(spec: str, file: str, error: Exception) -> UserError:
     return UserError(
         f"{where}: {key!r} names no config key"
         + (f" (did you mean {close[0]!r}?)" if close else "")
-        + "; every key and its default is in configs/base.py.")
+        + f"; {KEYS_ARE_IN}.")
   # ml_collections' for a section the ConfigDict lacks: AttributeError('x').
   section = re.fullmatch(r"'(\w+)'", errors.first_line(error))
   if isinstance(error, AttributeError) and section:
@@ -288,9 +217,10 @@ def _file_failed(spec: str, file: str, error: Exception) -> UserError:
     return UserError(
         f"{where}: {section.group(1)!r} names no config section"
         + (f" (did you mean {close[0]!r}?)" if close else "")
-        + f"; the sections are {', '.join(sections)} (configs/base.py).")
+        + f"; the sections are {', '.join(sections)} "
+        "(dist_keras.configs.base).")
   fix = _import_fix(error) or (
-      "fix the file (every key and its default is in configs/base.py)")
+      f"fix the file ({KEYS_ARE_IN})")
   return UserError(f"{where}: the config file raised {type(error).__name__}:"
                    f" {errors.first_line(error)}; {fix}.")
 

@@ -18,7 +18,9 @@ from dist_keras import from_checkout
 from_checkout.install()
 
 from dist_keras import quiet, validate  # noqa: E402 (configs found first)
+from dist_keras.configs import refuse_unread as _refuse_unread
 from dist_keras.configs import resolve as _resolve_config
+from dist_keras.configs import set_in as _set_in
 from dist_keras.contract import imports
 
 
@@ -52,11 +54,10 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
 
   Raises:
     dist_keras.UserError: a bad setting, model or dataset (one line naming
-      the value and the fix), before anything is written.
-    dist_keras.errors.Diverged, PeerLost, NoIntactCheckpoint: see errors.py.
-    dist_keras.errors.Preempted (a SystemExit, code 143): SIGTERM; the
-      step it stopped at was checkpointed and its line printed: a script
-      that does not catch it exits 143, as the command line does.
+      the value and the fix), before anything is written; a key of a dict
+      `config` that the built-in model or data named does not read, too.
+    dist_keras.errors.Diverged, PeerLost, NoIntactCheckpoint: errors.py;
+      Preempted (a SystemExit, code 143): SIGTERM, the step checkpointed.
     dist_keras.errors.NoSpace, NoWriteAccess (OSErrors): the disk under
       the workdir filled up, or stopped taking writes (read-only, its
       permissions), at start or mid-run; one line naming the file and the
@@ -68,11 +69,13 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
   """
   # The door: every argument resolved once, here.
   _errors.check_tensorflow_installed(ImportError)
-  config = _resolve_config(config)
+  given, config = config, _resolve_config(config)
   functions = (_record_name(config.model, model_fn),
                _record_name(config.data, dataset_fn))
   if isinstance(strategy, str):
     config.runtime.strategy = strategy
+  # A dict's key the named built-in model or data does not read.
+  _refuse_unread(config, _set_in(given))
   validate.config(config)
   if not _is_strategy(strategy):  # Too late to set up once TF has started.
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)

@@ -1,13 +1,16 @@
 """What trains: config.model.name and config.data.name -> the model_fn and
 dataset_fn of the contract (contract/checks.py).
 
-A built-in name (validate.MODELS; validate.DATASETS or tfds:NAME) picks a
-built-in, which reads its settings from the config; built-in data is a
-source opened and checked once (data.source). `PKG.MODULE:FN` names a
-user's own function (contract/imports.py). Either side may be the user's:
-a built-in model on a user's data reads the data's shape from the config
-(data.seq_len, vocab_size, num_classes; data.image_size, channels).
+A built-in name (catalog.MODELS; catalog.DATASETS or tfds:NAME) picks a
+built-in, which reads its settings from the config (one the user set that
+it does not read was refused with the config: configs.refuse_unread);
+built-in data is a source opened and checked once (data.source).
+`PKG.MODULE:FN` names a user's own function (contract/imports.py). Either
+side may be the user's: a built-in model on a user's data reads the data's
+shape from the config (data.seq_len, vocab_size, num_classes;
+data.image_size, channels).
 """
+from dist_keras import catalog
 from dist_keras import data
 from dist_keras import models
 from dist_keras.contract import imports
@@ -21,11 +24,10 @@ MODEL_KEYS = tuple(f"model.{k}" for k in base.get_config().model
                        "train.momentum", "train.global_clipnorm")
 # Keys only the built-in datasets read.
 DATA_KEYS = tuple(f"data.{k}" for k in base.get_config().data
-                  if k not in ("name", "pipeline_per_replica"))
+                  if k not in catalog.USER_DATA_READS)
 # The data's shape: a built-in model reads these whatever the data.
-SHAPE_KEYS = tuple(f"data.{k}" for k in ("seq_len", "vocab_size",
-                                         "num_classes", "image_size",
-                                         "channels"))
+SHAPE_KEYS = tuple(f"data.{k}" for k in dict.fromkeys(
+    k for keys in catalog.SHAPE_KEYS.values() for k in keys))
 
 
 def is_builtin(name: str) -> bool:

@@ -8,29 +8,21 @@ built-in model or dataset against the data's shape (registry.py),
 TF_CONFIG against the strategy (distribute/tfconfig.choose), a user's model and
 data against the contract (contract/checks.py).
 
-No TensorFlow import here, and the choices' names live here: the modules
-that act on them map names to objects.
+No TensorFlow import here, and the choices' names live here (the built-in
+models' and datasets' in catalog.py): the modules that act on them map
+names to objects.
 """
 import math
 import os
 
+from dist_keras.catalog import DATASETS, MODELS, TFDS_PREFIX, model_reads
 from dist_keras.errors import UserError
 
-# Every choice a config names, declared once, here (TF-free: validation runs
-# before TensorFlow starts); the modules that act on a name read it from
-# these tables. Any other model or data name is a user's PKG.MODULE:FN, or,
-# for data, tfds:NAME (any TFDS dataset).
-# model.name -> its module in dist_keras/models.
-MODELS = {"char_lm": "language", "cnn": "cnn", "resnet50": "resnet",
-          "sequence_classifier": "sequence"}
+# Every other choice a config names, declared once, here (TF-free:
+# validation runs before TensorFlow starts); the modules that act on a name
+# read it from these tables.
 # model.cell -> its keras.layers class.
 CELLS = {"lstm": "LSTM", "gru": "GRU", "simple_rnn": "SimpleRNN"}
-# The generated datasets (each a function of dist_keras/data/generated.py),
-# and constant batches shaped like a config's real data.
-GENERATED = ("longmem", "shapes")
-SYNTHETIC = "synthetic"
-DATASETS = (*GENERATED, SYNTHETIC)
-TFDS_PREFIX = "tfds:"  # tfds:NAME names a TFDS dataset, not a module.
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker_mirrored", "tpu")
 # runtime.collective -> tf.distribute.experimental.CommunicationImplementation.
 COLLECTIVES = ("auto", "ring", "nccl")
@@ -85,7 +77,7 @@ def config(c) -> None:
   """Raises UserError, one line naming the value and the fix, for the first
   bad value of config `c`."""
   model_name(c.model.name)
-  if c.model.name in MODELS:  # A user's model ignores model.cell.
+  if "cell" in (model_reads(c.model.name) or ()):  # What reads it.
     check_choice("model.cell", c.model.cell, CELLS)
   data_name(c.data.name)
   if c.train.callbacks and not is_import_path(c.train.callbacks):

@@ -12,11 +12,11 @@ import dataclasses
 
 import tensorflow as tf
 
-from dist_keras import terminal, validate
+from dist_keras import catalog, terminal
 from dist_keras.data import constant_batch, generated, specs, tfds_sources
 from dist_keras.data.specs import InputSpec  # Also the package's: data.InputSpec.
 
-SYNTHETIC = validate.SYNTHETIC  # Constant batches (constant_batch).
+SYNTHETIC = catalog.SYNTHETIC  # Constant batches (constant_batch).
 
 
 def source(data_cfg, inputs: str = ""):

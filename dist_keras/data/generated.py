@@ -8,7 +8,7 @@ import functools
 
 import tensorflow as tf
 
-from dist_keras import validate
+from dist_keras import catalog
 from dist_keras.data.specs import InputSpec
 from dist_keras.errors import UserError
 
@@ -93,7 +93,7 @@ class Source:
   cache = True
 
   def __init__(self, data_cfg):
-    if data_cfg.name not in validate.GENERATED:
+    if data_cfg.name not in catalog.GENERATED:
       raise ValueError(f"data.name={data_cfg.name!r} is not generated here.")
     check(data_cfg, data_cfg.name)
     self._cfg = data_cfg

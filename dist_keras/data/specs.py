@@ -6,10 +6,11 @@ No TensorFlow here: the sources, registry.py and models/ read it.
 """
 import dataclasses
 
+from dist_keras.catalog import SHAPE_KEYS
 from dist_keras.errors import UserError
 
 # What a model reads (models.inputs).
-INPUT_KINDS = ("images", "tokens", "per_token")
+INPUT_KINDS = tuple(SHAPE_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +32,7 @@ class InputSpec:
 
 
 def declared_keys(spec: InputSpec) -> dict:
-  """{data config key: value} that describe `spec`."""
+  """{data config key: value} that describe `spec` (SHAPE_KEYS)."""
   if spec.kind == "images":
     return {"image_size": spec.shape[0], "channels": spec.shape[2],
             "num_classes": spec.num_classes}
@@ -46,9 +47,7 @@ def declared(data_cfg, inputs: str) -> InputSpec:
   if inputs not in INPUT_KINDS:
     raise ValueError(f"data.name={data_cfg.name} needs the model's inputs, "
                      f"one of {INPUT_KINDS} (models.inputs), not {inputs!r}.")
-  keys = ("image_size", "channels") if inputs == "images" else (
-      "seq_len", "vocab_size")
-  for key in (*keys, "num_classes"):
+  for key in SHAPE_KEYS[inputs]:
     if getattr(data_cfg, key) < 1:
       raise UserError(f"data.{key}={getattr(data_cfg, key)} must be >= 1 for "
                       f"data.name={data_cfg.name}, which builds the inputs "

@@ -36,16 +36,15 @@ Reading (sharding by input pipeline, example ids): tfds_reading.py.
 """
 import contextlib
 import os
-import re
 
 import tensorflow as tf
 
-from dist_keras import errors, validate
+from dist_keras import catalog, errors
 from dist_keras.data import preprocess, tfds_reading
 from dist_keras.data.specs import InputSpec
 from dist_keras.errors import UserError
 
-PREFIX = validate.TFDS_PREFIX  # One spelling, checked before TensorFlow too.
+PREFIX = catalog.TFDS_PREFIX  # One spelling, checked before TensorFlow too.
 _PREPARE_HINT = {"imagenet2012": " --manual_dir DIR_WITH_ILSVRC2012_TARS"}
 
 
@@ -53,15 +52,10 @@ def is_tfds(name: str) -> bool:
   return name.startswith(PREFIX)
 
 
-def dataset_name(name: str) -> str:
-  """'tfds:imdb_reviews/plain_text:1.0.0' -> 'imdb_reviews'."""
-  return re.split(r"[/:]", name[len(PREFIX):])[0]
-
-
-def kind(name: str) -> str:
-  """How examples are preprocessed: image | imagenet | text | chars."""
-  return {"imagenet2012": "imagenet", "imdb_reviews": "text",
-          "tiny_shakespeare": "chars"}.get(dataset_name(name), "image")
+# 'tfds:imdb_reviews/plain_text:1.0.0' -> 'imdb_reviews'.
+dataset_name = catalog.tfds_dataset
+# How examples are preprocessed: image | imagenet | text | chars.
+kind = catalog.tfds_kind
 
 
 class Source:

@@ -12,19 +12,19 @@ import importlib
 
 import keras
 
-from dist_keras import validate
+from dist_keras import catalog, validate
 
 
 def _module(model_cfg):
-  """The module of model.name (validate.MODELS; the doors check the name)."""
+  """The module of model.name (catalog.MODELS; the doors check the name)."""
   return importlib.import_module(
-      f"dist_keras.models.{validate.MODELS[model_cfg.name]}")
+      f"dist_keras.models.{catalog.MODELS[model_cfg.name].module}")
 
 
 def inputs(model_cfg) -> str:
   """What model `model_cfg.name` reads: images | tokens | per_token (tokens
   with one label each); data.name=synthetic makes batches of that kind."""
-  return _module(model_cfg).INPUTS
+  return catalog.MODELS[model_cfg.name].inputs
 
 
 def check(model_cfg, input_spec) -> None:

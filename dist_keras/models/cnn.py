@@ -8,8 +8,6 @@ import keras
 
 from dist_keras.errors import UserError
 
-INPUTS = "images"
-
 
 def check(model_cfg, input_spec) -> None:
   """Raises UserError for inputs this model cannot take (its filters:

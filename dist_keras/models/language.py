@@ -8,9 +8,6 @@ import keras
 from dist_keras.errors import UserError
 from dist_keras.models import sequence
 
-# Token ids in, one label per token out (data.InputSpec.per_token).
-INPUTS = "per_token"
-
 
 def check(model_cfg, input_spec) -> None:
   """Raises UserError for inputs or sizes this model cannot take."""

@@ -8,7 +8,6 @@ import keras
 
 from dist_keras.errors import UserError
 
-INPUTS = "images"
 MIN_SIDE = 32  # keras.applications.ResNet50 refuses smaller inputs.
 
 

@@ -5,9 +5,6 @@ import numpy as np
 from dist_keras.errors import UserError
 from dist_keras import validate
 
-INPUTS = "tokens"  # Token ids in, one label per sequence out.
-
-
 
 def chrono_bias(cell: str, units: int, shape, max_timescale: int):
   """Chrono initialisation of gate biases (Tallec & Ollivier, ICLR 2018).

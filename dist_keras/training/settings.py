@@ -6,7 +6,7 @@ here, derived once.
 """
 import dataclasses
 
-from dist_keras import validate
+from dist_keras import catalog, validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +148,7 @@ def notes(config, on_tpu: bool) -> list[str]:
     said.append("TPU: train.steps_per_loop=1 returns to the host after "
                 "every step, the usual TPU slowdown; use e.g. "
                 "--config.train.steps_per_loop=50 (docs/tpu_colab.md)")
-  if config.data.name == validate.SYNTHETIC:
+  if config.data.name == catalog.SYNTHETIC:
     said.append(SYNTHETIC_NOTE)
   return said
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import helpers
-from dist_keras import configs, train, validate
+from dist_keras import catalog, configs, train, validate
 from dist_keras.errors import UserError
 
 CONFIG_FILES = sorted(
@@ -84,7 +84,7 @@ def test_command_line_overrides_are_parsed_as_their_keys_types(argv,
                                                               expected):
   rest, overrides = train.split_overrides(["prog", *argv, "--workdir=w"])
   assert rest == ["prog", "--workdir=w"]
-  c = configs.from_command_line("lstm_longmem", overrides)
+  c = configs.from_command_line("cnn_shapes", overrides)  # Reads filters.
   for key, value in expected.items():
     section, field = key.split(".")
     assert c[section][field] == value and type(c[section][field]) is type(
@@ -93,13 +93,17 @@ def test_command_line_overrides_are_parsed_as_their_keys_types(argv,
 
 @pytest.mark.parametrize("override,message", [
     ("train.steps", "--config.train.steps needs a value"),
-    ("train.steps=1.5", "--config.train.steps=1.5: invalid literal for int()"),
-    ("log.progress=maybe", "'maybe' is not a bool (true or false)"),
+    ("train.steps=1.5", "--config.train.steps=1.5 is a float; the key takes "
+     "an int: write e.g. `--config.train.steps=800`."),
+    ("train.steps=many", "--config.train.steps=many is not an int: write "
+     "e.g. `--config.train.steps=800`."),
+    ("log.progress=maybe", "--config.log.progress=maybe is not a bool: write "
+     "e.g. `--config.log.progress=true`."),
     ("train", "--config.train is not SECTION.KEY=VALUE"),
     ("train.stepz=1", "--config.train.stepz names no config key (did you "
      "mean 'steps'?)"),
-    ("model.filters=abc", "--config.model.filters=abc: 'abc' is not a Python "
-     "literal (e.g. (32, 64))"),
+    ("model.filters=abc", "--config.model.filters=abc is not a tuple: write "
+     "e.g. `--config.model.filters=32,64`."),
 ])
 def test_bad_overrides_are_one_line_user_errors(override, message):
   with pytest.raises(UserError) as error:
@@ -141,7 +145,7 @@ def test_a_config_argument_its_get_config_cannot_take_says_so(tmp_path):
 @pytest.mark.parametrize("body,message", [
     ("  c.train.stepz = 10\n", "--config=FILE line 4: 'stepz' names no "
      "config key (did you mean 'steps'?); every key and its default is in "
-     "configs/base.py."),
+     "dist_keras.configs.base."),
     ("  c.train.steps = '10'\n", "--config=FILE line 4: the config file "
      "raised TypeError: Could not override field 'steps'"),
     ("  import no_such_module_here\n", "--config=FILE line 4: the config "
@@ -153,7 +157,7 @@ def test_a_config_argument_its_get_config_cannot_take_says_so(tmp_path):
     # \\nDid you mean ...'"; "cannot import name" told to fix PYTHONPATH.
     ("  c.trian.steps = 10\n", "--config=FILE line 4: 'trian' names no "
      "config section (did you mean 'train'?); the sections are data, eval, "
-     "log, model, runtime, train (configs/base.py)."),
+     "log, model, runtime, train (dist_keras.configs.base)."),
     ("  from os import not_a_name\n", "--config=FILE line 4: the config "
      "file raised ImportError: cannot import name 'not_a_name' from 'os' ("),
 ])
@@ -175,7 +179,8 @@ def test_a_config_files_own_mistake_is_named_with_its_line(tmp_path, body,
     ({"train.steps": True}, "train.steps=True is of type bool, but it takes "
      "int values (default 800)"),
     ({"train.steps": None}, "train.steps=None is of type NoneType"),
-    ({"log.progress": 1}, "config['log.progress']=1: Could not override"),
+    ({"log.progress": 1}, "config['log.progress']=1 is an int; the key "
+     "takes a bool: pass e.g. True."),
     # An int too large for a float key (OverflowError inside ConfigDict).
     ({"train.learning_rate": 10**400}, "int too large to convert to float"),
 ])
@@ -240,7 +245,8 @@ def test_a_key_base_py_does_not_have_is_refused(tmp_path):
                   "  return c\n")
   with pytest.raises(UserError, match=re.escape(
       "config key 'train.step' names no setting (did you mean "
-      "'train.steps'?); every key and its default is in configs/base.py.")):
+      "'train.steps'?); every key and its default is in "
+      "dist_keras.configs.base.")):
     configs.from_command_line(str(path))
   c = configs.load("lstm_longmem")
   c.unlock()
@@ -264,19 +270,19 @@ def test_shipped_configs_have_only_base_keys(name):
 
 
 def test_every_name_validate_declares_resolves():
-  """validate.py declares every choice once (it runs before TensorFlow is
-  imported); each name must reach what acts on it."""
+  """validate.py and catalog.py declare every choice once (they run before
+  TensorFlow is imported); each name must reach what acts on it."""
   import importlib  # pylint: disable=g-import-not-at-top
   import keras  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from dist_keras import models  # pylint: disable=g-import-not-at-top
   from dist_keras.data import generated  # pylint: disable=g-import-not-at-top
-  for module in validate.MODELS.values():
-    assert hasattr(importlib.import_module(f"dist_keras.models.{module}"),
-                   "build")
+  for model in catalog.MODELS.values():
+    assert hasattr(importlib.import_module(
+        f"dist_keras.models.{model.module}"), "build")
   for layer in validate.CELLS.values():
     assert issubclass(getattr(keras.layers, layer), keras.layers.Layer)
-  assert all(callable(getattr(generated, n)) for n in validate.GENERATED)
+  assert all(callable(getattr(generated, n)) for n in catalog.GENERATED)
   for name in validate.OPTIMIZERS:
     assert isinstance(models.make(name, learning_rate=0.1),
                       keras.optimizers.Optimizer)

@@ -1,10 +1,11 @@
 """Built-in datasets: deterministic, disjoint splits, exact sharding."""
+import ml_collections
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import data
+from dist_keras import catalog, data
 from dist_keras import validate
 from dist_keras.distribute import pipelines
 from dist_keras.data import generated
@@ -17,6 +18,25 @@ def _examples(ds, n=None):
     xs.append(x)
     ys.append(y)
   return np.stack(xs), np.array(ys)
+
+
+@pytest.mark.parametrize("name,inputs", [
+    ("longmem", ""), ("shapes", ""), ("synthetic", "images"),
+    ("synthetic", "tokens"), ("synthetic", "per_token")])
+def test_each_built_in_dataset_reads_only_the_keys_catalog_declares(
+    name, inputs):
+  """What catalog.py says a dataset reads is all a user may set for it (a
+  key it does not read is refused: configs.refuse_unread), so it must make
+  both splits from those keys alone. (TFDS: tests/data/test_tfds.py.)"""
+  c = helpers.tiny_config("cnn_shapes").data
+  c.name = name
+  only = ml_collections.ConfigDict(
+      {k: c[k] for k in catalog.data_reads(name, inputs)})
+  make = data.dataset_fn(data.source(only, inputs), data.Batching(
+      8, 0, c.shuffle_buffer, only.threads, only.prefetch))
+  for split in ("train", "eval"):
+    x, _ = next(iter(make(split, tf.distribute.InputContext())))
+    assert x.shape[0] == 8
 
 
 def test_longmem_label_is_first_token_and_rest_is_noise():

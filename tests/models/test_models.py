@@ -2,11 +2,12 @@
 import os
 
 import keras
+import ml_collections
 import numpy as np
 import pytest
 
 import helpers
-from dist_keras import data, models, validate
+from dist_keras import catalog, data, models, validate
 from dist_keras.errors import UserError
 
 
@@ -16,6 +17,25 @@ def _build(config_name, **model_overrides):
     setattr(c.model, key, value)
   spec = data.source(c.data).spec
   return models.build(c.model, spec), c
+
+
+# Inputs of each kind a model reads (catalog.SHAPE_KEYS).
+SPECS = {"images": data.InputSpec((32, 32, 1), "float32", 4),
+         "tokens": data.InputSpec((12,), "int32", 4, 16),
+         "per_token": data.InputSpec((12,), "int32", 16, 16, per_token=True)}
+
+
+@pytest.mark.parametrize("name", list(catalog.MODELS))
+def test_each_built_in_model_builds_from_the_keys_catalog_declares(name):
+  """What catalog.py says a model reads is all a user may set for it (a
+  key it does not read is refused: configs.refuse_unread), so it must
+  build from those keys alone."""
+  c = helpers.tiny_config().model
+  c.name = name
+  spec = SPECS[models.inputs(c)]
+  model = models.build(ml_collections.ConfigDict(
+      {k: c[k] for k in catalog.model_reads(name)}), spec)
+  assert model.output_shape[-1] == spec.num_classes
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru", "simple_rnn"])

@@ -11,8 +11,8 @@ import common  # tools/, on sys.path (conftest.py)
 import grid
 import helpers
 
-TINY = ["data.train_size=512", "data.eval_size=128", "data.image_size=16",
-        "model.filters=(8,)", "model.dense_units=16",
+# (No data.train_size or eval_size: cnn_mnist's TFDS data read neither.)
+TINY = ["data.image_size=16", "model.filters=(8,)", "model.dense_units=16",
         "train.global_batch_size=32", "train.log_every=2", "train.steps=6",
         "eval.every=3",  # Each eval reads grid.MOCK_EXAMPLES examples.
         "log.peak_tflops=1.0"]  # No timed matmul at start-up.
@@ -38,7 +38,8 @@ def test_every_combination_in_order_labelled_by_its_values():
     (["--grid=model.cell"], "--grid=model.cell is not SECTION.KEY=V1,V2"),
     (["--grid=model.cel=lstm"], "--grid model.cel names no config key (did "
      "you mean 'cell'?)"),
-    (["--grid=model.units=16,x"], "--grid model.units=x: invalid literal"),
+    (["--grid=model.units=16,x"], "--grid model.units=x is not an int: "
+     "write e.g. `--grid model.units=64`."),
 ])
 def test_a_bad_grid_is_named_before_any_run(argv, message, capsys):
   assert grid.main(argv) == 2

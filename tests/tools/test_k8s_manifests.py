@@ -176,7 +176,7 @@ def test_trainer_commands_run_dist_keras_train(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("override,error", [
     ("--config.runtime.stratgy=multi_worker_mirrored", "names no config key"),
-    ("--config.train.steps=many", "invalid literal for int()"),
+    ("--config.train.steps=many", "--config.train.steps=many is not an int"),
 ])
 def test_a_bad_override_would_be_caught(override, error, monkeypatch):
   # The check above is real: the same parser refuses an unknown key or a

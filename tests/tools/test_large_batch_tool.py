@@ -37,13 +37,13 @@ def _plan(*argv):
      "100 large-batch steps; use at most 100."),
     (["--scale_steps=0.001"], "1 base steps / k=8 leave no large-batch step"),
     (["--override=train.nope=1"], "--override=train.nope names no config "
-     "key; every key and its default is in configs/base.py."),
+     "key; every key and its default is in dist_keras.configs.base."),
     (["--override=train.steps"], "--override=train.steps needs a value"),
     (["--override=train.lr_scaling=sqrt"], "--override=train.lr_scaling=sqrt: "
      "the tool sets train.lr_scaling for each run; use --rules instead."),
     (["--override=eval.every=5"], "the tool sets eval.every for each run."),
-    (["--override=train.steps=many"], "--override=train.steps=many: invalid "
-     "literal for int()"),
+    (["--override=train.steps=many"], "--override=train.steps=many is not an "
+     "int: write e.g. `--override=train.steps="),
     (["--override=train.momentum=2"], "train.momentum=2.0 must be in [0, 1)"),
 ])
 def test_bad_arguments_fail_with_one_line_exit_2(argv, message, capsys):

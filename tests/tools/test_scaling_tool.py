@@ -112,7 +112,8 @@ def test_strong_scaling_fixes_the_global_batch(tmp_path):
     (["--", "--config.model.unitz=3"],
      "--config.model.unitz names no config key (did you mean 'units'?)"),
     (["--", "--config.model.units=many"],
-     "--config.model.units=many: invalid literal for int()"),
+     "--config.model.units=many is not an int: write e.g. "
+     "`--config.model.units=64`."),
     (["--", "units=3"], "'units=3' after -- must be --config.SECTION.KEY"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])

@@ -70,8 +70,8 @@ def test_a_bad_config_argument_fails_before_tensorflow_starts():
 
 
 @pytest.mark.parametrize("override,message", [
-    ("train.momentum=fast", "--config.train.momentum=fast: could not convert "
-     "string to float: 'fast'"),
+    ("train.momentum=fast", "--config.train.momentum=fast is not a float: "
+     "write e.g. `--config.train.momentum=0.0`."),
     ("runtime=3", "--config.runtime=3 is not SECTION.KEY=VALUE"),
     ("train.momentum=0.9", "train.momentum=0.9 does nothing with "
      "train.optimizer='adam'"),  # Each value checked, as the trainer does.

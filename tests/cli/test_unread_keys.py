@@ -1,0 +1,150 @@
+"""A key the user set that the chosen built-in model or data does not read
+is refused before TensorFlow starts: one line naming the key, what does not
+read it and what it does read, exit 2, nothing written (configs'
+refuse_unread over catalog.py's declarations). Keys the user did not set
+(base.py's defaults, a built-in config's own) never are; a user's own
+model or data is left to registry.py (tests/contract/test_user_models.py).
+A value of the wrong type names the key, the value and the type it takes."""
+import os
+
+import pytest
+
+import dist_keras
+import helpers
+from dist_keras import catalog, configs
+from dist_keras.errors import UserError
+
+RNN_KEYS = ("model.cell, model.embed_dim, model.units, model.num_layers, "
+            "model.chrono_init")
+CELL_ON_CNN = (
+    "model.name='cnn' does not read model.cell (it reads model.filters, "
+    "model.dense_units); drop it, or set model.name to one that reads it: "
+    "char_lm, sequence_classifier.")
+ONE_FILTER = (
+    "--config.model.filters=32 is an int; the key takes a tuple: write "
+    "`--config.model.filters=32,` or `--config.model.filters='(32,)'`.")
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--config=cnn_shapes", "--config.model.cell=gru"],
+     f"--config.model.cell=gru: {CELL_ON_CNN}"),
+    # The default's value: set, it still does nothing (it trained 58 s).
+    (["--config.model.filters=32,64"],
+     "--config.model.filters=32,64: model.name='sequence_classifier' does "
+     f"not read model.filters (it reads {RNN_KEYS}); drop it, or set "
+     "model.name to one that reads it: cnn."),
+    (["--config=cnn_shapes", "--config.data.seq_len=8"],
+     "--config.data.seq_len=8: data.name='shapes' does not read "
+     "data.seq_len (it reads data.image_size, data.channels, "
+     "data.num_classes, data.train_size, data.eval_size, data.noise, "
+     "data.shuffle_buffer); drop it, or set data.name to one that reads "
+     "it: longmem, tfds:NAME."),
+    (["--config=cnn_mnist", "--config.data.train_size=512"],
+     "--config.data.train_size=512: data.name='tfds:mnist' does not read "
+     "data.train_size (it reads data.image_size, data.channels, "
+     "data.num_classes, data.data_dir, data.download, data.shuffle_buffer);"
+     " drop it, or set data.name to one that reads it: longmem, shapes."),
+    (["--config=cnn_shapes", "--config.model.filters=32"], ONE_FILTER),
+])
+def test_the_command_line_refuses_in_one_line_writing_nothing(tmp_path, args,
+                                                              line):
+  result = helpers.run_module(
+      ["-m", "dist_keras.train", f"--workdir={tmp_path / 'run'}", *args],
+      cwd=str(tmp_path))
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.splitlines() == [f"dist_keras: error: {line}"]
+  assert result.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_refused_before_tensorflow_starts_from_fit_too(tmp_path):
+  """The command line's check (configs) and dist_keras.fit's dict, which
+  names the model by its argument."""
+  code = (
+      "import sys\nimport dist_keras\nfrom dist_keras import configs\n"
+      "for call in (lambda: configs.from_command_line('cnn_shapes', "
+      "['model.cell=gru']), lambda: dist_keras.fit('cnn', 'shapes', "
+      f"workdir={str(tmp_path / 'run')!r}, config={{'model.cell': 'gru'}})):\n"
+      "  try:\n    call()\n"
+      "  except dist_keras.UserError as e:\n    print(e)\n"
+      "assert 'tensorflow' not in sys.modules\n")
+  result = helpers.run_module(["-c", code], timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines() == [
+      f"--config.model.cell=gru: {CELL_ON_CNN}",
+      f"config['model.cell']='gru': {CELL_ON_CNN}"]
+  assert not os.listdir(tmp_path)
+
+
+def test_a_config_files_change_is_the_users(tmp_path):
+  path = tmp_path / "mine.py"
+  path.write_text("from dist_keras.configs import base\n"
+                  "def get_config():\n  c = base.get_config()\n"
+                  "  c.model.name, c.data.name = 'cnn', 'shapes'\n"
+                  "  c.model.cell = 'gru'\n  return c\n")
+  with pytest.raises(UserError) as raised:
+    configs.from_command_line(str(path))
+  assert str(raised.value) == (f"--config={path} sets model.cell='gru': "
+                               f"{CELL_ON_CNN}")
+
+
+def _as_text(value) -> str:
+  if isinstance(value, tuple):
+    return ",".join(map(str, value)) + ("," if len(value) == 1 else "")
+  return str(value)
+
+
+@pytest.mark.parametrize("name", configs.names())
+def test_a_built_in_configs_own_keys_are_never_refused(name):
+  """A built-in config sets its own model's and data's keys only: loaded as
+  a user's file (each change of base.py's default then counts as set by
+  the user) nothing is refused, nor is an override of any key they read."""
+  configs.from_command_line(configs.path(name))
+  c = configs.load(name)
+  inputs = catalog.MODELS[c.model.name].inputs
+  reads = [f"model.{k}" for k in catalog.model_reads(c.model.name)] + [
+      f"data.{k}" for k in catalog.data_reads(c.data.name, inputs)]
+  configs.from_command_line(name, [
+      f"{key}={_as_text(c[key.split('.')[0]][key.split('.')[1]])}"
+      for key in reads])
+
+
+def test_keys_the_user_did_not_set_are_never_refused():
+  """Another model on the command line: the built-in config's own keys of
+  its model (cnn_shapes' filters; the language model's units) stay, unread,
+  as base.py's keys of every other model do."""
+  c = configs.from_command_line("cnn_shapes", [
+      "model.name=sequence_classifier", "data.name=longmem"])
+  assert c.model.filters == (16, 32, 64)
+  configs.from_command_line("lstm_lm_shakespeare", ["model.name=cnn",
+                                                    "data.name=shapes"])
+  # A user's model or data: registry.py refuses a built-in's key then.
+  configs.from_command_line("lstm_longmem", ["model.name=user_task:model_fn",
+                                             "model.units=8",
+                                             "data.name=user_task:dataset_fn",
+                                             "data.noise=0.5"])
+
+
+def test_a_one_element_tuple_says_how_to_write_one():
+  with pytest.raises(UserError) as raised:
+    configs.from_command_line("cnn_shapes", ["model.filters=32"])
+  assert str(raised.value) == ONE_FILTER
+  for text in ("32,", "(32,)"):  # Both spellings it names read as (32,).
+    assert configs.from_command_line(
+        "cnn_shapes", [f"model.filters={text}"]).model.filters == (32,)
+
+
+@pytest.mark.parametrize("config,line", [
+    ({"train.steps": "ten"},
+     "config['train.steps']='ten' is a str; the key takes an int: pass e.g. "
+     "800."),
+    ({"model.filters": 32},
+     "config['model.filters']=32 is an int; the key takes a tuple: pass "
+     "(32,)."),
+])
+def test_fit_names_the_key_the_value_and_the_type_it_takes(tmp_path, config,
+                                                           line):
+  with pytest.raises(UserError) as raised:
+    dist_keras.fit("cnn", "shapes", workdir=str(tmp_path / "run"),
+                   config=config)
+  assert str(raised.value) == line
+  assert not os.listdir(tmp_path)
