@@ -62,6 +62,8 @@ setuptools.setup(
         "tools": ["matplotlib"],
     },
     entry_points={
-        "console_scripts": ["dist-keras-train=dist_keras.train:run"],
+        # The local launcher, as `python -m dist_keras.launch` too.
+        "console_scripts": ["dist-keras-train=dist_keras.train:run",
+                            "dist-keras-launch=dist_keras.launch.cli:main"],
     },
 )

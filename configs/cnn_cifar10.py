@@ -1,8 +1,8 @@
 """CNN on CIFAR-10 (TFDS `cifar10`, 32x32 RGB; eval on its test split).
 
-Prepare: python tools/prepare_data.py cifar10 --data_dir DIR
-         (or `tfds build cifar10 --data_dir DIR` on a machine with network,
-         then copy DIR; DIR defaults to ~/tensorflow_datasets)
+Prepare: python -m dist_keras.prepare_data cifar10 --data_dir DIR
+         (on a machine with network, then copy DIR; DIR defaults to
+         ~/tensorflow_datasets)
 Run:     python -m dist_keras.train --config=configs/cnn_cifar10.py \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline is

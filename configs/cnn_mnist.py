@@ -1,8 +1,8 @@
 """CNN on MNIST digits (TFDS `mnist`, 28x28 grey; eval on its test split).
 
-Prepare: python tools/prepare_data.py mnist --data_dir DIR
-         (or `tfds build mnist --data_dir DIR` on a machine with network,
-         then copy DIR; DIR defaults to ~/tensorflow_datasets)
+Prepare: python -m dist_keras.prepare_data mnist --data_dir DIR
+         (on a machine with network, then copy DIR; DIR defaults to
+         ~/tensorflow_datasets)
 Run:     python -m dist_keras.train --config=configs/cnn_mnist.py \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline and a

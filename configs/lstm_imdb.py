@@ -4,9 +4,9 @@ Words are hashed into data.vocab_size buckets (no vocabulary to build, share
 or save; see dist_keras/data/tfds_sources.py); each review keeps its last
 data.seq_len words. Eval on the 25,000-review test split.
 
-Prepare: python tools/prepare_data.py imdb_reviews --data_dir DIR
-         (or `tfds build imdb_reviews --data_dir DIR` on a machine with
-         network, then copy DIR; DIR defaults to ~/tensorflow_datasets)
+Prepare: python -m dist_keras.prepare_data imdb_reviews --data_dir DIR
+         (on a machine with network, then copy DIR; DIR defaults to
+         ~/tensorflow_datasets)
 Run:     python -m dist_keras.train --config=configs/lstm_imdb.py \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline and a

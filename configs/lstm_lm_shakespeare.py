@@ -4,9 +4,9 @@ The text is cut into windows of seq_len + 1 bytes; the model predicts each
 next byte (256 classes). Loss and accuracy are per byte; perplexity is
 exp(loss). Eval on the validation split (55,770 characters).
 
-Prepare: python tools/prepare_data.py tiny_shakespeare --data_dir DIR
-         (or `tfds build tiny_shakespeare --data_dir DIR` on a machine with
-         network, then copy DIR; DIR defaults to ~/tensorflow_datasets)
+Prepare: python -m dist_keras.prepare_data tiny_shakespeare --data_dir DIR
+         (on a machine with network, then copy DIR; DIR defaults to
+         ~/tensorflow_datasets)
 Run:     python -m dist_keras.train --config=configs/lstm_lm_shakespeare.py \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline is

@@ -6,7 +6,7 @@ mean and std. Meant for GPUs or a TPU; on CPU a step takes seconds.
 
 Prepare: TFDS cannot download ImageNet. Fetch ILSVRC2012_img_train.tar and
          ILSVRC2012_img_val.tar from image-net.org into MANUAL, then
-         python tools/prepare_data.py imagenet2012 --data_dir DIR \\
+         python -m dist_keras.prepare_data imagenet2012 --data_dir DIR \\
              --manual_dir MANUAL
          (~150 GB in DIR; a gs:// DIR works for TPUs)
 Run:     python -m dist_keras.train --config=configs/resnet50_imagenet.py \\

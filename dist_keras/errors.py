@@ -15,7 +15,7 @@ Exit codes (documented in the README):
   143 preempted (SIGTERM): a checkpoint of the current step was saved;
       RETRYABLE, rerunning the same command resumes from it.
   200 a peer worker was lost: RETRYABLE (>= 128, as Kubernetes' ExitCode
-      restart policy and tools/launch_local.py --max_restarts read it);
+      restart policy and dist_keras.launch's --max_restarts read it);
       rerunning the same command resumes from the last checkpoint.
   201 no checkpoint in the workdir reads back (all damaged): RETRYABLE, a
       copy still arriving or a flaky read heals; else restore the folder.

@@ -3,9 +3,10 @@
 A stdout or stderr that fails must never end a run that can still save its
 work: a closed terminal fails every write (EIO), a `| head` that has gone
 too (EPIPE), /dev/full with ENOSPC, and one closed when Python started
-(`>&-`) is None. Every line dist_keras prints goes through `say`, from the
-lowest layer up (no TensorFlow here: the command line says things before
-TensorFlow starts).
+(`>&-`) is None. Every line dist_keras prints goes through `say` (the
+output of the launcher's workers, through `relay`), from the lowest layer
+up (no TensorFlow here: the command line says things before TensorFlow
+starts).
 """
 import errno
 import os
@@ -43,11 +44,7 @@ def say(line: str, err: bool = False, end: str = "\n") -> None:
   except ValueError:  # Closed (the stream object, not its descriptor).
     return
   except OSError as e:
-    try:
-      fd = stream.fileno()
-    except (OSError, ValueError):  # Not a file (a test's capture).
-      return
-    silence({fd, *(terminals((1, 2)) if e.errno == errno.EIO else ())})
+    _failed(stream, e)
 
 
 def error(message: str) -> None:
@@ -66,3 +63,28 @@ def flush() -> None:
       stream.flush()
     except (OSError, ValueError):
       pass
+
+
+def relay(data: bytes, err: bool = False) -> None:
+  """Writes another process's output (the launcher's workers' lines), its
+  bytes as they came, on stdout (stderr: `err`), guarded as `say` is."""
+  stream = sys.stderr if err else sys.stdout
+  if stream is None:
+    return
+  try:
+    stream.buffer.write(data)
+    stream.buffer.flush()
+  except ValueError:  # Closed.
+    return
+  except OSError as e:
+    _failed(stream, e)
+
+
+def _failed(stream, failure: OSError) -> None:
+  """Points `stream`, whose write failed, at /dev/null (after EIO, a
+  terminal on the other stream too: the same closed one)."""
+  try:
+    fd = stream.fileno()
+  except (OSError, ValueError):  # Not a file (a test's capture).
+    return
+  silence({fd, *(terminals((1, 2)) if failure.errno == errno.EIO else ())})

@@ -3,8 +3,8 @@
   python -m dist_keras.train --config=NAME|PATH.py[:ARG] --workdir=DIR \\
       [--config.train.steps=500 ...]
 
---config takes a built-in config by name (lstm_longmem, cnn_shapes, ...;
-configs/NAME.py in the repository) or a config file's path. With no flags:
+--config takes a built-in config by name (lstm_longmem, cnn_shapes, ...:
+the modules of dist_keras.configs) or a config file's path. With no flags:
 the default config (lstm_longmem) into a fresh runs/<timestamp> folder.
 Exit codes (errors.py): 0 done, 1 an unexpected error (rerun with --verbose
 for the traceback), 2 a bad value (fix the command), 3 training diverged,
@@ -138,7 +138,7 @@ def _leave_together(cluster) -> None:
     raise errors.PeerLost(
         f"lost contact with {peers.who(e, cluster)} as the run ended "
         f"({type(e).__name__}: {errors.cause(str(e))}); rerun it on every "
-        "worker (tools/launch_local.py --max_restarts does): a finished "
+        "worker (python -m dist_keras.launch --max_restarts does): a finished "
         "workdir is kept as it is, else the rerun writes the results."
     ) from e
 

@@ -236,3 +236,36 @@ def write_xspace(path, lines):
   with open(path, "wb") as f:
     f.write(space.SerializeToString())
   return str(path)
+
+
+# A worker command for the launcher, no TensorFlow: each worker prints its
+# index and TF_CONFIG; worker 1 waits until worker 0 has printed, then exits
+# 3, so both lines are out before the launcher stops the cluster.
+TWO_WORKERS = """\
+import json, os, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+ready = os.path.join(os.getcwd(), "worker0_done")
+while task == 1 and not os.path.exists(ready):
+  time.sleep(0.01)
+print(task, os.environ["TF_CONFIG"], flush=True)
+if task == 0:
+  open(ready, "w").close()
+sys.exit(3 * task)
+"""
+
+
+def check_two_workers(result) -> None:
+  """TWO_WORKERS' launch: both workers ran with their own TF_CONFIG of one
+  2-worker cluster; the launcher, named dist-keras-launch, ended with
+  worker 1's code."""
+  assert result.returncode == 3, result.stderr
+  lines = sorted(result.stdout.splitlines())
+  assert [line.split(" ", 2)[:2] for line in lines] == [["[w0]", "0"],
+                                                        ["[w1]", "1"]]
+  tf_configs = [json.loads(line.split(" ", 2)[2]) for line in lines]
+  assert [c["task"] for c in tf_configs] == [{"type": "worker", "index": 0},
+                                             {"type": "worker", "index": 1}]
+  assert tf_configs[0]["cluster"] == tf_configs[1]["cluster"]
+  assert len(set(tf_configs[0]["cluster"]["worker"])) == 2
+  assert result.stderr == ("dist-keras-launch: worker 1 exited with code 3; "
+                           "stopping the others\n")

@@ -27,7 +27,7 @@ import time
 
 import common
 import launch_local
-import local_cluster
+from dist_keras.launch import cluster as local_cluster
 
 LAUNCHER = os.path.abspath(launch_local.__file__)  # It runs with cwd=REPO.
 SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM,

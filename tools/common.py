@@ -5,7 +5,7 @@ A tool runs as a script (`python tools/NAME.py`), so Python puts tools/ on
 sys.path and `import common` finds this module; importing it puts the
 checkout there too, so `import dist_keras` works from a checkout that is not
 installed. Nothing here imports dist_keras or TensorFlow at import time:
-launch_local.py and pin_cores.py run any command and need neither.
+pin_cores.py runs any command and needs neither.
 
 Errors: a bad argument raises BadInput, one line naming the fix; a tool's
 main() hands it to `fail`, which prints `PROG: error: MESSAGE` and returns
@@ -24,8 +24,8 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 EXIT_BAD_INPUT = 2
-# One lock for stdout and stderr: a tool's own line and a line it relays
-# (launch_local.py's workers) never interleave mid-line on one terminal.
+# One lock for stdout and stderr: a tool's own line and a line another
+# thread of it says never interleave mid-line on one terminal.
 OUTPUT_LOCK = threading.Lock()
 
 

@@ -10,7 +10,8 @@ Preparing. A dataset must be prepared in `data.data_dir` ("" means TFDS's
 default, ~/tensorflow_datasets; gs:// works). `check` looks for the prepared
 files first and fails at once with the command that prepares them: `tfds.load`
 would try to download, and with no network retries for ~205 s before failing.
-Only `data.download=True` downloads (so does tools/prepare_data.py).
+Only `data.download=True` downloads (so does `python -m
+dist_keras.prepare_data`).
 
 Splits. "train" is TFDS's "train". "eval" is the held-out split meant for use
 during training: "validation" if the dataset has one (imagenet2012, whose
@@ -116,7 +117,7 @@ def builder(data_cfg):
 def prepare_command(name: str, data_dir: str) -> str:
   """The shell command that prepares dataset `name` into `data_dir`."""
   base = dataset_name(PREFIX + name)
-  return (f"python tools/prepare_data.py {name} --data_dir {data_dir}"
+  return (f"python -m dist_keras.prepare_data {name} --data_dir {data_dir}"
           f"{_PREPARE_HINT.get(base, '')}")
 
 
@@ -133,13 +134,13 @@ def check(data_cfg, b) -> None:
     if data_cfg.download:
       _download(b, data_cfg.name, prepare_command(name, data_dir))
     else:
-      hint = _PREPARE_HINT.get(dataset_name(data_cfg.name), "")
+      # Not `tfds build`: tensorflow-datasets 4.9.10's command stops at
+      # start without apache_beam, which dist_keras does not install.
       raise UserError(
           f"data.name={data_cfg.name!r} is not prepared in {data_dir} (no "
           f"{b.data_path}/dataset_info.json): on a machine with network run "
-          f"`tfds build {name} --data_dir {data_dir}{hint}` and copy "
-          f"{data_dir} here, or run `{prepare_command(name, data_dir)}`, or "
-          "set --config.data.download=True.")
+          f"`{prepare_command(name, data_dir)}` (then copy {data_dir} here), "
+          "or set --config.data.download=True.")
   _check_features(data_cfg, b.info.features)
   if "train" not in b.info.splits:
     raise UserError(f"data.name={data_cfg.name!r} has no 'train' split (it "

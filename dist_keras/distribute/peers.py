@@ -27,8 +27,8 @@ def lost(error: Exception):
   return errors.PeerLost(
       f"lost contact with {who(error, cluster)} ({type(error).__name__}: "
       f"{errors.cause(str(error))}); the job must restart: rerun it on "
-      "every worker (tools/launch_local.py --max_restarts does) to resume "
-      "from the last checkpoint.")
+      "every worker (python -m dist_keras.launch --max_restarts does) to "
+      "resume from the last checkpoint.")
 
 
 def who(error: Exception, cluster) -> str:

@@ -279,8 +279,8 @@ def choose(name: str, cluster, tpu_possible: bool = False) -> str:
     return "tpu" if tpu_possible else "mirrored"
   if name == "multi_worker_mirrored" and cluster is None:
     raise UserError("runtime.strategy='multi_worker_mirrored' needs TF_CONFIG "
-                    "naming the cluster; set it (tools/launch_local.py does "
-                    "for local workers) or use runtime.strategy=mirrored.")
+                    "naming the cluster; set it (python -m dist_keras.launch "
+                    "does for local workers) or use runtime.strategy=mirrored.")
   if multi and name != "multi_worker_mirrored":
     raise UserError(f"TF_CONFIG names {cluster.num_workers} tasks but "
                     f"runtime.strategy={name!r} trains on one host; use "

@@ -5,7 +5,7 @@ Run from this folder (the import paths resolve from the current directory),
 as two workers on this machine:
 
   cd examples/binary
-  python ../../tools/launch_local.py --num_workers=2 -- \\
+  python -m dist_keras.launch --num_workers=2 -- \\
       python -m dist_keras.train --config=binary_config.py --workdir=/tmp/binary
 
 or as one process (`python -m dist_keras.train --config=binary_config.py`),

@@ -237,7 +237,7 @@ def test_a_peer_lost_at_the_final_barrier_is_a_retryable_peer_lost(
   assert lost.value.exit_code == errors.EXIT_PEER_LOST
   assert str(lost.value) == (
       f"lost contact with task worker:1 as the run ended (InternalError: "
-      f"{message}); rerun it on every worker (tools/launch_local.py "
+      f"{message}); rerun it on every worker (python -m dist_keras.launch "
       "--max_restarts does): a finished workdir is kept as it is, else the "
       "rerun writes the results.")
 

@@ -115,8 +115,11 @@ def test_unprepared_dataset_fails_in_seconds_with_the_fix(
   assert "\n" not in message
   assert f"data.name='tfds:{name}' is not prepared in {tmp_path}/empty" in (
       message)
-  assert f"`tfds build {name} --data_dir {tmp_path}/empty" in message
-  assert f"python tools/prepare_data.py {name} --data_dir" in message
+  # A command the installed package has (not the checkout's tools/, not
+  # `tfds build`: tensorflow-datasets 4.9.10's stops without apache_beam).
+  assert (f"`python -m dist_keras.prepare_data {name} --data_dir "
+          f"{tmp_path}/empty") in message
+  assert "tools/" not in message and "tfds build" not in message
   assert "data.download=True" in message
   assert ("--manual_dir" in message) == (name == "imagenet2012")
   assert not workdir.exists()
@@ -150,7 +153,7 @@ def test_a_download_that_fails_is_one_line_with_the_offline_way(tmp_path):
   assert message.startswith(
       f"data.download=True could not prepare 'tfds:dk_offline' in {tmp_path} "
       "(ConnectionError: no network); check this machine's network, or "
-      "prepare it where there is one (`python tools/prepare_data.py "
+      "prepare it where there is one (`python -m dist_keras.prepare_data "
       f"dk_offline --data_dir {tmp_path}`)"), message
 
 

@@ -9,7 +9,6 @@ import sys
 import helpers
 
 EXAMPLES = os.path.join(helpers.REPO, "examples")
-LAUNCHER = os.path.join(helpers.REPO, "tools", "launch_local.py")
 
 
 def test_own_model_trains_through_the_python_api(tmp_path):
@@ -29,8 +28,8 @@ def test_binary_config_runs_as_two_workers_from_its_folder(tmp_path):
   """The config names binary_task's functions; each worker imports them."""
   workdir = tmp_path / "run"
   result = subprocess.run(
-      [sys.executable, LAUNCHER, "--num_workers=2", "--", sys.executable,
-       "-m", "dist_keras.train", "--config=binary_config.py",
+      [sys.executable, "-m", "dist_keras.launch", "--num_workers=2", "--",
+       sys.executable, "-m", "dist_keras.train", "--config=binary_config.py",
        f"--workdir={workdir}", "--config.train.steps=20",
        "--config.train.log_every=10", "--config.eval.every=0",
        "--config.log.calibration_steps=0", "--config.log.peak_tflops=1.0"],

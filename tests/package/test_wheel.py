@@ -1,7 +1,8 @@
 """Installed from a wheel, without the checkout: the default built-in config
 runs by name from any directory; a user's config file elsewhere, naming
 their own model and data in a module of theirs that it imports, trains
-through the console script, and the same functions through dist_keras.fit."""
+through the console script, and the same functions through dist_keras.fit;
+the local launcher's console script starts a 2-worker cluster."""
 import os
 import shutil
 import subprocess
@@ -11,6 +12,10 @@ import zipfile
 import helpers
 
 SOURCES = ("setup.py", "pyproject.toml", "README.md", "dist_keras", "configs")
+# What the README's commands run, shipped in the package (not tools/).
+SHIPPED = ("dist_keras/launch/__main__.py", "dist_keras/launch/cli.py",
+           "dist_keras/launch/cluster.py", "dist_keras/commands.py",
+           "dist_keras/prepare_data.py")
 FEW_STEPS = ["--config.train.steps=4", "--config.train.log_every=2",
              "--config.eval.every=0", "--config.data.train_size=256",
              "--config.data.eval_size=64", "--config.log.calibration_steps=0",
@@ -96,8 +101,13 @@ def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
       capture_output=True, text=True, timeout=300, check=False)
   assert built.returncode == 0, built.stderr[-3000:]
   (wheel,) = (tmp_path / "wheel").iterdir()
-  assert "dist_keras/configs/lstm_longmem.py" in zipfile.ZipFile(
-      wheel).namelist()
+  names = zipfile.ZipFile(wheel).namelist()
+  assert "dist_keras/configs/lstm_longmem.py" in names
+  assert set(SHIPPED) <= set(names)
+  assert not [n for n in names if n.startswith("tools/")]
+  (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
+  assert "dist-keras-launch = dist_keras.launch.cli:main" in zipfile.ZipFile(
+      wheel).read(entry_points).decode()
   site = tmp_path / "site"
   installed = subprocess.run(
       [sys.executable, "-m", "pip", "install", "-q", "--no-deps",
@@ -120,6 +130,9 @@ def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
   script = _start([str(site / "bin" / "dist-keras-train"), "--config=mine.py",
                    "--workdir=own", *OWN_STEPS], elsewhere, site)
   fit = _start([sys.executable, "-c", FIT], elsewhere, site)
+  launch = _start([str(site / "bin" / "dist-keras-launch"), "--num_workers=2",
+                   "--", sys.executable, "-c", helpers.TWO_WORKERS],
+                  elsewhere, site)
   # From inside a checkout (a Docker WORKDIR holding the source, a notebook
   # that %cd's into its clone), the working directory's dist_keras shadows
   # the installed one; with no editable install's import hook, its
@@ -127,6 +140,9 @@ def test_an_installed_wheel_runs_from_an_unrelated_directory(tmp_path):
   in_checkout = _start([sys.executable, "-c", NO_EDITABLE_HOOK
                         + "import dist_keras.configs as c; print(c.__file__)"],
                        source, site)
+  out, err = launch.communicate(timeout=60)
+  helpers.check_two_workers(subprocess.CompletedProcess(
+      launch.args, launch.returncode, out, err))
   assert _finished(found).startswith(str(site))  # Not the checkout.
   assert _finished(in_checkout).strip() == str(
       source / "configs" / "__init__.py")

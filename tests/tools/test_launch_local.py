@@ -1,4 +1,5 @@
-"""tools/launch_local.py: ports, TF_CONFIG, output relay, stopping, restarts.
+"""The local launcher (dist_keras.launch, run as tools/launch_local.py from
+the checkout): ports, TF_CONFIG, output relay, stopping, restarts.
 
 The workers are small Python snippets, not TensorFlow, so each launch takes
 well under a second (the grace-period test waits its one second).
@@ -12,8 +13,8 @@ import time
 
 import pytest
 
-import launch_local  # tools/, on sys.path (conftest.py)
-import local_cluster
+import helpers
+from dist_keras.launch import cli, cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, "tools", "launch_local.py")
@@ -73,31 +74,31 @@ def _start_and_read_pids(args, count):
 
 
 def test_free_ports_are_distinct_and_bindable():
-  ports = local_cluster.free_ports(5)
+  ports = cluster.free_ports(5)
   assert len(set(ports)) == 5
   assert all(1024 <= p < 65536 for p in ports)
 
 
 def test_tf_config_names_the_cluster_and_the_task():
   hosts = ["127.0.0.1:1000", "127.0.0.1:1001"]
-  assert local_cluster.make_tf_config(hosts, 1) == {
+  assert cluster.make_tf_config(hosts, 1) == {
       "cluster": {"worker": hosts}, "task": {"type": "worker", "index": 1}}
 
 
 @pytest.mark.parametrize("returncode,status", [(0, 0), (3, 3), (-9, 137),
                                                (-15, 143)])
 def test_exit_status_maps_signals_to_128_plus(returncode, status):
-  assert local_cluster.exit_status(returncode) == status
+  assert cluster.exit_status(returncode) == status
 
 
 def test_only_signal_codes_and_listed_codes_are_retryable():
-  assert launch_local.is_retryable(137) and launch_local.is_retryable(128)
-  assert not any(launch_local.is_retryable(c) for c in (0, 1, 2, 3, 127))
-  assert launch_local.is_retryable(3, frozenset({3}))
+  assert cli.is_retryable(137) and cli.is_retryable(128)
+  assert not any(cli.is_retryable(c) for c in (0, 1, 2, 3, 127))
+  assert cli.is_retryable(3, frozenset({3}))
 
 
 def test_parse_args_splits_options_from_the_command():
-  args = launch_local.parse_args(
+  args = cli.parse_args(
       ["--num_workers=2", "--max_restarts=1", "--retryable_codes=3,75", "--",
        "python", "-m", "dist_keras.train", "--workdir=/tmp/run"])
   assert args.command == ["python", "-m", "dist_keras.train",
@@ -149,10 +150,10 @@ def test_a_failed_worker_stops_the_others_and_sets_the_exit_code(tmp_path):
 
 
 def test_group_running_sees_live_groups_only():
-  assert local_cluster.group_running(os.getpgrp())
+  assert cluster.group_running(os.getpgrp())
   ended = subprocess.Popen(["true"], start_new_session=True)
   ended.wait()
-  assert not local_cluster.group_running(ended.pid)
+  assert not cluster.group_running(ended.pid)
 
 
 @pytest.mark.parametrize("signum,status", [(signal.SIGINT, 130),
@@ -247,9 +248,9 @@ def test_hand_made_cluster_runs_one_task_and_passes_its_code_through():
     (["--num_workers=2", "--max_restarts=-1", "--", "true"], "must be >= 0"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(capsys, argv, match):
-  assert launch_local.main(argv) == 2
+  assert cli.main(argv) == 2
   err = capsys.readouterr().err
-  assert err.startswith("launch_local: error: ") and match in err
+  assert err.startswith("dist-keras-launch: error: ") and match in err
   assert err.count("\n") == 1
 
 
@@ -258,3 +259,45 @@ def test_bad_arguments_exit_2_from_the_command_line():
   assert result.returncode == 2
   assert result.stderr == ("launch_local: error: --num_workers=-1 must be "
                            ">= 1.\n")
+
+
+
+# The launcher as the package ships it (no tools/ in a wheel).
+
+
+def test_python_m_dist_keras_launch_runs_outside_the_checkout(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "dist_keras.launch", "--num_workers=2", "--",
+       sys.executable, "-c", helpers.TWO_WORKERS], cwd=tmp_path,
+      capture_output=True, text=True, timeout=30, check=False,
+      env=dict(os.environ, PYTHONPATH=REPO))
+  helpers.check_two_workers(result)
+
+
+def test_the_launcher_imports_no_tensorflow(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-c", "import sys; from dist_keras.launch import cli; "
+       "assert 'tensorflow' not in sys.modules, 'tensorflow imported'"],
+      cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+      env=dict(os.environ, PYTHONPATH=REPO))
+  assert result.returncode == 0, result.stderr
+
+
+def test_a_stdout_gone_costs_the_relayed_lines_only():
+  """A `| head` that has gone: relaying fails (EPIPE), the launcher's
+  stdout goes to /dev/null, the workers' pipes are still drained (none
+  blocks on a full one) and their code stands, with no error."""
+  reader, writer = os.pipe()
+  os.close(reader)
+  try:
+    result = subprocess.run(
+        [sys.executable, "-m", "dist_keras.launch", "--num_workers=2",
+         *_command("for i in range(20000):\n  print(task, i)\n"
+                   "sys.exit(5 if task == 1 else 0)")],
+        stdout=writer, stderr=subprocess.PIPE, text=True, timeout=30,
+        check=False, env=dict(os.environ, PYTHONPATH=REPO))
+  finally:
+    os.close(writer)
+  assert result.returncode == 5
+  assert result.stderr.splitlines() == [
+      "dist-keras-launch: worker 1 exited with code 5; stopping the others"]

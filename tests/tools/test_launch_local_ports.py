@@ -1,5 +1,5 @@
-"""tools/launch_local.py: a port another process takes between the
-launcher's pick and its worker's bind.
+"""The local launcher (dist_keras.launch): a port another process takes
+between the launcher's pick and its worker's bind.
 
 The launcher runs in this process with its port picker replaced, so the
 first pick is a port the test holds, as a process that took it in between
@@ -13,9 +13,8 @@ import sys
 
 import pytest
 
-import launch_local  # tools/, on sys.path (conftest.py)
-import local_cluster
 from dist_keras.distribute import strategies, tfconfig
+from dist_keras.launch import cli, cluster
 from dist_keras.errors import UserError
 
 # The task's port checked as dist_keras checks it; refused in its words.
@@ -51,29 +50,29 @@ def _picks(monkeypatch, *first):
   """The launcher's picks: `first` for as many attempts as given (each a
   list of ports), then free ones."""
   queue = list(first)
-  monkeypatch.setattr(launch_local, "free_ports", lambda n, host: (
-      queue.pop(0) if queue else local_cluster.free_ports(n, host)))
+  monkeypatch.setattr(cli, "free_ports", lambda n, host: (
+      queue.pop(0) if queue else cluster.free_ports(n, host)))
 
 
 def _launch(capfd, *options, code=2):
-  status = launch_local.main(
+  status = cli.main(
       [*options, "--", sys.executable, "-c",
        CHECK_PORT.replace("CODE", str(code))])
   out, err = capfd.readouterr()
   return status, out.splitlines(), [
-      line for line in err.splitlines() if line.startswith("launch_local:")]
+      line for line in err.splitlines() if line.startswith(f"{cli.PROG}:")]
 
 
 def _retry_line(port, attempt):
-  return (f"launch_local: port {port} of worker 0 was taken by another "
+  return (f"{cli.PROG}: port {port} of worker 0 was taken by another "
           "process after the launcher picked it; restarting every worker on "
-          f"fresh ports ({attempt}/{launch_local.PORT_RETRIES})")
+          f"fresh ports ({attempt}/{cli.PORT_RETRIES})")
 
 
 def test_a_port_taken_before_its_worker_binds_it_is_picked_afresh(
     capfd, monkeypatch, held):
   """The launch failed: `worker 0 exited with code 2`, exit 2."""
-  _picks(monkeypatch, [held, local_cluster.free_ports(1)[0]])
+  _picks(monkeypatch, [held, cluster.free_ports(1)[0]])
   status, out, said = _launch(capfd, "--num_workers=2")
   assert status == 0, said
   assert said == [_retry_line(held, 1)]
@@ -86,7 +85,7 @@ def test_port_retries_are_bounded(capfd, monkeypatch, held):
   status, _, said = _launch(capfd, "--num_workers=1", "--max_restarts=5")
   assert status == 2
   assert said == [_retry_line(held, i) for i in (1, 2, 3)] + [
-      "launch_local: worker 0 exited with code 2"]
+      f"{cli.PROG}: worker 0 exited with code 2"]
 
 
 @pytest.mark.parametrize("options,code", [
@@ -99,22 +98,22 @@ def test_other_failures_are_not_taken_for_a_port_race(
   status, _, said = _launch(
       capfd, *[o.format(held=held) for o in options], code=code)
   assert status == code
-  assert said == [f"launch_local: worker 0 exited with code {code}"]
+  assert said == [f"{cli.PROG}: worker 0 exited with code {code}"]
 
 
 def test_a_refusal_naming_another_port_is_not_a_port_race(capfd, held):
-  status = launch_local.main(["--num_workers=1", "--", sys.executable, "-c",
-                              CHECK_PORT.replace("CODE", "2").replace(
-                                  "port = int(", f"port = {held} or int(")])
+  status = cli.main(["--num_workers=1", "--", sys.executable, "-c",
+                     CHECK_PORT.replace("CODE", "2").replace(
+                         "port = int(", f"port = {held} or int(")])
   assert status == 2
   assert "restarting" not in capfd.readouterr().err
 
 
 def test_the_launcher_knows_dist_keras_refusal(held):
-  cluster = tfconfig.parse(json.dumps({
+  spec = tfconfig.parse(json.dumps({
       "cluster": {"worker": [f"127.0.0.1:{held}", "127.0.0.1:1"]},
       "task": {"type": "worker", "index": 0}}))
   with pytest.raises(UserError) as refusal:
-    strategies.check_port_free(cluster)
+    strategies.check_port_free(spec)
   line = f"dist_keras: error: {refusal.value}".encode()  # As train.py says.
-  assert local_cluster.PORT_IN_USE.search(line).group(1) == str(held).encode()
+  assert cluster.PORT_IN_USE.search(line).group(1) == str(held).encode()

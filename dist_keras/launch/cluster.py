@@ -1,4 +1,4 @@
-"""The worker processes of one local cluster attempt (launch_local.py):
+"""The worker processes of one local cluster attempt (the launcher, cli.py):
 ports, TF_CONFIG, starting, relaying, watching and stopping them.
 
 Each worker runs the launcher's command with its own TF_CONFIG; its output
@@ -11,11 +11,11 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
-import common
+from dist_keras import commands
+from dist_keras.errors import EXIT_CONFIG_ERROR
 
 POLL_SECONDS = 0.05
 # How long to wait for a relay thread to drain a dead worker's last lines.
@@ -95,23 +95,18 @@ def process_stat(pid: int) -> tuple[str, int, int]:
   return state, int(ppid), int(pgrp)
 
 
-def _relay(pipe, out, prefix: bytes, watch=None) -> None:
-  """Copies `pipe` to `out` line by line, each line after `prefix`; each
-  line goes to `watch` too, if given."""
+def _relay(pipe, err: bool, prefix: bytes, watch=None) -> None:
+  """Copies `pipe` to stdout (stderr: `err`) line by line, each line after
+  `prefix`; each line goes to `watch` too, if given. Our own output gone
+  (a closed pipe) goes to /dev/null: the pipe is drained anyway, so the
+  worker never blocks on a full pipe."""
   with pipe:
     for line in iter(pipe.readline, b""):
       if not line.endswith(b"\n"):
         line += b"\n"
       if watch:
         watch(line)
-      with common.OUTPUT_LOCK:
-        try:
-          out.write(prefix + line)
-          out.flush()
-        except (OSError, ValueError):
-          # Our own output is gone (closed pipe); keep draining anyway so
-          # the worker never blocks on a full pipe.
-          pass
+      commands.relay(prefix + line, err)
 
 
 class Cluster:
@@ -142,10 +137,10 @@ class Cluster:
                               start_new_session=True)
       prefix = f"[w{index}] ".encode()
       watch = functools.partial(self._watch, index)
-      threads = [threading.Thread(target=_relay, args=(pipe, out, prefix, w),
+      threads = [threading.Thread(target=_relay, args=(pipe, err, prefix, w),
                                   daemon=True)
-                 for pipe, out, w in ((proc.stdout, sys.stdout.buffer, None),
-                                      (proc.stderr, sys.stderr.buffer, watch))]
+                 for pipe, err, w in ((proc.stdout, False, None),
+                                      (proc.stderr, True, watch))]
       for t in threads:
         t.start()
       self._workers.append((index, proc, threads))
@@ -162,7 +157,7 @@ class Cluster:
     index, code = failure
     own = int(self._hosts[index].rpartition(":")[2])
     refused = self._refused.get(index)
-    return own if code == common.EXIT_BAD_INPUT and refused == own else None
+    return own if code == EXIT_CONFIG_ERROR and refused == own else None
 
   def wait(self):
     """Blocks until a worker fails, all succeed, or a signal arrives.
