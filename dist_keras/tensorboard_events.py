@@ -1,6 +1,10 @@
 """TensorBoard event files: written by the chief only, read back by tools.
 
 Every other worker gets a no-op writer, so callers never branch on the role.
+A writer writes into its own logdir alone, whatever a user's
+keras.callbacks.TensorBoard with batch summaries (update_freq="batch" or a
+number) set between its hooks: its writer as the default, and recording
+only every update_freq-th batch (`_own`).
 
 A resumed run logs again the steps its killed predecessor logged past its
 last checkpoint. TensorBoard's default loader (the Rust data server) keeps
@@ -10,6 +14,7 @@ no SessionLog. Its Python loader (--load_fast=false) drops them only on a
 SessionLog START after the first one of the logdir, so every run begins
 with one (`Writer.start`).
 """
+import contextlib
 import json
 import time
 
@@ -53,7 +58,9 @@ class Writer:
     array (a metric of a value per class) as one scalar per element,
     `name/0`, `name/1`, ... (`name/0_1` for a matrix's), grouped under
     `name` in TensorBoard."""
-    with self._writer.as_default(step=step):
+    if not self.enabled:
+      return
+    with self._own(step):
       for name, value in values.items():
         if value is None:
           continue
@@ -66,11 +73,15 @@ class Writer:
   def config(self, config_dict: dict, step: int = 0) -> None:
     """The resolved config as pretty JSON in the Text tab."""
     text = "```\n" + json.dumps(config_dict, indent=2, sort_keys=True) + "\n```"
-    with self._writer.as_default(step=step):
-      tf.summary.text("config", text)
+    if self.enabled:
+      with self._own(step):
+        tf.summary.text("config", text)
 
   def sync_layout(self) -> None:
     """A Custom Scalars layout that draws the step breakdown as one chart."""
+    if not self.enabled:
+      return
+
     def chart(title, regex):
       return layout_pb2.Chart(title=title, multiline=layout_pb2.MultilineChartContent(tag=[regex]))
     layout = layout_pb2.Layout(category=[layout_pb2.Category(
@@ -82,9 +93,18 @@ class Writer:
             chart("compute per replica (ms)", r"^sync_replica/.*/compute_ms$"),
             chart("throughput (examples/s)", r"^perf/examples_per_sec"),
         ])])
-    with self._writer.as_default(step=0):
+    with self._own(0):
       tf.summary.experimental.write_raw_pb(
           custom_scalar.pb(layout).SerializeToString(), step=0)
+
+  @contextlib.contextmanager
+  def _own(self, step: int):
+    """This writer as the default, recording, whatever a user's
+    TensorBoard set. Only for an enabled one: the no-op writer's as_default
+    leaves any other default writer in place (a user's TensorBoard's), and
+    what is written goes there."""
+    with self._writer.as_default(step=step), tf.summary.record_if(True):
+      yield
 
   def flush(self) -> None:
     self._writer.flush()

@@ -284,7 +284,22 @@ def two_output():
   a, b = keras.Input((FEATURES,)), keras.Input((FEATURES,))
   hidden = keras.layers.Dense(16, activation="tanh")(
       keras.layers.Concatenate()([a, b]))
-  model = keras.Model([a, b], {
+  return _two_heads([a, b], hidden)
+
+
+def batch_norm():
+  """two_output with BatchNormalization and Dropout: a forward pass in
+  training mode moves the moving statistics, Dropout's seed and the
+  per-output loss trackers, without any update."""
+  a, b = keras.Input((FEATURES,)), keras.Input((FEATURES,))
+  hidden = keras.layers.Dense(16)(keras.layers.Concatenate()([a, b]))
+  hidden = keras.layers.Dropout(0.2)(keras.layers.Activation("tanh")(
+      keras.layers.BatchNormalization()(hidden)))
+  return _two_heads([a, b], hidden)
+
+
+def _two_heads(inputs, hidden):
+  model = keras.Model(inputs, {
       "cls": keras.layers.Dense(1, activation="sigmoid", name="cls")(hidden),
       "reg": keras.layers.Dense(1, name="reg")(hidden)})
   model.compile(optimizer=keras.optimizers.SGD(0.05),

@@ -2,8 +2,10 @@
 whether the measured all-reduce matches the alpha-beta model.
 
 Both run on the chief's strategy after the last train step, so they never
-slow training itself; `log.calibration_steps=0` skips them.
+slow training itself; `log.calibration_steps=0` skips them. The model is
+left as training left it (model_kept).
 """
+import contextlib
 import math
 import statistics
 import time
@@ -59,6 +61,28 @@ def no_communication_step_ms(strategy, replica_compute, iterator,
     calls(iterator, n).numpy()
     samples.append((time.perf_counter() - start) / per_call)
   return 1e3 * statistics.median(samples)
+
+
+@contextlib.contextmanager
+def model_kept(strategy, model):
+  """Puts back, as it ends, every variable of `model` that a forward and
+  backward pass in training mode writes without an update: the moving
+  statistics (BatchNormalization), the seeds (Dropout), the metrics and
+  loss trackers (compute_loss feeds one per output of a model of several
+  losses). The calibration's passes run in training mode, and the model
+  returned and saved must be the one training left. Each replica's copy
+  gets its own value back: a BatchNormalization's statistics (aggregation
+  "none") differ between replicas; each worker puts back its own. The
+  trainable variables are not copied: nothing updates them."""
+  variables = {id(v): v for v in [*model.non_trainable_variables,
+                                   *model.metrics_variables]}
+  kept = [(copy, copy.read_value()) for v in variables.values()
+          for copy in strategy.experimental_local_results(v.value)]
+  try:
+    yield
+  finally:
+    for copy, value in kept:
+      copy.assign(value)
 
 
 def check(strategy, call_step_ms: float, ideal_step_ms: float,

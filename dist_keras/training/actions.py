@@ -222,10 +222,11 @@ class Calibrate(keras.callbacks.Callback):
   def _calibrate(self, count: int, size: int, step_seconds: float):
     """Sets run.calibrated; returns the run's measured all-reduce ms."""
     trainer, meters = self.trainer, self.trainer.meters
-    ideal_ms = calibration.no_communication_step_ms(
-        trainer.strategy, steps.make_compute_only(
-            self.model, trainer.settings.step_options["allreduce_dtype"]),
-        self.iterator, count, per_call=size)
+    with calibration.model_kept(trainer.strategy, self.model):
+      ideal_ms = calibration.no_communication_step_ms(
+          trainer.strategy, steps.make_compute_only(
+              self.model, trainer.settings.step_options["allreduce_dtype"]),
+          self.iterator, count, per_call=size)
     measured = meters.sync_log.means().get("allreduce_ms")
     self.run.calibrated = calibration.check(
         trainer.strategy, 1e3 * step_seconds, ideal_ms,

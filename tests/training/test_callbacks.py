@@ -40,8 +40,9 @@ def _fit(callbacks, model_fn=parity_task.callbacks_model):
 
 
 def _ours(workdir, callbacks, strategy=ONE_CPU,
-          model_fn=parity_task.callbacks_model, **config):
-  return dist_keras.fit(model_fn, parity_task.dataset_fn, workdir=str(workdir),
+          model_fn=parity_task.callbacks_model,
+          dataset_fn=parity_task.dataset_fn, **config):
+  return dist_keras.fit(model_fn, dataset_fn, workdir=str(workdir),
                  config={**CONFIG, **config}, strategy=strategy,
                  callbacks=callbacks)
 
@@ -176,6 +177,76 @@ def test_learning_rate_scheduler_trains_what_fit_trains(tmp_path):
     np.testing.assert_array_equal(a, b)
   assert ours.history["learning_rate"] == pytest.approx(
       fitted.history.history["learning_rate"])
+
+
+def _every_copy(model, strategy) -> list:
+  """Each replica's copy of every variable of the model (its seeds too),
+  of its metrics and of its optimizer."""
+  variables = [*model.variables, *model.metrics_variables,
+               *model.optimizer.variables]
+  return [copy.numpy() for v in variables
+          for copy in strategy.experimental_local_results(v.value)]
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_calibration_leaves_the_model_as_training_left_it(
+    tmp_path, mirrored, capsys, replicas):
+  """The calibration's passes in training mode (after the last step, no
+  update) moved the BatchNormalization's moving statistics (one copy per
+  replica), Dropout's seed and the per-output loss trackers: the model
+  returned and saved was not the one trained, nor the one summary.json's
+  eval is of, and a run with a callback said the callback had set other
+  weights."""
+  strategy = mirrored if replicas == 2 else ONE_CPU
+  runs = [_ours(tmp_path / str(steps), [keras.callbacks.Callback()],
+                strategy=strategy, model_fn=parity_task.batch_norm,
+                dataset_fn=parity_task.two_output_dataset_fn,
+                **{"log.calibration_steps": steps, "log.progress": True})
+          for steps in (0, 3)]
+  assert runs[1].summary["ideal_step_ms"] > 0  # It ran.
+  for trained, calibrated in zip(_every_copy(runs[0].model, strategy),
+                                 _every_copy(runs[1].model, strategy)):
+    np.testing.assert_array_equal(trained, calibrated)
+  assert "a callback set other weights" not in capsys.readouterr().out
+  saved = keras.models.load_model(tmp_path / "3" / "model.keras")
+  for trained, kept in zip(runs[0].model.get_weights(), saved.get_weights()):
+    np.testing.assert_array_equal(trained, kept)
+
+
+def _tags(folder) -> set:
+  """RUN/TAG of every summary in the event files under `folder`."""
+  tags = set()
+  for path in helpers.event_files(str(folder)):
+    run = os.path.relpath(os.path.dirname(path), folder)
+    for event in tf.compat.v1.train.summary_iterator(path):
+      tags |= {f"{run}/{value.tag}" for value in event.summary.value}
+  return tags
+
+
+@pytest.mark.parametrize("ours, update_freq", [(False, "batch"), (True, 3)])
+def test_a_tensorboard_callbacks_folder_holds_keras_tags_alone(
+    tmp_path, ours, update_freq):
+  """Keras' TensorBoard with batch summaries makes its writer the default
+  between its hooks and records every update_freq-th batch only: with
+  log.tensorboard=false dist_keras' loss, eval/, perf/ and sync/ tags went
+  into its train/ run (the no-op writer left its writer the default); with
+  true, dist_keras' own points were dropped where it did not record."""
+  tb = tmp_path / "tb"
+  _ours(tmp_path / "run", [keras.callbacks.TensorBoard(
+      str(tb), update_freq=update_freq)], **{"log.tensorboard": ours,
+                                             "log.sync_timing": True})
+  tags = _tags(tb)
+  assert {"train/batch_loss", "train/epoch_loss",
+          "validation/epoch_loss"} <= tags
+  assert all(tag.split("/")[1].startswith(("batch_", "epoch_", "evaluation_"))
+             or tag == "train/keras" for tag in tags), tags
+  ours_tags = helpers.scalar_tags(str(tmp_path / "run"))
+  assert bool(ours_tags) == ours
+  if ours:
+    every_epoch = [EPOCH * (i + 1) for i in range(EPOCHS)]
+    for tag in ("loss", "eval/loss", "sync/compute_ms"):
+      assert [step for step, _ in ours_tags[tag]] == every_epoch, tag
+    assert not [t for t in ours_tags if t.startswith(("batch_", "epoch_"))]
 
 
 def _file_writers(tmp_path):
