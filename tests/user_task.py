@@ -132,6 +132,47 @@ def onehot_model_fn():
   return model
 
 
+# --- Variable-length token sequences, padded per batch ----------------------
+
+TOKENS = 20
+PADDED_SIZES = {"train": 512, "eval": 200}  # 200: the last batch partial.
+
+
+def padded_dataset_fn(split, input_context):
+  """Sequences of 3 to 8 tokens (x int32[b, None], padded with 0 to each
+  batch's longest); y: the first token's class. The batches are sharded,
+  so at 2 replicas the last eval step leaves replica 1 none."""
+  rng = np.random.default_rng({"train": 0, "eval": 1}[split])
+  lengths = rng.integers(3, 9, PADDED_SIZES[split])
+  sequences = [rng.integers(1, TOKENS, n).astype("int32") for n in lengths]
+  labels = np.array([s[0] % CLASSES for s in sequences], "int32")
+  ds = tf.data.Dataset.from_generator(
+      lambda: iter(zip(sequences, labels)),
+      output_signature=(tf.TensorSpec((None,), tf.int32),
+                        tf.TensorSpec((), tf.int32)))
+  batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+  ds = (ds.repeat().padded_batch(batch, drop_remainder=True)
+        if split == "train" else ds.padded_batch(batch))
+  return ds.shard(input_context.num_input_pipelines,
+                  input_context.input_pipeline_id)
+
+
+def padded_model_fn(*front):
+  """Embedding(mask_zero) and a GRU: the padding changes nothing. `front`:
+  layers applied to the tokens first."""
+  inputs = keras.Input((None,), dtype="int32")
+  x = inputs
+  for layer in front:
+    x = layer(x)
+  x = keras.layers.Embedding(TOKENS, 8, mask_zero=True)(x)
+  outputs = keras.layers.Dense(CLASSES)(keras.layers.GRU(8)(x))
+  model = keras.Model(inputs, outputs)
+  model.compile(optimizer="adam", metrics=["accuracy"],
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  return model
+
+
 # --- What users get wrong (each must be one line, exit 2) -------------------
 
 def uncompiled_model_fn():

@@ -4,7 +4,8 @@ and worker count, for the loss, every per-output loss and every metric.
 Each replica runs the model's `test_step` on its batches (Keras' own, or the
 model's override), as Keras' `evaluate` does. Replicas that run out of data
 before the others get empty batches from TensorFlow, which never reach the
-model: such a replica runs it on one zero example instead and puts its
+model: such a replica runs it on one zero example instead (a padded
+sequence's length taken from a replica with examples) and puts its
 metrics back, so the example counts nowhere. Every replica must run the
 model at every step: a layer updating a variable of aggregation "mean" or
 "sum" synchronises the replicas there (a merge_call, which TensorFlow
@@ -67,16 +68,44 @@ def make_eval_pass(strategy, model):
 
 def _never_empty(batch, has_examples):
   """`batch`, or one zero example in place of an empty one: each dense
-  tensor's zeros ("" for strings), of its shape but for the batch size."""
-  def one_zero(t):
-    if not isinstance(t, tf.Tensor) or t.shape.rank == 0:
-      return t  # Ragged and sparse ones reach the model as they are.
-    zeros = lambda: tf.zeros(tf.concat([[1], tf.shape(t)[1:]], 0), t.dtype)
-    padded = tf.cond(has_examples, lambda: t, zeros)
-    padded.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
-    return padded
+  tensor's zeros ("" for strings), of its shape but for the batch size.
 
-  return tf.nest.map_structure(one_zero, batch)
+  TensorFlow makes an empty batch's unknown dimensions 0 (a padded batch's
+  time length: a GRU fails on a sequence of none), so a tensor with one
+  takes the shape a replica with examples has at this step."""
+  leaves = tf.nest.flatten(batch)
+  # Ragged and sparse ones reach the model as they are.
+  dense = [i for i, t in enumerate(leaves)
+           if isinstance(t, tf.Tensor) and t.shape.rank != 0]
+  shapes = [tf.shape(leaves[i]) for i in dense]
+  if any(not leaves[i].shape[1:].is_fully_defined() for i in dense):
+    shapes = _shapes_with_examples(shapes, has_examples)
+  for i, shape in zip(dense, shapes):
+    leaves[i] = _or_one_zero(leaves[i], shape, has_examples)
+  return tf.nest.pack_sequence_as(batch, leaves)
+
+
+def _or_one_zero(t, shape, has_examples):
+  """`t`, or one example of zeros of `shape` but for the batch size."""
+  zeros = lambda: tf.zeros(tf.concat([[1], shape[1:]], 0), t.dtype)
+  padded = tf.cond(has_examples, lambda: t, zeros)
+  padded.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+  return padded
+
+
+def _shapes_with_examples(shapes, has_examples):
+  """`shapes` (this replica's tensors' dynamic shapes) as the first
+  replica with examples at this step has them: one all-gather of a few
+  integers a step, traced only for batches whose shape leaves a size
+  unknown."""
+  sizes = [tf.size(shape) for shape in shapes]
+  mine = tf.concat([[tf.cast(has_examples, tf.int32)], *shapes], 0)
+  every = tf.distribute.get_replica_context().all_gather(
+      mine[tf.newaxis], axis=0)
+  # Some replica has examples at every step of the pass: a step comes only
+  # while one has a batch.
+  theirs = every[tf.argmax(every[:, 0])]
+  return tf.split(theirs[1:], sizes)
 
 
 def _reweigh(trackers, before, examples) -> None:
