@@ -209,22 +209,30 @@ def test_a_bad_tf_config_fails_before_tensorflow_starts(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def test_workers_started_with_different_configs_are_refused(tmp_path):
-  """Both refuse in one line (exit 2): no shape error in a collective, and
-  no lost peer for the worker still receiving the digest sum's last ring
-  step when the other left (it said 'Aborting RingReduce', exit 200)."""
+def _two_workers_exit(workdir, *args_of_task):
+  """[(exit code, stderr)] of two workers started by hand on 127.0.0.1,
+  task i with _train_args and args_of_task[i] (one tuple: both tasks')."""
   workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+  tasks = args_of_task * 2 if len(args_of_task) == 1 else args_of_task
   procs = [subprocess.Popen(
-      [sys.executable, *_train_args(tmp_path / "run",
-                                    f"--config.model.units={8 * (i + 1)}")],
+      [sys.executable, *_train_args(workdir, *tasks[i])],
       cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True, env=dict(ENV, PYTHONPATH=helpers.REPO, TF_CONFIG=json.dumps(
           {"cluster": {"worker": workers},
            "task": {"type": "worker", "index": i}})))
            for i in range(2)]
-  for proc in procs:
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 2, err[-2000:]
+  errs = [proc.communicate(timeout=300)[1] for proc in procs]
+  return [(proc.returncode, err) for proc, err in zip(procs, errs)]
+
+
+def test_workers_started_with_different_configs_are_refused(tmp_path):
+  """Both refuse in one line (exit 2): no shape error in a collective, and
+  no lost peer for the worker still receiving the digest sum's last ring
+  step when the other left (it said 'Aborting RingReduce', exit 200)."""
+  for code, err in _two_workers_exit(tmp_path / "run",
+                                     ["--config.model.units=8"],
+                                     ["--config.model.units=16"]):
+    assert code == 2, err[-2000:]
     assert err.startswith("dist_keras: error: the workers were started with "
                           "different configs (this worker's digest "), err
   assert not (tmp_path / "run" / "config.json").exists()
@@ -233,19 +241,10 @@ def test_workers_started_with_different_configs_are_refused(tmp_path):
 def test_workers_that_diverge_stop_together_with_the_same_line(tmp_path):
   """The loss is all-reduced: every worker stops at the same step (exit
   3), none says it lost a peer that left first."""
-  workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
-  procs = [subprocess.Popen(
-      [sys.executable, *_train_args(tmp_path / "run",
-                                    "--config.train.optimizer=sgd",
-                                    "--config.train.learning_rate=1e38")],
-      cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, env=dict(ENV, PYTHONPATH=helpers.REPO, TF_CONFIG=json.dumps(
-          {"cluster": {"worker": workers},
-           "task": {"type": "worker", "index": i}})))
-           for i in range(2)]
-  for proc in procs:
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 3, err[-2000:]
+  for code, err in _two_workers_exit(
+      tmp_path / "run", ["--config.train.optimizer=sgd",
+                         "--config.train.learning_rate=1e38"]):
+    assert code == 3, err[-2000:]
     assert err.startswith("dist_keras: error: loss "), err[-2000:]
 
 
