@@ -15,7 +15,7 @@ names to objects.
 import math
 import os
 
-from dist_keras.catalog import DATASETS, MODELS, TFDS_PREFIX, model_reads
+from dist_keras.catalog import DATASETS, MODELS, TFDS_PREFIX
 from dist_keras.errors import UserError
 
 # Every other choice a config names, declared once, here (TF-free:
@@ -77,7 +77,8 @@ def config(c) -> None:
   """Raises UserError, one line naming the value and the fix, for the first
   bad value of config `c`."""
   model_name(c.model.name)
-  if "cell" in (model_reads(c.model.name) or ()):  # What reads it.
+  model = MODELS.get(c.model.name)
+  if model and "cell" in model.reads:  # Only a model that reads it.
     check_choice("model.cell", c.model.cell, CELLS)
   data_name(c.data.name)
   if c.train.callbacks and not is_import_path(c.train.callbacks):
