@@ -127,6 +127,7 @@ def build(job: Job) -> loop.Trainer:
   config, workdir = job.config, job.workdir
   validate.workdir_named(workdir)  # (The command line's, before TF.)
   strategy = job.strategy or strategies.get_strategy(config.runtime)
+  strategies.own_collective_keys(strategy)
   with contextlib.ExitStack() as undo:
     # SIGTERM's and Ctrl-C's handler from here to the run's last line, set
     # once the strategy exists: a multi-worker one sets TensorFlow's own

@@ -8,6 +8,7 @@ import os
 import socket
 
 import tensorflow as tf
+from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-direct-tensorflow-import
 
 from dist_keras import terminal
 from dist_keras.configs import base
@@ -75,6 +76,38 @@ def _once(key, make):
 def _options_key(runtime_cfg) -> tuple:
   return (runtime_cfg.collective, runtime_cfg.bytes_per_pack,
           runtime_cfg.timeout_seconds)
+
+
+# Every MirroredStrategy numbers its collectives from the same keys (group
+# 1, instances from 100), and TensorFlow's collective runtime remembers for
+# the rest of the process what each key first did: a sweep's second strategy
+# object doing something else under a key the first used failed ("Collective
+# instance 110 expected type 2 and data_type 3 but got type 0"; Keras' own
+# fit gets "Shape mismatch in the collective instance 100"). The gap leaves
+# an earlier strategy room to trace more if it is trained under again.
+_KEY_GAP = 100_000
+_KEYS_SEEN = []  # Each strategy's CollectiveKeys: small, kept past it.
+
+
+def own_collective_keys(strategy) -> None:
+  """Starts an unused MirroredStrategy's collective instance keys past every
+  key of the strategies trained under before in this process (a strategy
+  seen before, or already used, keeps its own)."""
+  keys = getattr(strategy.extended, "_collective_keys", None)
+  if (not isinstance(strategy, tf.distribute.MirroredStrategy)
+      or keys is None or any(seen is keys for seen in _KEYS_SEEN)):
+    return
+  groups = keys._instance_key_table.values()  # pylint: disable=protected-access
+  used = [key for seen in _KEYS_SEEN
+          for group in seen._instance_key_table.values()  # pylint: disable=protected-access
+          for key in group.values()]
+  unused = all(key == cross_device_utils.INSTANCE_KEY_START_NUMBER
+               for group in groups for key in group.values())
+  if used and unused:
+    start = max(used) + _KEY_GAP
+    for group in groups:
+      group.update(dict.fromkeys(group, start))
+  _KEYS_SEEN.append(keys)
 
 
 def is_chief(strategy) -> bool:

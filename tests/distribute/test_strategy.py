@@ -218,3 +218,57 @@ def test_a_worker_whose_stdout_fails_still_starts(tmp_path):
                  PYTHONPATH=f"{helpers.REPO}:{helpers.REPO}/tests"))
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stderr.endswith("started\n"), result.stderr[-2000:]
+
+
+_FITS_UNDER_NEW_STRATEGIES = """
+import sys, tempfile
+import tensorflow as tf
+from dist_keras.distribute import strategies
+strategies.split_cpu(2)
+import dist_keras, user_task
+runs = [(user_task.model_fn, user_task.dataset_fn),
+        (user_task.binary_model_fn, user_task.binary_dataset_fn)]
+for model_fn, dataset_fn in runs:
+  dist_keras.fit(model_fn, dataset_fn, workdir=tempfile.mkdtemp(dir=sys.argv[1]),
+                 strategy=tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+                 config={"train.steps": 12, "eval.every": 6,
+                         "train.global_batch_size": 48})
+  print("fitted", flush=True)
+"""
+
+
+def test_fits_under_a_new_mirrored_strategy_each_do_not_share_collectives(
+    tmp_path):
+  """A sweep in one process: each fit under a new MirroredStrategy. Every
+  strategy numbers its collectives from the same keys, and the runtime
+  remembers what a key did: the second model's first step failed with
+  "Collective instance 110 expected type 2 and data_type 3 but got type 0"
+  (a subprocess: this process's collectives stay out of it)."""
+  result = helpers.run_module(
+      ["-c", _FITS_UNDER_NEW_STRATEGIES, str(tmp_path)],
+      env={"PYTHONPATH": f"{helpers.REPO}:{helpers.REPO}/tests"}, timeout=240)
+  assert result.stdout.count("fitted") == 2, result.stderr[-3000:]
+
+
+def test_an_unused_strategy_gets_keys_of_its_own(monkeypatch):
+  """The second new strategy's instance keys start past the first's (with
+  room for the first to trace more); one already used keeps its own."""
+  monkeypatch.setattr(strategies, "_KEYS_SEEN", [])
+  devices = ["/cpu:0", "/cpu:1"]
+  first, second, used = (tf.distribute.MirroredStrategy(devices)
+                         for _ in range(3))
+
+  def starts(strategy):
+    table = strategy.extended._collective_keys._instance_key_table  # pylint: disable=protected-access
+    return {key for group in table.values() for key in group.values()}
+
+  for strategy in (first, used):  # One collective traced: keys 100, 101.
+    keys = strategy.extended._collective_keys  # pylint: disable=protected-access
+    keys.get_instance_key(keys.get_group_key(strategy.extended.worker_devices),
+                          strategy.extended.worker_devices[0])
+  used_before = starts(used)
+  for strategy in (first, second, used, second):
+    strategies.own_collective_keys(strategy)
+  assert starts(first) == {100, 101}
+  assert starts(second) == {101 + strategies._KEY_GAP}  # pylint: disable=protected-access
+  assert starts(used) == used_before
