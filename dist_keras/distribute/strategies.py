@@ -59,11 +59,9 @@ def get_strategy(runtime_cfg, environ=None,
                lambda: tf.distribute.MirroredStrategy(devices))
 
 
-# One strategy object per kind and devices in a process: a second
-# MirroredStrategy over the same devices numbers its collectives from the
-# same keys, and a later run's all-reduce then met an earlier run's
-# all-gather ("Collective instance 111 expected type 2 and data_type 3 but
-# got type 0", measured: dist_keras.fit twice in one process).
+# One strategy object per kind and devices in a process, shared by its runs:
+# no second one to give keys of its own (own_collective_keys, below, does
+# that for a strategy the user makes).
 _STRATEGIES = {}
 
 
