@@ -4,8 +4,9 @@ progress lines, the --config argument, and one training run in a subprocess.
 A tool runs as a script (`python tools/NAME.py`), so Python puts tools/ on
 sys.path and `import common` finds this module; importing it puts the
 checkout there too, so `import dist_keras` works from a checkout that is not
-installed. Nothing here imports dist_keras or TensorFlow at import time:
-pin_cores.py runs any command and needs neither.
+installed. Nothing here imports TensorFlow at import time (pin_cores.py
+runs any command and needs none); the lines and argument errors are the
+package's small commands' (dist_keras/commands.py, TensorFlow-free).
 
 Errors: a bad argument raises BadInput, one line naming the fix; a tool's
 main() hands it to `fail`, which prints `PROG: error: MESSAGE` and returns
@@ -16,17 +17,18 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
+from dist_keras import commands  # pylint: disable=wrong-import-position
+
 EXIT_BAD_INPUT = 2
 # One lock for stdout and stderr: a tool's own line and a line another
 # thread of it says never interleave mid-line on one terminal.
-OUTPUT_LOCK = threading.Lock()
+OUTPUT_LOCK = commands.LOCK
 
 
 class BadInput(ValueError):
@@ -38,23 +40,15 @@ class RunFailed(SystemExit):
   status 1 and its message, which ends with the run's last stderr."""
 
 
-class Parser(argparse.ArgumentParser):
+class Parser(commands.Parser):
   """argparse whose errors are a BadInput: one line, no usage block."""
 
   def error(self, message):
     raise BadInput(f"{message}; see --help.")
 
 
-def say(prog: str, message: str) -> None:
-  """One line on stderr (progress, a warning, an error) after `prog: `."""
-  with OUTPUT_LOCK:
-    print(f"{prog}: {message}", file=sys.stderr, flush=True)
-
-
-def fail(prog: str, error: Exception) -> int:
-  """Prints `error` as the tool's one-line error; returns exit status 2."""
-  say(prog, f"error: {error}")
-  return EXIT_BAD_INPUT
+say = commands.say  # One line on stderr after `prog: `.
+fail = commands.fail  # The one-line error; returns exit status 2.
 
 
 # ---- the config -------------------------------------------------------------
