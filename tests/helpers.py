@@ -4,7 +4,6 @@ import contextlib
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -198,12 +197,34 @@ def eval_three_examples(strategy, layer):
   return x, y, model, result
 
 
+def free_ports(n: int) -> list[int]:
+  """`n` distinct ports free on every interface (TensorFlow's server binds
+  them all: strategies.check_port_free) for workers a test starts by hand:
+  the launcher's pick (launch/cluster.py), whose sockets stay bound until
+  all `n` are chosen. Not held after: a process may still take one before
+  its worker binds it (the launcher picks again then; such a test fails
+  with dist_keras' "port N is in use" line)."""
+  from dist_keras.launch import cluster  # pylint: disable=g-import-not-at-top
+  return cluster.free_ports(n, host="")
+
+
+def leave_as_fit_does() -> None:
+  """For a script a test runs as a cluster's worker, once its work is done:
+  its workers leave together as their interpreters exit, as
+  dist_keras.fit's do (distribute/leaving.py). One that left right after
+  its last collective could close its channel while a peer still received
+  that collective's last ring step, or be reported crashed by the chief's
+  coordination service."""
+  from dist_keras.distribute import leaving, tfconfig  # pylint: disable=g-import-not-at-top
+  cluster = tfconfig.from_env()
+  if tfconfig.is_multi_worker(cluster):
+    leaving.at_exit(cluster)
+
+
 def one_worker_cluster() -> str:
   """TF_CONFIG of a one-worker cluster on a free loopback port (a cluster
   worker's paths, on one process)."""
-  with socket.socket() as probe:
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
+  (port,) = free_ports(1)
   return json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}"]},
                      "task": {"type": "worker", "index": 0}})
 

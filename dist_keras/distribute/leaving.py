@@ -22,6 +22,11 @@ The command line leaves at its end (train.py) and exits with os._exit.
 a cluster run that finished arms `at_exit`, and its workers leave together
 as their interpreters exit, whatever their scripts did after fit.
 
+Workers that stop early meet too before they leave, for the same reason
+(a peer still receiving the last collective's ring step when one left):
+after a refusal or a divergence (`met`), and after a stop request's
+checkpoint, briefly (`met_to_stop`).
+
 TensorFlow has no public API for the barrier: its own preemption handler
 (tf.distribute.experimental.PreemptionCheckpointHandler) uses the same
 `context.context()` calls.
@@ -41,6 +46,15 @@ from dist_keras.distribute import peers, tfconfig
 
 BARRIER = "dist_keras/finished"
 REFUSED = "dist_keras/refused"
+STOPPED = "dist_keras/stopped"
+# Workers stopping for a SIGTERM meet (met_to_stop) this long at most: a
+# preempted peer may be gone already (the platform kills it after its
+# grace period, 30 s by default on Kubernetes, which the checkpoint's save
+# shares), and a meeting it cannot come to must not hold the others. Each
+# comes once its part of the step's checkpoint is saved (2 local workers:
+# within 0.11 s of each other). The chief gone fails it at once (the
+# service runs there); another worker gone, at the timeout.
+STOP_SECONDS = 5
 # A worker waits this long for the others to finish: the chief writes
 # model.keras and summary.json after the last collective (seconds, more to
 # remote storage). A peer that died fails the barrier sooner: at once for
@@ -89,6 +103,26 @@ def met(barrier: str, seconds: float = 60) -> None:
   ring step (TF's "Aborting RingReduce ... Socket closed"; the peer then
   reported a lost worker)."""
   context.context().wait_at_barrier(barrier, int(seconds * 1000))
+
+
+def met_to_stop() -> None:
+  """Returns once every worker has come here after the step they agreed
+  to stop at (a SIGTERM's or Ctrl-C's, its checkpoint saved), or after
+  STOP_SECONDS, or at once when the chief is gone: the caller then exits
+  (143 or 130) whatever happened here. One that left right after the
+  agreement's all-reduce could close its channel while a peer still
+  received the ring's last step (the peer then exited 200, a lost worker,
+  not 143)."""
+  try:
+    met(STOPPED, STOP_SECONDS)
+  except tf.errors.OpError as e:
+    # A preempted peer killed after its grace period, or still saving: the
+    # stop is clean all the same.
+    cluster = tfconfig.from_env()
+    who = peers.who(e, cluster) if cluster else "a peer task"
+    terminal.say(f"dist_keras: {who} did not meet this worker as it stopped "
+                 f"({type(e).__name__}: {errors.cause(str(e))}); it stops "
+                 "alone.", err=True)
 
 
 # A connect's errors that say nothing listens there any more: refused, or

@@ -8,13 +8,11 @@ boundary that ends an epoch is an epoch end (after the eval); any other is a
 batch end.
 """
 import dataclasses
-import os
-import signal
 import time
 
 import keras
 
-from dist_keras import errors
+from dist_keras.distribute import leaving
 from dist_keras.measure import calibration, timing
 from dist_keras.training import allreduce, lr, preemption, report
 from dist_keras.training import steps
@@ -273,7 +271,8 @@ class SaveCheckpoints(Boundary):
 
 class AnswerStopRequest(Boundary):
   """A SIGTERM (preemption) or a Ctrl-C: checkpoint this step and exit,
-  retryable (Preempted, or Interrupted for the Ctrl-C)."""
+  retryable (Preempted, or Interrupted for the Ctrl-C); a cluster's
+  workers meet first, briefly."""
 
   def __init__(self, run: RunState, stop_request, checkpoints):
     super().__init__(run)
@@ -290,10 +289,6 @@ class AnswerStopRequest(Boundary):
       return
     if self.checkpoints.saved_at != step:
       self.checkpoints.save(step, stopped=self.run.stopping)
-    error = (errors.Interrupted if self.stop_request.signal == signal.SIGINT
-             else errors.Preempted)
-    raise error(
-        f"stopped by {self.stop_request.describe()} after step {step}; "
-        f"checkpoint {os.path.basename(self.checkpoints.last_saved())} saved "
-        f"in {self.checkpoints.folder}; rerun the same command to resume "
-        "from it.")
+    if self.run.multi_worker:  # They agreed in a collective: see leaving.py.
+      leaving.met_to_stop()
+    raise self.stop_request.error(step, self.checkpoints.last_saved())

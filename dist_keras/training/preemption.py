@@ -21,6 +21,7 @@ step's checkpoint it only hurries the results along, and once they are
 written it changes nothing.
 """
 import contextlib
+import os
 import signal
 import threading
 
@@ -46,11 +47,14 @@ class StoppedAtOnce(KeyboardInterrupt):
     self.signum = signum
 
   def error(self) -> Exception:
-    kind = (errors.Interrupted if self.signum == signal.SIGINT
-            else errors.Preempted)
-    return kind(f"stopped by {_NAMES[self.signum]} before training began; "
-                "rerun the same command to resume from the workdir's last "
-                "checkpoint, if any.")
+    return _kind(self.signum)(
+        f"stopped by {_NAMES[self.signum]} before training began; rerun the "
+        "same command to resume from the workdir's last checkpoint, if any.")
+
+
+def _kind(signum) -> type:
+  """Interrupted for a Ctrl-C, else Preempted (SIGTERM, SIGHUP, a peer's)."""
+  return errors.Interrupted if signum == signal.SIGINT else errors.Preempted
 
 
 class StopRequest:
@@ -151,6 +155,14 @@ class StopRequest:
     if self.signal is None:
       return "a peer worker's stop request (SIGTERM, Ctrl-C or SIGHUP)"
     return _NAMES[self.signal]
+
+  def error(self, step: int, checkpoint: str) -> Exception:
+    """What the run raises when it stops after `step`, with `checkpoint`
+    (its path) saved."""
+    folder, name = os.path.split(checkpoint)
+    return _kind(self.signal)(
+        f"stopped by {self.describe()} after step {step}; checkpoint {name} "
+        f"saved in {folder}; rerun the same command to resume from it.")
 
   def should_stop(self, step: int) -> bool:
     """Whether every worker stops after `step` (same answer on all)."""

@@ -11,7 +11,6 @@ a user's script, one of which goes on for 15 s after fit returns.
 import atexit
 import json
 import os
-import socket
 import subprocess
 import sys
 import types
@@ -150,11 +149,7 @@ def test_fit_on_a_cluster_ends_without_tensorflow_errors(tmp_path, goes_on):
   """The chief's script going on past the heartbeat timeout made the
   chief say worker 1 had crashed; worker 1's, that it failed to reach the
   service. Now the other waits for it as its interpreter exits."""
-  hosts = []
-  for _ in range(2):
-    with socket.socket() as probe:
-      probe.bind(("127.0.0.1", 0))
-      hosts.append(f"127.0.0.1:{probe.getsockname()[1]}")
+  hosts = [f"127.0.0.1:{port}" for port in helpers.free_ports(2)]
   procs = [subprocess.Popen(
       [sys.executable, "-c", _USER_SCRIPT, str(tmp_path / "run"),
        str(goes_on)], cwd=helpers.TESTS, stdout=subprocess.PIPE,

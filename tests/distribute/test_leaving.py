@@ -1,8 +1,12 @@
 """distribute/leaving.py: a finished cluster's workers meet at a barrier,
 then the others exit and the chief waits until their processes have ended
 (on a real cluster: tests/distribute/test_multi_worker.py); at exit, for
-dist_keras.fit (tests/distribute/test_fit_leaves_together.py)."""
+dist_keras.fit (tests/distribute/test_fit_leaves_together.py) and the
+tests' worker scripts; workers that stop early (a refusal, a divergence, a
+stop request) meet before they leave (a SIGTERM's end to end:
+test_multi_worker.py's test_sigterm_to_one_worker_...)."""
 import errno
+import signal
 import socket
 import threading
 import time
@@ -254,3 +258,100 @@ def test_workers_stopping_at_divergence_meet_before_they_leave(
     divergence.check(run, out, keras.optimizers.SGD(),
                      types.SimpleNamespace(saved_at=None))
   assert barriers == ([leaving.REFUSED] if met else [])
+
+
+def _stop_at(monkeypatch, multi_worker, signum=signal.SIGTERM):
+  """AnswerStopRequest at step 10, every worker agreed to stop there (a
+  collective under multi-worker training); its checkpoint saved."""
+  from dist_keras.training import actions, preemption, settings  # pylint: disable=g-import-not-at-top
+  stop = preemption.StopRequest(None, multi_worker, agree_every=5)
+  stop.signal = signum
+  monkeypatch.setattr(stop, "agreed", lambda: True)
+  saved = types.SimpleNamespace(saved_at=10, folder="/w/checkpoints",
+                                last_saved=lambda: "/w/checkpoints/ckpt-10")
+  run = actions.RunState(settings.Schedule(
+      steps=100, log_every=5, checkpoint_every=5, eval_every=0), step=10,
+                         multi_worker=multi_worker)
+  return actions.AnswerStopRequest(run, stop, saved)
+
+
+def test_workers_stopping_for_a_sigterm_meet_briefly_before_they_exit(
+    service, monkeypatch, capsys):
+  """The stop is agreed in an all-reduce: one leaving at once could cut a
+  peer's last receive of it (the peer exited 200, a lost worker, not 143).
+  The meeting is short: a preempted peer may be gone already."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.Preempted, match=(
+      r"stopped by SIGTERM after step 10; checkpoint ckpt-10 saved in "
+      r"/w/checkpoints; rerun")):
+    _stop_at(monkeypatch, multi_worker=True).at(10, epoch_end=False)
+  assert service.calls == [(leaving.STOPPED, leaving.STOP_SECONDS * 1000)]
+  assert leaving.STOP_SECONDS <= 10
+  assert capsys.readouterr() == ("", "")
+  service.calls.clear()
+  with pytest.raises(errors.Interrupted):  # A Ctrl-C: the same meeting.
+    _stop_at(monkeypatch, True, signal.SIGINT).at(10, epoch_end=False)
+  assert service.calls == [(leaving.STOPPED, leaving.STOP_SECONDS * 1000)]
+
+
+def test_one_process_stopping_for_a_sigterm_meets_no_one(
+    service, monkeypatch):
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.Preempted):
+    _stop_at(monkeypatch, multi_worker=False).at(10, epoch_end=False)
+  assert not service.calls
+
+
+@pytest.mark.parametrize("error", [
+    tf.errors.DeadlineExceededError(None, None, "Barrier timed out. Id: x"),
+    tf.errors.UnavailableError(None, None, "Failed to send RPC to "
+                               "coordination service\nmore")])
+def test_a_peer_missing_the_stop_meeting_leaves_the_exit_143(
+    monkeypatch, capsys, error):
+  """Gone (killed after its grace period: the service's RPC fails) or
+  late: one line, and the stop's own exit."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+
+  def missed(barrier, timeout_ms):
+    raise error
+
+  monkeypatch.setattr(leaving.context, "context", lambda: types.SimpleNamespace(
+      wait_at_barrier=missed))
+  monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:1"]}, '
+                     '"task": {"type": "worker", "index": 1}}')
+  with pytest.raises(errors.Preempted) as stopped:
+    _stop_at(monkeypatch, multi_worker=True).at(10, epoch_end=False)
+  assert stopped.value.code == errors.EXIT_PREEMPTED
+  out, err = capsys.readouterr()
+  assert out == "" and err == (
+      f"dist_keras: a peer task did not meet this worker as it stopped "
+      f"({type(error).__name__}: {str(error).splitlines()[0]}); it stops "
+      "alone.\n")
+
+
+@pytest.mark.parametrize("script, args, work", [
+    ("eval_ids", ["--out={dir}/ids{{task}}.npy"], "evaluated_ids"),
+    ("train_weights", ["--strategy=one_device", "--devices=1",
+                       "--out={dir}/w{{task}}.npz"], "models_after_training")])
+def test_the_tests_worker_scripts_leave_together_as_fit_does(
+    monkeypatch, tmp_path, script, args, work):
+  """tests/scripts' workers (run under the launcher) ended right after
+  their last collective, each on its own: dist_keras.fit's workers leave
+  together at exit."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  module = importlib.import_module(script)
+  monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:1"]}, '
+                     '"task": {"type": "worker", "index": 1}}')
+  monkeypatch.setattr(module.strategies, "get_strategy", lambda runtime: (
+      types.SimpleNamespace(num_replicas_in_sync=1)))
+  monkeypatch.setattr(module, work, lambda *args, **kwargs: (
+      np.arange(3) if script == "eval_ids" else {"w": np.arange(3)}))
+  armed = []
+  monkeypatch.setattr(leaving, "at_exit", lambda cluster: armed.append(
+      (cluster, sorted(p.name for p in tmp_path.iterdir()))))
+  monkeypatch.setattr(module.sys, "argv", [script, *[
+      arg.format(dir=tmp_path) for arg in args]])
+  module.main()
+  written = "ids1.npy" if script == "eval_ids" else "w1.npz"
+  assert armed == [(tfconfig.from_env(), [written])]  # After its output.

@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -212,7 +211,7 @@ def test_a_bad_tf_config_fails_before_tensorflow_starts(tmp_path):
 def _two_workers_exit(workdir, *args_of_task):
   """[(exit code, stderr)] of two workers started by hand on 127.0.0.1,
   task i with _train_args and args_of_task[i] (one tuple: both tasks')."""
-  workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+  workers = [f"127.0.0.1:{port}" for port in helpers.free_ports(2)]
   tasks = args_of_task * 2 if len(args_of_task) == 1 else args_of_task
   procs = [subprocess.Popen(
       [sys.executable, *_train_args(workdir, *tasks[i])],
@@ -326,7 +325,7 @@ def test_a_lost_worker_makes_the_other_exit_retryably_naming_it(tmp_path, how):
   by TensorFlow's coordination-service heartbeat (~12 s measured).
   """
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
-  hosts = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+  hosts = [f"127.0.0.1:{p}" for p in helpers.free_ports(2)]
   procs = []
   for i in range(2):
     tf_config = json.dumps({"cluster": {"worker": hosts},
@@ -364,16 +363,6 @@ def _our_error(stderr: str) -> str:
           if line.startswith("dist_keras: error: ")]
   assert len(ours) == 1, stderr[-2000:]
   return ours[0]
-
-
-def _free_ports(n):
-  socks = [socket.socket() for _ in range(n)]
-  for s in socks:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in socks]
-  for s in socks:
-    s.close()
-  return ports
 
 
 # A worker of a 2-worker run that logs to $EVENTS ("TASK WHAT SECONDS",
@@ -457,7 +446,7 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(
   resumes from a checkpoint: test_resume.py restarts a 2-worker run,
   test_cli.py reruns a Ctrl-C-stopped one)."""
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
-  hosts = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+  hosts = [f"127.0.0.1:{p}" for p in helpers.free_ports(2)]
   workdir = tmp_path / "run"
   args = [*_train_args(workdir), "--config.train.steps=100000",
           "--config.train.log_every=5",
@@ -488,6 +477,7 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(
     stopped = re.match(rf"dist_keras: error: stopped by {re.escape(by)} "
                        r"after step (\d+);", _our_error(stderr))
     assert stopped, stderr[-2000:]
+    assert "did not meet this worker" not in stderr  # They met to stop.
     steps.append(int(stopped.group(1)))
   assert steps[0] == steps[1] and steps[0] % 5 == 0, steps
   assert (workdir / "checkpoints" / f"ckpt-{steps[0]}.index").exists()

@@ -306,9 +306,7 @@ def test_real_resolver_fails_fast_where_it_is_tried(tmp_path):
 
 
 def test_real_probe_of_a_closed_port_fails_fast(monkeypatch):
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]  # Closed once the block ends.
+  (port,) = helpers.free_ports(1)  # Nothing listens there.
   start = time.monotonic()
   with pytest.raises(UserError, match="ConnectionRefusedError"):
     tpus.get_strategy(f"grpc://127.0.0.1:{port}", required=True, environ={})

@@ -51,6 +51,7 @@ def main():
   ids = evaluated_ids(strategy, c)
   cluster = tfconfig.from_env()
   np.save(args.out.format(task=cluster.task_index if cluster else 0), ids)
+  helpers.leave_as_fit_does()
 
 
 if __name__ == "__main__":

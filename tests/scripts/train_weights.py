@@ -109,6 +109,7 @@ def main():
   cluster = tfconfig.from_env()
   np.savez(args.out.format(task=cluster.task_index if cluster else 0),
            **weights)
+  helpers.leave_as_fit_does()
 
 
 if __name__ == "__main__":
