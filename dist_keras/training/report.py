@@ -70,8 +70,10 @@ def eval_line(step: int, result: dict, seconds: float, traced: bool) -> str:
   0.4 s)'; the pass that traced and compiled the eval function says so."""
   metrics = {k: v for k, v in result.items() if k != "examples"}
   compiled = ": traced and compiled the eval pass" if traced else ""
+  n = result["examples"]
   return (f"eval at step {step}: {metrics_text(metrics)}  "
-          f"({result['examples']} examples in {seconds:.1f} s{compiled})")
+          f"({n} example{'' if n == 1 else 's'} in {seconds:.1f} s"
+          f"{compiled})")
 
 
 def done_line(summary: dict) -> str:

@@ -128,3 +128,10 @@ def test_the_tensorboard_command_can_be_pasted_into_a_shell(tmp_path):
 def test_the_done_line_counts_one_step_as_one():
   assert report.done_line(_summary(1)).startswith("done: 1 step, eval ")
   assert report.done_line(_summary(2)).startswith("done: 2 steps, eval ")
+
+
+def test_the_eval_line_counts_one_example_as_one():
+  one = report.eval_line(4, {"loss": 0.5, "examples": 1}, 0.25, False)
+  assert one.endswith("(1 example in 0.2 s)"), one
+  two = report.eval_line(4, {"loss": 0.5, "examples": 2}, 0.25, True)
+  assert "(2 examples in 0.2 s: traced and compiled" in two, two
