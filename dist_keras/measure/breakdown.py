@@ -25,17 +25,23 @@ def split_step(step_start: float, inputs_ready: float, stamps,
     clocks differ, only durations are compared: the replica that arrives
     last waits for no one, so the shortest time in the reduction is the
     all-reduce proper and a replica's excess over it is straggler wait
-    (this assumes the replicas finish the reduction together).
+    (this assumes the replicas finish the reduction together). There
+    `straggler_ms` and `straggler_max_ms` are over EVERY replica of the
+    job, as on one host (a worker whose replicas are the slowest waits for
+    no one, yet the job's others wait for them), so the means add up to
+    the step only where this worker's replicas wait as long as the job's.
   """
   stamps = np.asarray(stamps, dtype=np.float64)
   start, ready, reduced, end = stamps.T
   waits = reduced - ready
-  if collective_waits is None or len(collective_waits) == len(stamps):
-    # Every replica is here, on one clock: the last arrival is known.
+  across_hosts = (collective_waits is not None
+                  and len(collective_waits) != len(stamps))
+  if across_hosts:  # Replicas on other hosts, other clocks: durations only.
+    job_waits = np.asarray(collective_waits, np.float64)
+    job_straggler = job_waits - job_waits.min()
+    straggler = np.maximum(waits - job_waits.min(), 0.0)
+  else:  # Every replica is here, on one clock: the last arrival is known.
     straggler = ready.max() - ready
-  else:
-    # Replicas on other hosts, other clocks: durations only.
-    straggler = np.maximum(waits - float(np.min(collective_waits)), 0.0)
   per_replica = {
       # Until the replica holds its batch: the host's wait for the next
       # distributed batch plus handing it to the replica.
@@ -49,6 +55,9 @@ def split_step(step_start: float, inputs_ready: float, stamps,
   for name, values in per_replica.items():
     out[name] = 1e3 * float(values.mean())
     out[name.replace("_ms", "_max_ms")] = 1e3 * float(values.max())
+  if across_hosts:
+    out["straggler_ms"] = 1e3 * float(job_straggler.mean())
+    out["straggler_max_ms"] = 1e3 * float(job_straggler.max())
   out["per_replica_compute_ms"] = (1e3 * per_replica["compute_ms"]).tolist()
   out["fraction"] = ((out["allreduce_ms"] + out["straggler_ms"])
                      / max(out["step_ms"], 1e-9))

@@ -34,6 +34,17 @@ class Calls:
       self.timed = steps.make_train_step(strategy, model, options, timed=True)
       self.plain = _compiled_steps(steps.make_train_step(
           strategy, model, options).python_function)
+    # A resumed process warms its timed function up with its first step,
+    # as a run does with step 1, where a timed step updates the weights
+    # as a plain one does (a resume is bitwise exact): not on one device
+    # under jit_compile, where the plain step compiles the update too.
+    self.warms_up = own_step or not (options.jit is steps.Jit.COMPUTE
+                                     and steps.update_compiles(strategy))
+
+  def first_timed(self, resumed_at: int) -> int:
+    """The process's first step to run the timed function, whose trace
+    and first run leave no breakdown (Schedule.timed)."""
+    return resumed_at + 1 if self.warms_up else 1
 
   def __call__(self, iterator, timed: bool, n: int) -> dict:
     """The call's results; with 'traced' ("timed" or "plain") when it

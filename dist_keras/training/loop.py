@@ -249,7 +249,7 @@ class Trainer:
     """One call of steps after run.step; checked before anything reads or
     saves its results."""
     schedule = run.schedule
-    timed = schedule.timed(run.step + 1)
+    timed = schedule.timed(run.step + 1, call.first_timed(run.resumed_at))
     n = 1 if timed else schedule.call_size(run.step, run.call_limit)
     try:
       out = call(iterator, timed, n)

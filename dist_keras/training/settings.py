@@ -64,11 +64,13 @@ class Schedule:
     """A checkpoint during training (the final one always is saved)."""
     return step % self.checkpoint_every == 0 and step < self.steps
 
-  def timed(self, step: int) -> bool:
-    """Whether `step` is instrumented: the logged ones, and step 1 to warm
-    the instrumented function up (its breakdown is discarded, as a resumed
-    run's first timed step's is: measure/meters.py)."""
-    return self.sync_timing and (step == 1 or self.logs(step))
+  def timed(self, step: int, first: int = 1) -> bool:
+    """Whether `step` is instrumented: the logged ones, and the process's
+    `first` step (1, or a resumed run's after its checkpoint's) to warm the
+    instrumented function up: the breakdown of the call that traced it is
+    discarded (measure/meters.py), which left a resumed run's first logged
+    step without one."""
+    return self.sync_timing and (step == first or self.logs(step))
 
   def profiled(self, step: int) -> bool:
     """Whether `step` is traced (or closes the trace): it runs alone.

@@ -247,6 +247,53 @@ def test_workers_that_diverge_stop_together_with_the_same_line(tmp_path):
     assert err.startswith("dist_keras: error: loss "), err[-2000:]
 
 
+# A worker of a 2-worker run whose replica computes SLOW_MS longer than its
+# peer's (a sleep between its batch and its forward pass) when it is task
+# $SLOW_TASK.
+_ONE_SLOW_WORKER = """
+import json, os, sys, time
+import tensorflow as tf
+from dist_keras import train
+from dist_keras.training import steps
+forward_backward = steps.forward_backward
+def slow(model, optimizer, batch, update_metrics=True):
+  flat = tf.nest.flatten(batch)
+  late = tf.py_function(lambda t: (time.sleep(SLOW_MS / 1e3), t)[1],
+                        [flat[0]], flat[0].dtype)
+  late.set_shape(flat[0].shape)
+  return forward_backward(model, optimizer, tf.nest.pack_sequence_as(
+      batch, [late, *flat[1:]]), update_metrics)
+if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == int(
+    os.environ["SLOW_TASK"]):
+  steps.forward_backward = slow
+sys.argv[0] = "dist_keras.train"
+train.run()
+"""
+SLOW_MS = 300
+
+
+def test_the_chief_logs_the_jobs_straggler_wait_when_it_is_the_slowest(
+    tmp_path):
+  """The chief's replica computes 300 ms longer: it waits for no one, the
+  other worker's replica waits ~300 ms for it. The chief's sync/straggler_ms
+  is the job's mean (~150 ms), its max the other's wait (it read 0, the
+  chief's own replica's, when each worker reported its own)."""
+  train_flags = _train_args(tmp_path / "run")[2:]
+  result = _launch(2, ["-c", _ONE_SLOW_WORKER.replace(
+      "SLOW_MS", str(SLOW_MS)), *train_flags], SLOW_TASK="0")
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  tags = helpers.scalar_tags(str(tmp_path / "run"))
+  # Timed steps 3 and 6 (step 1 warmed the timed step function up).
+  assert [s for s, _ in tags["sync/straggler_ms"]] == [3, 6], tags
+  for name, least in (("compute_ms", SLOW_MS), ("straggler_max_ms",
+                                                SLOW_MS * 0.8),
+                      ("straggler_ms", SLOW_MS * 0.4)):
+    assert all(v > least for _, v in tags[f"sync/{name}"]), (name, tags)
+  for (_, mean), (_, worst) in zip(tags["sync/straggler_ms"],
+                                   tags["sync/straggler_max_ms"]):
+    assert mean == pytest.approx(worst / 2, rel=1e-6)  # (0 + wait) / 2
+
+
 # --- Two hosts of their own: network namespaces joined by a veth pair -------
 
 _NETNS = ("dk_host_a", "dk_host_b")

@@ -208,3 +208,32 @@ def test_a_checkpoint_without_totals_says_what_the_summary_covers(
   assert ("summary.json's measurements cover the steps after 4 only: the "
           "checkpoint keeps none of the run's before it") in (
               capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("jit,synced", [
+    (False, [4, 8]),
+    pytest.param(True, [8], marks=pytest.mark.slow)])  # XLA: ~60 s.
+def test_a_resumed_runs_first_logged_step_has_its_sync_breakdown(
+    tmp_path, jit, synced):
+  """Resumed at step 2, the process warms its timed step function up with
+  its first step (3), as a run does with step 1, so its first logged step
+  (4) has a sync/ point: it had none (the call that traced the function
+  is left out). The weights are the uninterrupted run's, bitwise. Under
+  jit_compile on one device a timed step's update is not compiled and a
+  plain step's is (a warm-up made them 3e-8 apart): no warm-up there."""
+  config = _config(**{"train.steps": 8, "train.log_every": 4,
+                      "eval.every": 2, "train.checkpoint_every": 2,
+                      "train.jit_compile": jit})
+  whole = _fit(tmp_path / "whole", config).model
+  with pytest.raises(_Killed):
+    _fit(tmp_path / "cut", config, [_KillAtEpoch()])  # Saved step 2.
+  resumed = _fit(tmp_path / "cut", config)
+  assert resumed.summary["resumed"]["resumed_at"] == [2]
+  assert [s for s, _ in helpers.scalar_tags(str(tmp_path / "whole"))[
+      "sync/step_ms"]] == [4, 8]
+  assert [s for s, _ in helpers.scalar_tags(str(tmp_path / "cut"))[
+      "sync/step_ms"]] == synced
+  assert len(whole.weights) == len(resumed.model.weights)
+  for expected, got in zip(whole.weights, resumed.model.weights):
+    np.testing.assert_array_equal(got.numpy(), expected.numpy(),
+                                  err_msg=expected.path)

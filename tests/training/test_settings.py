@@ -36,6 +36,16 @@ def test_timed_steps_are_the_logged_ones_and_step_one():
   assert not any(_schedule(sync_timing=False).timed(t) for t in range(1, 101))
 
 
+def test_a_resumed_process_warms_its_timed_step_up_with_its_first_step():
+  """Resumed after step 35: step 36 runs the timed function (its trace
+  discarded), so step 40's breakdown is kept; resumed after 39, the first
+  step is a logged one anyway."""
+  s = _schedule()
+  assert [t for t in range(36, 61) if s.timed(t, first=36)] == [36, 40, 50, 60]
+  assert [t for t in range(40, 61) if s.timed(t, first=40)] == [40, 50, 60]
+  assert not _schedule(sync_timing=False).timed(36, first=36)
+
+
 def test_a_call_never_runs_past_a_step_the_host_must_see():
   s = _schedule(steps_per_loop=8, sync_timing=False)
   step, calls = 0, []

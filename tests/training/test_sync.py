@@ -87,17 +87,33 @@ def test_breakdown_splits_a_step_exactly():
 def test_breakdown_across_workers_compares_durations_not_clocks():
   # This worker's one replica waited 5 ms in the reduction; the job's other
   # replica (another host, another clock) waited 1 ms: it arrived last, so
-  # 1 ms is the all-reduce and our extra 4 ms is straggler wait.
+  # 1 ms is the all-reduce and our extra 4 ms is straggler wait; the job's
+  # mean straggler wait is (4 + 0) / 2.
   stamps = 1e-3 * np.array([[1.0, 10.0, 15.0, 16.0]]) + 1e6  # Any clock.
   b = breakdown.split_step(1e6, 1e6 + 0.0008, stamps, 1e-3 * np.array([5.0, 1.0]))
-  assert b["straggler_ms"] == pytest.approx(4.0)
+  assert b["straggler_ms"] == pytest.approx(2.0)
+  assert b["straggler_max_ms"] == pytest.approx(4.0)
   assert b["allreduce_ms"] == pytest.approx(1.0)
-  assert b["input_wait_ms"] + b["compute_ms"] + b["straggler_ms"] + (
-      b["allreduce_ms"]) == pytest.approx(b["step_ms"])
-  # The last to arrive: all of its wait is all-reduce, none straggling.
+  assert b["input_wait_ms"] + b["compute_ms"] + b["allreduce_ms"] == (
+      pytest.approx(b["step_ms"] - 4.0))  # This replica's own 4 ms.
+  assert b["fraction"] == pytest.approx(3.0 / b["step_ms"])
+
+
+def test_a_worker_whose_replica_is_the_slowest_reports_the_jobs_wait():
+  """The last to arrive waits for no one: its own wait is all-reduce.
+  Yet the job's other replicas waited for it, and that is what the
+  chief's sync/straggler_ms says (2 workers: a replica each)."""
+  stamps = 1e-3 * np.array([[1.0, 10.0, 15.0, 16.0]]) + 1e6
   last = breakdown.split_step(1e6, 1e6, stamps, 1e-3 * np.array([5.0, 7.0]))
-  assert last["straggler_ms"] == pytest.approx(0.0, abs=1e-6)
   assert last["allreduce_ms"] == pytest.approx(5.0)
+  assert last["straggler_ms"] == pytest.approx(1.0)  # (0 + 2) / 2
+  assert last["straggler_max_ms"] == pytest.approx(2.0)
+  # 4 replicas, 2 a worker, this worker's the slowest two.
+  four = breakdown.split_step(1e6, 1e6, np.concatenate([stamps, stamps]),
+                              1e-3 * np.array([5.0, 5.0, 8.0, 11.0]))
+  assert four["straggler_ms"] == pytest.approx(2.25)  # (0 + 0 + 3 + 6) / 4
+  assert four["straggler_max_ms"] == pytest.approx(6.0)
+  assert four["allreduce_ms"] == pytest.approx(5.0)
 
 
 def test_sync_log_means_and_tags():
