@@ -7,6 +7,8 @@
 environment first); `dist_keras.fit` and `dist_keras.FitResult` import it
 when first used.
 """
+import sys as _sys
+
 from dist_keras import errors as _errors
 from dist_keras.errors import UserError
 
@@ -21,9 +23,11 @@ from dist_keras import quiet, validate  # noqa: E402 (configs found first)
 from dist_keras.configs import refuse_unread as _refuse_unread
 from dist_keras.configs import resolve as _resolve_config
 from dist_keras.configs import set_in as _set_in
+from dist_keras.contract import fit_args as _fit_args
 from dist_keras.contract import imports
 
 
+@_fit_args.refusing_keras_args
 def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
         callbacks=None):
   """Trains `model_fn`'s model on `dataset_fn`'s data, data-parallel.
@@ -53,9 +57,10 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
     dist_keras.FitResult(model, summary, workdir, history).
 
   Raises:
-    dist_keras.UserError: a bad setting, model or dataset (one line naming
-      the value and the fix), before anything is written; a key of a dict
-      `config` that the built-in model or data named does not read, too.
+    dist_keras.UserError: a bad setting, model or dataset, a key of a dict
+      `config` that its built-in model or data does not read, or a Keras fit
+      argument (epochs=, ...): one line naming it and the fix, before
+      anything is written.
     dist_keras.errors.Diverged, PeerLost, NoIntactCheckpoint: errors.py;
       Preempted (a SystemExit, code 143): SIGTERM, the step checkpointed.
     dist_keras.errors.NoSpace, NoWriteAccess (OSErrors): the disk under
@@ -70,12 +75,11 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
   # The door: every argument resolved once, here.
   _errors.check_tensorflow_installed(ImportError)
   given, config = config, _resolve_config(config)
-  functions = (_record_name(config.model, model_fn),
-               _record_name(config.data, dataset_fn))
+  functions = (_record_name(config.model, model_fn, "model_fn"),
+               _record_name(config.data, dataset_fn, "dataset_fn"))
   if isinstance(strategy, str):
     config.runtime.strategy = strategy
-  # A dict's key the named built-in model or data does not read.
-  _refuse_unread(config, _set_in(given))
+  _refuse_unread(config, _set_in(given))  # Keys the built-ins do not read.
   validate.config(config)
   if not _is_strategy(strategy):  # Too late to set up once TF has started.
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)
@@ -90,17 +94,38 @@ def _is_strategy(strategy) -> bool:
   return strategy is not None and not isinstance(strategy, str)
 
 
-def _record_name(section, fn):
+def _record_name(section, fn, what: str):
   """For a function: records its import path as section.name (config.json
-  says what trained) and returns it; for a name: sets section.name."""
+  says what trained) and returns it; for a name: sets section.name.
+  `what` is the argument ("model_fn", "dataset_fn")."""
   if callable(fn):
     section.name = imports.name_of(fn)
     return fn
   if not isinstance(fn, str):
-    raise UserError(f"expected a function or a name, got "
-                    f"{type(fn).__name__}; see help(dist_keras.fit).")
+    raise UserError(f"{what} is a {_kind(fn)}, not a function or a name; "
+                    f"pass {_WANTED[what]}; see help(dist_keras.fit).")
   section.name = fn
   return None
+
+
+_WANTED = {
+    "model_fn": "a function that builds and compiles the model",
+    # Keras' fit(x=dataset) habit: dist_keras needs one per input pipeline.
+    "dataset_fn": "a function of (split, input_context) that returns that "
+                  "split's tf.data.Dataset for that input pipeline (wrap "
+                  "your dataset in one: dist_keras calls it once per input "
+                  "pipeline)",
+}
+
+
+def _kind(value) -> str:
+  """'tf.data.Dataset (_BatchDataset)', or the value's type. (TensorFlow
+  is not imported for it: a Dataset's owner imported it.)"""
+  tf = _sys.modules.get("tensorflow")
+  data = getattr(tf, "data", None)
+  if data is not None and isinstance(value, data.Dataset):
+    return f"tf.data.Dataset ({type(value).__name__})"
+  return type(value).__name__
 
 
 def prepare_runtime(strategy: str = "auto", tpu: str = "local",

@@ -3,5 +3,7 @@ input_context) -> per-replica batches. checks.py checks what model_fn returns
 and computes the compiled loss the way the contract defines it; saving.py
 whether Keras can save the model as model.keras; batches.py
 checks dataset_fn's batches and names them in messages; imports.py loads
-a user's PKG.MODULE:FN. (dist_keras/registry.py turns a config's names into
-these functions.) Nothing here imports the layers above it."""
+a user's PKG.MODULE:FN; fit_args.py refuses Keras' fit arguments given to
+dist_keras.fit, naming what does their work. (dist_keras/registry.py turns
+a config's names into these functions.) Nothing here imports the layers
+above it."""

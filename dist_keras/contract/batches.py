@@ -14,12 +14,16 @@ from dist_keras.errors import UserError
 
 
 def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
-                  eval_steps: int = 0) -> None:
-  """Raises UserError if `ds` breaks the dataset_fn contract for `split`."""
+                  eval_steps: int = 0, ctx=None) -> None:
+  """Raises UserError if `ds` breaks the dataset_fn contract for `split`;
+  `ctx`, the tf.distribute.InputContext it was made for (None: the only
+  pipeline)."""
   where = f"dataset_fn({split!r}, ...)"
   if not isinstance(ds, tf.data.Dataset):
     raise UserError(f"{where} returned a {type(ds).__name__}, not a "
                     "tf.data.Dataset.")
+  pipelines = ctx.num_input_pipelines if ctx else 1
+  _check_not_auto_sharded(ds, where, pipelines)
   spec = ds.element_spec
   if isinstance(spec, tuple) and not 1 <= len(spec) <= 3:
     raise UserError(f"{where} yields tuples of {len(spec)} ({describe(spec)});"
@@ -27,16 +31,64 @@ def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
   cardinality = int(ds.cardinality())
   if split == "train":
     _check_batch_size(where, spec, global_batch_size, replicas)
-    if cardinality >= 0:
+    if cardinality == 0:  # repeat() of nothing: batched before repeat().
+      raise UserError(smaller_than_a_batch(
+          f"{where} ends after 0 batches", global_batch_size // replicas,
+          ctx.input_pipeline_id if ctx else 0, pipelines))
+    if cardinality > 0:
       raise UserError(f"{where} ends after {cardinality} batches; repeat it "
                       "(ds.repeat()) so training runs train.steps steps.")
-  elif cardinality == 0:  # (One a filter empties is found at the 1st eval.)
-    raise UserError(f"{where} has no batches; give the eval split examples "
-                    "(built-in data: data.eval_size >= 1).")
+  # With several pipelines one may have no eval examples (a small split
+  # sharded): its replicas add none; the eval refuses a job that saw none.
+  elif cardinality == 0 and pipelines == 1:
+    raise UserError(no_eval_examples(f"{where} has no batches"))
   elif cardinality == tf.data.INFINITE_CARDINALITY and not eval_steps:
     raise UserError(f"{where} never ends; make the eval split finite (no "
                     "repeat()), or set eval.steps to evaluate that many "
                     "batches.")
+
+
+def no_eval_examples(what: str) -> str:
+  """The line for an eval split without examples (in every pipeline)."""
+  return (f"{what}; give the eval split examples (built-in data: "
+          "data.eval_size >= 1).")
+
+
+def smaller_than_a_batch(where: str, per_replica: int, pipeline,
+                         pipelines: int) -> str:
+  """The line for a train stream that gives no batch at all: the split of
+  input pipeline `pipeline` (None: not known which) of `pipelines` holds
+  fewer examples than one batch, so batch(drop_remainder=True) makes none
+  and a repeat() after it repeats nothing."""
+  if pipelines == 1:
+    whose, fewer = "its train split", ""
+  else:
+    which = (f"input pipeline {pipeline}'s" if pipeline is not None
+             else "an input pipeline's")
+    whose, fewer = f"{which} (of {pipelines}) train split", (
+        " fewer input pipelines or")
+  return (
+      f"{where}: {whose} holds fewer examples than one per-replica batch "
+      f"of {per_replica} (drop_remainder=True), so no batch comes, repeated "
+      "or not; repeat before batching (ds.repeat().batch(...)), or use"
+      f"{fewer} a smaller train.global_batch_size.")
+
+
+def _check_not_auto_sharded(ds, where: str, pipelines: int) -> None:
+  """A dataset that asks tf.data to auto-shard it (FILE, DATA, HINT) is
+  read whole by every pipeline: distribute_datasets_from_function never
+  auto-shards, so each pipeline would train on every example."""
+  policy = ds.options().experimental_distribute.auto_shard_policy
+  left = (tf.data.experimental.AutoShardPolicy.AUTO,
+          tf.data.experimental.AutoShardPolicy.OFF)
+  if pipelines > 1 and policy not in left:
+    raise UserError(
+        f"{where} sets auto_shard_policy={policy.name}, but dist_keras calls "
+        f"dataset_fn once per input pipeline ({pipelines} here) and never "
+        "auto-shards, so every pipeline would read the whole split; shard "
+        "it yourself (ds.shard(input_context.num_input_pipelines, "
+        "input_context.input_pipeline_id), or files before reading them) and"
+        " leave the policy at AUTO or OFF.")
 
 
 def _check_batch_size(where: str, spec, global_batch_size: int,

@@ -42,6 +42,12 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   a LossScaleOptimizer for float16). float32, the default, leaves Keras'
   global policy as the user set it.
   """
+  if isinstance(model_fn, keras.Model):  # Keras' fit(model, ...) habit.
+    raise UserError(
+        f"model_fn is a keras.Model ({model_fn.name!r}), not a function that"
+        " builds it; pass a function that builds and compiles the model "
+        "(def model_fn(): ...): dist_keras calls it inside the strategy's "
+        "scope, so its variables are mirrored.")
   check_signature(model_fn, "model_fn")
   previous = keras.config.dtype_policy()
   if precision != "float32":

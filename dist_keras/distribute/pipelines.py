@@ -52,14 +52,16 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   replicas = strategy.num_replicas_in_sync
   global_batch_size = feed.global_batch_size
   per_replica_batch_size(global_batch_size, replicas)
-  specs = []
+  specs, sizes = [], []  # sizes: (pipelines, that one's batches).
 
   def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     with errors.raised_in(f"dataset_fn({split!r}, ...) "
                           f"{imports.name_of(dataset_fn)}"):
       ds = dataset_fn(split, ctx)
-    batches.check_dataset(ds, split, global_batch_size, replicas, eval_steps)
+    batches.check_dataset(ds, split, global_batch_size, replicas, eval_steps,
+                          ctx)
     specs.append(ds.element_spec)
+    sizes.append((ctx.num_input_pipelines, int(ds.cardinality())))
     per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
     if split == "train" and start_step:
       ds = ds.skip(start_step * per_pipeline)
@@ -85,7 +87,19 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   # reads the shard its dataset_fn picks by input_pipeline_id.
   with _input_devices_kept(strategy):
     dataset = strategy.distribute_datasets_from_function(make, options)
+  if split == "eval":
+    _check_some_eval_batches(sizes)
   return dataset, specs[0]
+
+
+def _check_some_eval_batches(sizes: list) -> None:
+  """Refuses an eval split without batches in every pipeline, when this
+  process made them all (one pipeline alone may have none: batches.py); a
+  worker cannot see its peers' pipelines: the eval says it at run time."""
+  if sizes and len(sizes) == sizes[0][0] and all(n == 0 for _, n in sizes):
+    raise UserError(batches.no_eval_examples(
+        f"dataset_fn('eval', ...) has no batches in any of its {len(sizes)}"
+        " input pipelines"))
 
 
 def reads_on_host(strategy) -> bool:

@@ -126,6 +126,17 @@ def num_workers(strategy) -> int:
                     if job in spec.jobs))
 
 
+def worker_id(strategy) -> int:
+  """This process's place among the workers (the chief first), as
+  tf.distribute numbers the input pipeline of a worker (0 if local)."""
+  resolver = strategy.cluster_resolver
+  if resolver is None or resolver.task_type not in ("chief", "worker"):
+    return 0
+  chief = resolver.task_type == "worker" and (
+      "chief" in resolver.cluster_spec().jobs)
+  return int(resolver.task_id or 0) + chief
+
+
 def display_name(strategy) -> str:
   """The public name of `strategy`'s class (TF's multi-worker class is
   CollectiveAllReduceStrategy under the hood; users know the alias)."""

@@ -14,6 +14,8 @@ import time
 
 import tensorflow as tf
 
+from dist_keras.contract import batches
+from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
 from dist_keras.training import model_step, steps, watch
 
@@ -65,13 +67,26 @@ class Calls:
     return out
 
 
-def run_dry_error(first: int, n: int, steps_wanted: int) -> UserError:
-  """The error for a train stream that ran out inside a call of steps
-  first..first+n-1 (which one failed is not known on the host)."""
+def run_dry_error(trainer, run, n: int) -> UserError:
+  """The error for a train stream that ran out inside a call of the n
+  steps after run.step (which one failed is not known on the host)."""
+  first = run.step + 1
+  if n == 1 and run.step == run.resumed_at:  # Not one batch this run.
+    config = trainer.config_dict
+    pipelines = (trainer.replicas if config["data"]["pipeline_per_replica"]
+                 else trainer.workers)
+    # A worker's one pipeline is known; of a process's several, not which.
+    pipeline = (strategies.worker_id(trainer.strategy)
+                if trainer.workers == pipelines else None)
+    return UserError(batches.smaller_than_a_batch(
+        f"dataset_fn('train', ...) ran out of batches at step {first}, the "
+        "first of this run", config["train"]["global_batch_size"] //
+        trainer.replicas, pipeline, pipelines))
   at = f"step {first}" if n == 1 else f"steps {first}-{first + n - 1}"
   return UserError(
       f"dataset_fn('train', ...) ran out of batches at {at}; repeat it "
-      f"(ds.repeat()) so training runs train.steps={steps_wanted} steps.")
+      f"(ds.repeat()) so training runs train.steps={run.schedule.steps} "
+      "steps.")
 
 
 def _compiled_steps(one_step):

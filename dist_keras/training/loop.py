@@ -254,7 +254,7 @@ class Trainer:
     try:
       out = call(iterator, timed, n)
     except (tf.errors.OutOfRangeError, StopIteration) as e:
-      raise calls.run_dry_error(run.step + 1, n, schedule.steps) from e
+      raise calls.run_dry_error(self, run, n) from e
     ran = int(out.get("steps", 1))
     run.step, run.out = run.step + ran, out
     # As fit logs them: a vector (a value per class) stays an array.

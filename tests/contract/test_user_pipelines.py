@@ -1,0 +1,252 @@
+"""A user's own data over several input pipelines: what one pipeline alone
+may lack, what the job as a whole must have, and the arguments of fit that
+are not functions. Two pipelines in one process (MirroredStrategy over 2
+CPUs with data.pipeline_per_replica) stand for 2 workers, each reading the
+shard its dataset_fn picks by input_context.input_pipeline_id; and Keras'
+fit arguments given to dist_keras.fit."""
+import inspect
+import re
+import types
+
+import pytest
+import tensorflow as tf
+
+import dist_keras
+import user_task
+from dist_keras.configs import base
+from dist_keras.contract import batches, fit_args
+from dist_keras.distribute import strategies
+from dist_keras.errors import UserError
+
+CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
+          "train.steps": 4, "train.log_every": 4, "eval.every": 0,
+          "log.calibration_steps": 0, "log.progress": False,
+          "data.pipeline_per_replica": True}
+PER_REPLICA = user_task.GLOBAL_BATCH // 2
+
+
+def _fit(tmp_path, dataset_fn, mirrored, **config):
+  return dist_keras.fit(user_task.model_fn, dataset_fn,
+                        workdir=str(tmp_path / "run"),
+                        config=dict(CONFIG, **config), strategy=mirrored)
+
+
+def _eval_of(n: int, filtered: bool = False):
+  """user_task's data with an eval split of its first `n` examples, sharded
+  by pipeline (`filtered`: of a size unknown until it is read)."""
+
+  def dataset_fn(split, ctx):
+    if split == "train":
+      return user_task.dataset_fn(split, ctx)
+    x, y, weights = (a[:n] for a in user_task._examples("eval"))  # pylint: disable=protected-access
+    ds = tf.data.Dataset.from_tensor_slices((x, y, weights))
+    if filtered:
+      ds = ds.filter(lambda *_: True)
+    return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(
+        ctx.get_per_replica_batch_size(user_task.GLOBAL_BATCH))
+
+  return dataset_fn
+
+
+def _auto_sharded(policy):
+  """user_task's data, unsharded, asking tf.data to auto-shard it."""
+
+  def dataset_fn(split, ctx):
+    x, y, weights = user_task._examples(split)  # pylint: disable=protected-access
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy
+    ds = tf.data.Dataset.from_tensor_slices((x, y, weights)).with_options(
+        options)
+    batch = ctx.get_per_replica_batch_size(user_task.GLOBAL_BATCH)
+    return (ds.repeat().batch(batch, drop_remainder=True) if split == "train"
+            else ds.batch(batch))
+
+  return dataset_fn
+
+
+@pytest.mark.parametrize("policy", ["FILE", "DATA", "HINT"])
+def test_an_auto_shard_policy_is_refused_over_several_pipelines(
+    tmp_path, mirrored, policy):
+  """Every pipeline would read the whole split (each example twice an
+  epoch, the eval counted twice): dist_keras never auto-shards."""
+  with pytest.raises(UserError) as e:
+    _fit(tmp_path, _auto_sharded(
+        getattr(tf.data.experimental.AutoShardPolicy, policy)), mirrored)
+  assert str(e.value) == (
+      f"dataset_fn('train', ...) sets auto_shard_policy={policy}, but "
+      "dist_keras calls dataset_fn once per input pipeline (2 here) and "
+      "never auto-shards, so every pipeline would read the whole split; "
+      "shard it yourself (ds.shard(input_context.num_input_pipelines, "
+      "input_context.input_pipeline_id), or files before reading them) and "
+      "leave the policy at AUTO or OFF.")
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("policy", ["FILE", "DATA", "HINT", "AUTO", "OFF"])
+def test_any_auto_shard_policy_is_fine_for_one_pipeline(policy):
+  """One pipeline reads the whole split anyway (and AUTO or OFF, the
+  defaults, are fine for any number)."""
+  ds = _auto_sharded(getattr(tf.data.experimental.AutoShardPolicy, policy))(
+      "train", tf.distribute.InputContext(1, 0, 2))
+  batches.check_dataset(ds, "train", user_task.GLOBAL_BATCH, 2,
+                        ctx=tf.distribute.InputContext(1, 0, 2))
+  if policy in ("AUTO", "OFF"):
+    batches.check_dataset(ds, "train", user_task.GLOBAL_BATCH, 2,
+                          ctx=tf.distribute.InputContext(2, 1, 2))
+
+
+def test_an_eval_split_empty_in_one_pipeline_evaluates_the_rest(
+    tmp_path, mirrored):
+  """An eval split of 1 example: pipeline 1's shard is empty (its
+  replica adds no examples), the job's eval is that one example."""
+  result = _fit(tmp_path, _eval_of(1), mirrored)
+  assert result.summary["eval_examples"] == 1
+
+
+def test_an_eval_split_empty_in_every_pipeline_is_refused(tmp_path,
+                                                          mirrored):
+  with pytest.raises(UserError) as e:
+    _fit(tmp_path, _eval_of(0), mirrored)
+  assert str(e.value) == (
+      "dataset_fn('eval', ...) has no batches in any of its 2 input "
+      "pipelines; give the eval split examples (built-in data: "
+      "data.eval_size >= 1).")
+  assert not (tmp_path / "run").exists()
+
+
+def test_an_eval_split_found_empty_in_every_pipeline_stops_the_run(
+    tmp_path, mirrored):
+  """Of unknown size (as a worker sees its peers'): the eval counts the
+  examples over every replica and refuses a job that saw none."""
+  with pytest.raises(UserError, match=(
+      r"^dataset_fn\('eval', ...\) gave no examples \(every replica's "
+      r"batches were empty\): give the eval split examples")):
+    _fit(tmp_path, _eval_of(0, filtered=True), mirrored)
+  assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def _small_train(filtered: bool):
+  """A train split of 5 examples, sharded (3 and 2), batched before
+  repeat(): no pipeline makes a batch of 24 (`filtered`: of a size
+  unknown until it is read)."""
+
+  def dataset_fn(split, ctx):
+    if split == "eval":
+      return user_task.dataset_fn(split, ctx)
+    x, y, weights = (a[:5] for a in user_task._examples("train"))  # pylint: disable=protected-access
+    ds = tf.data.Dataset.from_tensor_slices((x, y, weights))
+    if filtered:
+      ds = ds.filter(lambda *_: True)
+    return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(
+        PER_REPLICA, drop_remainder=True).repeat()
+
+  return dataset_fn
+
+
+FEWER = (f"holds fewer examples than one per-replica batch of {PER_REPLICA}"
+         " (drop_remainder=True), so no batch comes, repeated or not; repeat"
+         " before batching (ds.repeat().batch(...)), or use")
+
+
+@pytest.mark.parametrize("per_replica", [True, False])
+def test_a_train_split_smaller_than_a_batch_says_so(tmp_path, mirrored,
+                                                    per_replica):
+  """Not 'repeat it': it is repeated."""
+  with pytest.raises(UserError) as e:
+    _fit(tmp_path, _small_train(False), mirrored,
+         **{"data.pipeline_per_replica": per_replica})
+  whose = ("input pipeline 0's (of 2) train split " if per_replica
+           else "its train split ")
+  fix = " fewer input pipelines or" if per_replica else ""
+  assert str(e.value) == (
+      f"dataset_fn('train', ...) ends after 0 batches: {whose}{FEWER}{fix} "
+      "a smaller train.global_batch_size.")
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_train_stream_without_a_first_batch_says_why(tmp_path, mirrored):
+  """Its size unknown until read: found at step 1."""
+  with pytest.raises(UserError) as e:
+    _fit(tmp_path, _small_train(True), mirrored)
+  assert str(e.value) == (
+      "dataset_fn('train', ...) ran out of batches at step 1, the first of "
+      f"this run: an input pipeline's (of 2) train split {FEWER} fewer input"
+      " pipelines or a smaller train.global_batch_size.")
+
+
+def test_a_built_model_passed_as_model_fn_is_one_line(tmp_path, mirrored):
+  """Keras' fit(model, data) habit."""
+  model = user_task.model_fn()
+  with pytest.raises(UserError) as e:
+    dist_keras.fit(model, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"), config=CONFIG,
+                   strategy=mirrored)
+  assert str(e.value) == (
+      f"model_fn is a keras.Model ({model.name!r}), not a function that "
+      "builds it; pass a function that builds and compiles the model (def "
+      "model_fn(): ...): dist_keras calls it inside the strategy's scope, "
+      "so its variables are mirrored.")
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("data,kind", [
+    (tf.data.Dataset.range(3).batch(2), "tf.data.Dataset (_BatchDataset)"),
+    ((1, 2), "tuple")])
+def test_data_passed_as_dataset_fn_names_the_argument(tmp_path, data, kind):
+  with pytest.raises(UserError) as e:
+    dist_keras.fit(user_task.model_fn, data, workdir=str(tmp_path / "run"),
+                   config=CONFIG)
+  assert str(e.value) == (
+      f"dataset_fn is a {kind}, not a function or a name; pass a function "
+      "of (split, input_context) that returns that split's tf.data.Dataset "
+      "for that input pipeline (wrap your dataset in one: dist_keras calls "
+      "it once per input pipeline); see help(dist_keras.fit).")
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", sorted(fit_args.KERAS_FIT_ARGS))
+def test_a_keras_fit_argument_names_what_does_its_work(tmp_path, name):
+  """Not Python's bare TypeError; nothing written."""
+  with pytest.raises(UserError) as e:
+    dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"), **{name: 1})
+  assert str(e.value) == (
+      f"dist_keras.fit takes no {name}= (Keras' fit does); use "
+      f"{fit_args.KERAS_FIT_ARGS[name]}; see help(dist_keras.fit).")
+  assert not (tmp_path / "run").exists()
+  # The config keys it names are real ones.
+  defaults = base.get_config()
+  for key in re.findall(r"'(\w+\.\w+)'", fit_args.KERAS_FIT_ARGS[name]):
+    section, field = key.split(".")
+    assert field in defaults[section], key
+
+
+def test_any_other_keyword_is_pythons_type_error(tmp_path):
+  with pytest.raises(TypeError, match=(
+      r"^fit\(\) got an unexpected keyword argument 'epoch'$")):
+    dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"), epoch=3)
+
+
+def test_a_worker_reads_the_input_pipeline_tf_distribute_gives_it():
+  """strategies.worker_id: the number run_dry_error names, as
+  tf.distribute numbers a worker's pipeline (the chief, if any, first)."""
+  def strategy(jobs, task_type, task_id):
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(jobs), task_type=task_type, task_id=task_id)
+    return types.SimpleNamespace(cluster_resolver=resolver)
+
+  workers = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+  assert strategies.worker_id(strategy(workers, "worker", 1)) == 1
+  with_chief = dict(workers, chief=["127.0.0.1:3"])
+  assert strategies.worker_id(strategy(with_chief, "chief", 0)) == 0
+  assert strategies.worker_id(strategy(with_chief, "worker", 1)) == 2
+  assert strategies.worker_id(types.SimpleNamespace(
+      cluster_resolver=None)) == 0
+
+
+def test_fits_signature_and_help_are_its_own():
+  """The refusal of Keras' arguments wraps fit without hiding them."""
+  assert list(inspect.signature(dist_keras.fit).parameters) == [
+      "model_fn", "dataset_fn", "workdir", "config", "strategy", "callbacks"]
+  assert dist_keras.fit.__doc__.startswith("Trains `model_fn`'s model")
