@@ -7,7 +7,10 @@ log window (train_loss, examples_per_sec, ...; eval_* at each eval) and
 every checkpoint to Ray. A worker that dies makes Ray restart the group
 (--max_failures), and the rerun resumes from the workdir's last checkpoint.
 The workdir and --storage must be folders every worker sees (shared disk,
-or gs:// for the workdir). Needs `pip install "dist-keras[cpu,ray]"`.
+or gs:// for the workdir). Needs `pip install -e ".[cpu,ray]"` in the
+repository's root (PyPI's "dist-keras" is another project). A bad argument
+is refused here, in the driver, before Ray starts: Ray would retry a worker
+group that failed on it (--max_failures) as if a worker had died.
 
   python examples/ray_train.py --workdir=/shared/runs/ray --storage=/shared/ray
       [--workers=2] [--steps=400] [--max_failures=2] [--address=auto]
@@ -17,8 +20,10 @@ circle (39% of them do); the data is made here, nothing is downloaded.
 """
 import argparse
 import os
+import sys
 
 import dist_keras
+from dist_keras import configs, errors, validate
 import keras
 import numpy as np
 import tensorflow as tf
@@ -54,15 +59,35 @@ def dataset_fn(split: str, input_context: tf.distribute.InputContext):
   return ds.batch(batch)
 
 
+def fit_config(steps: int) -> dict:
+  """dist_keras.fit's config: the driver checks it, the workers train on
+  it."""
+  return {"train.global_batch_size": GLOBAL_BATCH, "train.steps": steps,
+          "train.log_every": 50, "train.checkpoint_every": 100,
+          "eval.every": 200}
+
+
 def train_loop_per_worker(loop_config: dict) -> None:
   """What each Ray worker runs: dist_keras.fit, nothing else (Keras
   callbacks, if any, come in the loop's config)."""
   dist_keras.fit(model_fn, dataset_fn, workdir=loop_config["workdir"],
-                 config={"train.global_batch_size": GLOBAL_BATCH,
-                         "train.steps": loop_config["steps"],
-                         "train.log_every": 50, "train.checkpoint_every": 100,
-                         "eval.every": 200},
+                 config=fit_config(loop_config["steps"]),
                  callbacks=loop_config.get("callbacks"))
+
+
+def check(workdir: str, workers: int, steps: int) -> None:
+  """Raises dist_keras.UserError for a bad argument, as dist_keras.fit and
+  `python -m dist_keras.train` would (dist_keras.validate), in the driver."""
+  if workers < 1:
+    raise dist_keras.UserError(
+        f"--workers={workers} must be >= 1 (with 0, Ray runs the loop in "
+        "this driver, not as a cluster, and keeps no checkpoint).")
+  if not workdir:
+    raise dist_keras.UserError("--workdir= names no folder (an unset "
+                               "variable?); pass the run's folder, which "
+                               "every worker sees.")
+  validate.workdir(workdir)
+  validate.config(configs.resolve(fit_config(steps)))
 
 
 def trainer(workdir: str, storage: str, workers: int, steps: int,
@@ -91,6 +116,11 @@ def main():
   parser.add_argument("--address", default=None,
                       help="a running cluster (auto); default: a local one")
   args = parser.parse_args()
+  try:
+    check(args.workdir, args.workers, args.steps)
+  except dist_keras.UserError as e:
+    print(f"ray_train.py: error: {e}", file=sys.stderr)
+    sys.exit(errors.EXIT_CONFIG_ERROR)
   import ray  # pylint: disable=import-outside-toplevel
   ray.init(address=args.address,
            num_cpus=None if args.address else args.workers)

@@ -35,10 +35,10 @@ LOCAL = "local"
 PROBE_SECONDS = 3.0
 _HINTS = {
     LOCAL: "on Colab: Runtime > Change runtime type > TPU; on a Cloud TPU VM: "
-           f"{errors.install('tpu')}; or use runtime.strategy=auto.",
+           f"{errors.install('tpu')}",
     "node": "check that the TPU node is READY and reachable from here (a "
             "name resolves only on a GCE VM in its project; else pass "
-            "grpc://HOST:8470); or use runtime.strategy=auto.",
+            "grpc://HOST:8470)",
 }
 
 
@@ -61,20 +61,28 @@ def get_strategy(tpu: str, required: bool, environ=None,
     path_exists: where to look for TPU devices (default os.path.exists).
 
   Raises:
-    UserError: `tpu` is '' (always), or no TPU started and `required`.
+    UserError: `tpu` is '' (always); NoTpuError (a UserError): no TPU
+      started and `required`.
   """
   environ = os.environ if environ is None else environ
   check_name(tpu)
+  here = detect(environ, path_exists) if tpu == LOCAL else None
+  no_runtime = bool(here) and not has_tpu_runtime(environ)
   try:
-    if not required and tpu == LOCAL and not has_tpu_runtime(environ):
-      # Trying would start TensorFlow's runtime (fixing the CPU devices the
-      # fallback needs) only to fail: this build has no TPU kernels.
+    if no_runtime:
+      # Trying would start TensorFlow's runtime (fixing the CPU devices
+      # auto's fallback needs) only to fail: this build has no TPU kernels.
       raise _NoTpu(f"this TensorFlow has no libtpu ({errors.install('tpu')})")
     return connect(tpu, environ, path_exists)
   except _NoTpu as e:
+    if required and no_runtime:
+      # The TPU is here: the fix is the install, not another runtime type.
+      raise NoTpuError(f"a TPU is here ({here}) but this TensorFlow has no "
+                       "libtpu to start it", errors.install("tpu"),
+                       tpu_here=True) from e
     if required:
-      raise UserError(f"runtime.strategy='tpu' but no TPU was found ({e}); "
-                      f"{_HINTS[LOCAL if tpu == LOCAL else 'node']}") from e
+      raise NoTpuError(f"no TPU was found ({e})",
+                       _HINTS[LOCAL if tpu == LOCAL else "node"]) from e
     terminal.say(f"dist_keras: runtime.strategy=auto: a TPU may be here "
                  f"({detect(environ, path_exists)}) but it did not start "
                  f"({e}); using the CPUs/GPUs instead.", err=True)
@@ -123,6 +131,18 @@ def connect(tpu: str, environ, path_exists) -> tf.distribute.Strategy:
 
 class _NoTpu(Exception):
   """No TPU started; the message says what was tried and why it failed."""
+
+
+class NoTpuError(UserError):
+  """runtime.strategy=tpu and no TPU started. `cause`: what was tried and
+  why it failed; `fix`: what to do on this host; `tpu_here`: the host shows
+  a TPU that this TensorFlow cannot drive. A notebook words its own line
+  from these (its switch is not runtime.strategy)."""
+
+  def __init__(self, cause: str, fix: str, tpu_here: bool = False):
+    self.cause, self.fix, self.tpu_here = cause, fix, tpu_here
+    super().__init__(f"runtime.strategy='tpu'{': ' if tpu_here else ' but '}"
+                     f"{cause}; {fix}; or use runtime.strategy=auto.")
 
 
 @contextlib.contextmanager

@@ -31,7 +31,8 @@ def _runtime(**overrides):
 
 
 class FakeTF:
-  """Records the TPU calls, in order; `fail_at` makes one of them raise."""
+  """Records the TPU calls, in order; `fail_at` makes one of them raise.
+  A TensorFlow with TPU kernels: it can load libtpu (has_tpu_runtime)."""
 
   def __init__(self, monkeypatch, master="", fail_at=None, error=None):
     self.calls, self.resolver_args, self.probes = [], [], []
@@ -63,6 +64,7 @@ class FakeTF:
                         lambda r: self.record("initialize"))
     monkeypatch.setattr(tf.distribute, "TPUStrategy", Strategy)
     monkeypatch.setattr(tpus, "probe", self._probe)
+    monkeypatch.setattr(tpus, "has_tpu_runtime", lambda environ: True)
 
   def record(self, call):
     if call == self.fail_at:
@@ -197,6 +199,29 @@ def test_a_failed_start_says_what_was_tried(monkeypatch, fail_at):
   assert ("no TPU was found (tried TPUClusterResolver(tpu='local'): "
           "NotFoundError: TPUs not found in the cluster.); on Colab") in message
   assert "strategy" not in fake.calls
+
+
+@pytest.mark.parametrize("shown", [
+    {"environ": {"TPU_ACCELERATOR_TYPE": "v5litepod-1"}},
+    {"environ": {}, "path_exists": _devices("/dev/vfio/0")}])
+def test_a_required_tpu_this_tensorflow_cannot_drive_names_the_install(
+    monkeypatch, shown):
+  # The TPU is here (Colab's TPU runtime whose install failed, or
+  # tensorflow-cpu on a TPU VM): changing the runtime type would not help.
+  fake = FakeTF(monkeypatch)
+  monkeypatch.setattr(tpus, "has_tpu_runtime", lambda environ: False)
+  with pytest.raises(tpus.NoTpuError) as e:
+    strategies.get_strategy(_runtime(strategy="tpu"),
+                          **{"path_exists": NO_DEVICES, **shown})
+  message = str(e.value)
+  assert "\n" not in message
+  assert message.startswith("runtime.strategy='tpu': a TPU is here (")
+  assert "but this TensorFlow has no libtpu to start it; pip install " in (
+      message)
+  assert "Change runtime type" not in message and "no TPU was found" not in (
+      message)
+  assert e.value.tpu_here and e.value.fix.startswith("pip install ")
+  assert fake.calls == [] and fake.resolver_args == []
 
 
 def test_an_unreachable_tpu_node_is_never_connected(monkeypatch):

@@ -255,3 +255,54 @@ def test_a_joined_docstring_line_is_reported():
             'def f():\n  r"""raw: \\\n kept"""\n'
             'def g():\n  """escaped: \\\\\n kept"""\n')
   assert joined_docstring_lines(source) == [1]
+
+
+# `pip install dist-keras` (or dist_keras, any extra) fetches PyPI's project
+# of that name, another one (Spark and Theano, module `distkeras`): advice
+# installs the checkout (`pip install -e ".[cpu]"`) or the packages by their
+# own names (errors.install).
+_PIP_INSTALL = re.compile(
+    r"pip3?[ \t]+install((?:[ \t]+(?:\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`()|;&]+))+)")
+
+
+def installs_pypi_dist_keras(text: str) -> list[str]:
+  """The `pip install` commands in `text` that name the package dist-keras
+  (PyPI's spelling rules: case, '-', '_' and '.' alike)."""
+  found = []
+  for match in _PIP_INSTALL.finditer(text):
+    for token in re.findall(r"\"[^\"]*\"|'[^']*'|\S+", match.group(1)):
+      name = re.split(r"[\[<>=!~;@ ]", token.strip("\"'"))[0]
+      if re.sub(r"[-_.]+", "-", name.lower()) == "dist-keras":
+        found.append(match.group(0).strip())
+  return found
+
+
+def test_no_advice_installs_pypis_dist_keras():
+  files = sorted(p for p in _repo_files()
+                 if p.startswith(("dist_keras/", "tools/", "configs/",
+                                  "examples/")) or "/" not in p)
+  files += [os.path.relpath(p, REPO) for p in PAGES[1:]]
+  files += [os.path.relpath(p, REPO) for p in
+            glob.glob(os.path.join(REPO, "notebooks", "*.ipynb"))]
+  found = []
+  for path in files:
+    try:
+      with open(os.path.join(REPO, path), encoding="utf-8") as f:
+        text = f.read()
+    except UnicodeDecodeError:  # A figure or another binary file.
+      continue
+    found += [f"{path}: {c}" for c in installs_pypi_dist_keras(text)]
+  assert not found, ("PyPI's dist-keras is another project; say "
+                     "`pip install -e \".[EXTRA]\"` in the checkout: "
+                     + "; ".join(found))
+
+
+def test_an_install_of_pypis_dist_keras_is_reported():
+  text = ('Needs `pip install "dist-keras[cpu,ray]"`.\n'
+          "pip install -U Dist_Keras==0.1 numpy\n"
+          "pip install -e '.[tpu]' (in dist_keras' checkout)\n"
+          'pip install -e ".[cpu,ray]"\n'
+          "Not `pip install\n  'dist-keras[cpu]'`: another project.\n")
+  assert installs_pypi_dist_keras(text) == [
+      'pip install "dist-keras[cpu,ray]"',
+      "pip install -U Dist_Keras==0.1 numpy"]

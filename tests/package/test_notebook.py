@@ -7,6 +7,7 @@ with the default DEVICE="tpu" on a fake Colab, where it must stop before
 training. Its TensorBoard cell really starts a TensorBoard server (on
 localhost); the test stops it.
 """
+import importlib.util
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ import helpers
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("ipykernel")
+from IPython.core import inputtransformer2  # pylint: disable=g-import-not-at-top
 from tensorboard import manager  # pylint: disable=g-import-not-at-top
 
 NOTEBOOK = os.path.join(helpers.REPO, "notebooks", "colab_tpu.ipynb")
@@ -106,18 +108,73 @@ def test_notebook_runs_and_reports_eval_accuracy(executed):
   assert os.path.exists(os.path.join(workdir, "summary.json"))
 
 
-def test_on_colab_without_a_tpu_it_stops_before_training(tmp_path,
-                                                        monkeypatch):
-  """The default DEVICE="tpu" on a (fake) Colab with no TPU: one message
-  saying how to switch the runtime, no silent CPU run."""
+@pytest.mark.parametrize("host,cause,fix", [
+    ({}, "no TPU was found (runtime.tpu='local' is this host's TPU, and it "
+     "shows none", "; Runtime > Change runtime type > TPU (v5e-1 or v6e-1), "
+     "then Runtime > Run all; "),
+    # A TPU runtime whose install failed: the fix is the install, not the
+    # runtime type it already has.
+    ({"TPU_ACCELERATOR_TYPE": "v5litepod-1"}, "a TPU is here "
+     "(TPU_ACCELERATOR_TYPE is set) but this TensorFlow has no libtpu to "
+     "start it", "; pip install "),
+], ids=["no_tpu", "tpu_without_libtpu"])
+def test_on_colab_without_a_tpu_it_stops_before_training(
+    tmp_path, monkeypatch, host, cause, fix):
+  """The default DEVICE="tpu" on a (fake) Colab where no TPU starts: one
+  line, what was tried and the notebook's own switches (the runtime type or
+  the install, DEVICE), no silent CPU run."""
+  if host and importlib.util.find_spec("libtpu"):
+    pytest.skip("this Python has libtpu: it would try the TPU")
   workdir = str(tmp_path / "run")
-  _environment(monkeypatch, workdir, COLAB_RELEASE_TAG="fake-for-test")
+  _environment(monkeypatch, workdir, COLAB_RELEASE_TAG="fake-for-test", **host)
   monkeypatch.delenv("DIST_KERAS_NOTEBOOK_DEVICE", raising=False)
   nb = nbformat.read(NOTEBOOK, as_version=4)
   with pytest.raises(nbclient.exceptions.CellExecutionError) as error:
     _client(nb).execute()
-  message = str(error.value)
-  assert "No TPU: runtime.strategy='tpu' but no TPU was found" in message
-  assert "Runtime > Change runtime type > TPU (v5e-1 or v6e-1)" in message
-  assert 'set DEVICE = "cpu" in the first cell' in message
+  assert error.value.ename == "SystemExit"
+  message = error.value.evalue
+  assert "\n" not in message, message
+  assert message.startswith(f"Stopped before training: {cause}"), message
+  assert fix in message, message
+  assert message.endswith('; or set DEVICE = "cpu" in the first cell to '
+                          "train on this machine's CPUs/GPUs."), message
+  # Said once, and not the command line's switch, which it does not set.
+  assert message.count("Change runtime type") <= 1
+  assert "runtime.strategy" not in message, message
   assert not os.path.exists(workdir)
+
+
+class _Shell:
+  """get_ipython() for the install cell: records `!` commands and `%`
+  magics instead of running them."""
+
+  def __init__(self):
+    self.ran = []
+
+  def system(self, command):
+    self.ran.append(command)
+
+  def run_line_magic(self, name, line):
+    self.ran.append(f"%{name} {line}")
+
+
+@pytest.mark.parametrize("device,install", [
+    ("tpu", 'pip install -q -e ".[tpu]"'),
+    # A CPU/GPU runtime keeps its own TensorFlow: tensorflow-tpu over it
+    # makes `import tensorflow` hang without a TPU (its libtpu retries the
+    # metadata server).
+    ("cpu", "pip install -q -e ."),
+])
+def test_on_colab_the_install_cell_installs_the_extra_device_needs(
+    device, install):
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  [cell] = [c for c in nb.cells if c.cell_type == "code"
+            and "pip install" in c.source]
+  shell = _Shell()
+  code = inputtransformer2.TransformerManager().transform_cell(cell.source)
+  first_cell = {"IN_COLAB": True, "TEST": False, "DEVICE": device,
+                "REPO_URL": "https://github.com/me/dist_keras"}
+  exec(code, {"get_ipython": lambda: shell, **first_cell})  # pylint: disable=exec-used
+  assert shell.ran == [
+      "git clone -q {REPO_URL} /content/dist_keras",
+      "%cd /content/dist_keras", install]

@@ -392,3 +392,35 @@ def test_kubernetes_doc_says_what_each_exit_code_does_to_a_pod():
     assert table[code] == "FailJob", (code, table[code])
   for code in errors.RETRYABLE:
     assert table[code].startswith("pod replaced"), (code, table[code])
+
+
+def _doc_manifests(page="docs/kubernetes.md"):
+  """The manifests a page applies inline (`kubectl apply -f - <<'EOF'`)."""
+  with open(os.path.join(REPO, page), encoding="utf-8") as f:
+    text = f.read()
+  blocks = re.findall(r"<<'EOF'\n(.*?)\nEOF\n", text, re.S)
+  return [d for block in blocks for d in yaml.safe_load_all(block) if d]
+
+
+def _containers(document):
+  """Every container of a Pod, a Job or a TFJob's replicas."""
+  specs = {"Pod": lambda d: [d["spec"]],
+           "Job": lambda d: [d["spec"]["template"]["spec"]],
+           "TFJob": lambda d: [r["template"]["spec"] for r in
+                               d["spec"]["tfReplicaSpecs"].values()]}
+  get = specs.get(document["kind"], lambda d: [])
+  return [c for spec in get(document) for c in spec["containers"]]
+
+
+def test_a_loaded_image_is_not_pulled_again():
+  # `:latest` defaults to imagePullPolicy Always: on kind or minikube,
+  # where the image is loaded into the nodes (no registry), the pod would
+  # sit in ErrImagePull.
+  documents = [d for ds in _docs().values() for d in ds] + _doc_manifests()
+  containers = [c for d in documents for c in _containers(d)]
+  assert len([d for d in _doc_manifests() if d["kind"] == "Pod"]) == 1
+  assert len(containers) == 3  # TFJob's worker, the Job's, TensorBoard's.
+  for container in containers:
+    assert container["image"] == IMAGE, container["name"]
+    assert container.get("imagePullPolicy") == "IfNotPresent", (
+        container["name"])
