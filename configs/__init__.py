@@ -97,13 +97,25 @@ def refuse_unread(config, user_set: dict) -> None:
     raise UserError(line)
 
 
-def set_in(given) -> dict:
-  """refuse_unread's `user_set` for `dist_keras.fit`'s `config`: a dict's
-  keys; none for a ConfigDict (which of its keys were meant is not known)."""
-  if not isinstance(given, Mapping):
+def set_in(given, config) -> dict:
+  """refuse_unread's `user_set` for `dist_keras.fit`'s `config` (`given`;
+  `config`: as resolved): a dict's keys; a ConfigDict's keys whose value
+  is neither base.py's default nor any built-in config's. A ConfigDict does
+  not say which keys were set: a built-in config's with its model switched
+  is not refused for the keys that config set, as on the command line."""
+  if isinstance(given, Mapping):
+    return {str(key): f"config[{key!r}]={value!r}"
+            for key, value in given.items()}
+  if not isinstance(given, ml_collections.ConfigDict):
     return {}
-  return {str(key): f"config[{key!r}]={value!r}"
-          for key, value in given.items()}
+  builtins = [_load_file(name) for name in names()]
+  return {key: how for key, how in _changed(config, "config sets ").items()
+          if all(_value(b, key) != _value(config, key) for b in builtins)}
+
+
+def _value(config, key: str):
+  section, field = key.split(".")
+  return config[section][field]
 
 
 def _changed(config, how: str) -> dict:

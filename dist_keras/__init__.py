@@ -57,7 +57,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
     dist_keras.FitResult(model, summary, workdir, history).
 
   Raises:
-    dist_keras.UserError: a bad setting, model or dataset, a key of a dict
+    dist_keras.UserError: a bad setting, model or dataset, a key set in
       `config` that its built-in model or data does not read, or a Keras fit
       argument (epochs=, ...): one line naming it and the fix, before
       anything is written.
@@ -79,7 +79,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
                _record_name(config.data, dataset_fn, "dataset_fn"))
   if isinstance(strategy, str):
     config.runtime.strategy = strategy
-  _refuse_unread(config, _set_in(given))  # Keys the built-ins do not read.
+  _refuse_unread(config, _set_in(given, config))  # Keys its built-ins skip.
   validate.config(config)
   if not _is_strategy(strategy):  # Too late to set up once TF has started.
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)

@@ -138,7 +138,8 @@ def build(job: Job) -> loop.Trainer:
     if strategies.is_chief(strategy):
       # The lock before anything reads the workdir: the checkpoint another
       # run is writing there is not another model's, nor damaged.
-      undo.callback(run_files.release, workdir, run_files.prepare(workdir))
+      run_files.prepare(workdir)
+      undo.callback(run_files.release, workdir, started=False)
     allreduce.check_same_config(strategy, config.to_dict())
     model_fn, dataset_fn = registry.resolve(config, *job.functions)
     resume = checkpoints.find_resume(workdir)  # Where the data resumes.

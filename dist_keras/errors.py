@@ -23,6 +23,7 @@ Exit codes (documented in the README):
 import contextlib
 import importlib.metadata
 import importlib.util
+import inspect
 import re
 import shlex
 
@@ -187,6 +188,32 @@ def install(extra: str) -> str:
   marker = f'extra == "{extra}"'
   packages = [r.split(";")[0].strip() for r in required if marker in r]
   return "pip install " + " ".join(shlex.quote(p) for p in packages)
+
+
+def see_docs(page: str, topic: str, section: str) -> str:
+  """Where a line sends its reader for more: `topic`, on docs page `page`
+  (e.g. "mfu.md"), which the README's `section` links to. The wheel ships
+  no docs/ folder and the project declares no URL; the README is the
+  package's description (PyPI) and the checkout's front page."""
+  return f'see {topic}: {page}, linked from the README\'s "{section}"'
+
+
+def require(obj, name: str, what: str, where: str):
+  """`obj.name`: a private attribute of Keras or TensorFlow (of a module,
+  or of an object) that dist_keras module `where` relies on. One line
+  naming it where this release has none, not an AttributeError mid-run."""
+  value = getattr(obj, name, None)
+  if value is None:
+    module = inspect.ismodule(obj)
+    owner = obj.__name__ if module else type(obj).__name__
+    origins = [obj.__name__] if module else [
+        c.__module__ for c in type(obj).__mro__]
+    library = ("Keras" if any(o.startswith("keras") for o in origins)
+               else "TensorFlow")
+    raise RuntimeError(
+        f"{owner} has no {name} ({what}): this {library} release changed it;"
+        f" dist_keras needs updating ({where}).")
+  return value
 
 
 def first_line(error: Exception, limit: int = 240) -> str:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 
-from dist_keras import configs, tensorboard_events
+from dist_keras import catalog, configs, tensorboard_events
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -23,14 +23,23 @@ CHECKPOINT_RUN = {
     "log.sync_timing": False, "log.peak_tflops": 1.0}
 
 
+# The model's and data's keys tiny_config shrinks, where they are read.
+TINY = {"data.train_size": 512, "data.eval_size": 128, "data.seq_len": 12,
+        "data.image_size": 16, "model.units": 16, "model.embed_dim": 8,
+        "model.filters": (8,), "model.dense_units": 16}
+
+
 def tiny_config(name: str = "lstm_longmem"):
-  """A config `name` shrunk to run in seconds."""
+  """A config `name` shrunk to run in seconds. Only keys its model and
+  data read are set: dist_keras.fit refuses a ConfigDict's others."""
   c = configs.load(name)
-  c.data.train_size, c.data.eval_size = 512, 128
-  c.data.seq_len = 12
-  c.data.image_size = 16
-  c.model.units, c.model.embed_dim = 16, 8
-  c.model.filters, c.model.dense_units = (8,), 16
+  inputs = catalog.MODELS[c.model.name].inputs
+  reads = {"model": catalog.model_reads(c.model.name),
+           "data": catalog.data_reads(c.data.name, inputs)}
+  for key, value in TINY.items():
+    section, field = key.split(".")
+    if field in reads[section]:
+      c[section][field] = value
   c.train.global_batch_size = 32
   c.train.steps = 8
   c.train.log_every = 4

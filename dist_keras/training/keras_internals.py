@@ -41,18 +41,15 @@ import threading
 import keras
 import tensorflow as tf
 
+from dist_keras import errors
+
+_HERE = "dist_keras/training/keras_internals.py"  # What a change updates.
 ALLREDUCE_HOOK = "_all_reduce_sum_gradients"
 CLIP_HOOK = "_clip_gradients"
 
 
 def _require(obj, name: str, what: str):
-  value = getattr(obj, name, None)
-  if value is None:
-    raise RuntimeError(
-        f"{type(obj).__name__} has no {name} ({what}): this Keras release "
-        "changed it; dist_keras needs updating "
-        "(dist_keras/training/keras_internals.py).")
-  return value
+  return errors.require(obj, name, what, _HERE)
 
 
 def disable_optimizer_allreduce(optimizer) -> None:

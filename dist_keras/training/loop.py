@@ -135,8 +135,8 @@ class Trainer:
     schedule = run.schedule
     epoch = schedule.epoch_after(run.step)
     first, last = epoch * schedule.epoch_steps, schedule.epoch_end(epoch)
+    self.train_metrics.start_epoch(first)  # Before the hook, as fit.
     hooks.on_epoch_begin(epoch)
-    self.train_metrics.start_epoch(first)
     while run.step < last and not run.stopping:
       hooks.on_train_batch_begin(run.step - first)
       self._call(run, call, iterator)

@@ -147,20 +147,21 @@ def refused(workdir: str) -> None:
   _REFUSED.add(os.path.abspath(workdir))
 
 
-def release(workdir: str, created: str | None = None) -> None:
-  """Lets go of a workdir prepare() held; with `created` (what prepare
-  made), a run that failed before it wrote anything removes it: a bad
-  model or dataset leaves no folder behind. (Only while this process
-  holds the lock: never another run's.)"""
+def release(workdir: str, started: bool = True) -> None:
+  """Lets go of a workdir prepare() held. What prepare created (it keeps
+  that) goes when the run did not start (`started` False: a bad model or
+  dataset leaves no folder behind) and held nothing else, or when it was
+  refused(). (Only while this process holds the lock: never another
+  run's.)"""
   key = os.path.abspath(workdir)
-  lock, made = _HELD.pop(key, None), _CREATED.pop(key, None)
+  lock, created = _HELD.pop(key, None), _CREATED.pop(key, None)
   refused_run = key in _REFUSED
   _REFUSED.discard(key)
   if lock is None:
     return
   try:
-    _remove_unused(made if refused_run else created,
-                   starting_files=refused_run)
+    if refused_run or not started:
+      _remove_unused(created, starting_files=refused_run)
   finally:
     lock.close()
 

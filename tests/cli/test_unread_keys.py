@@ -11,6 +11,7 @@ import pytest
 
 import dist_keras
 import helpers
+import user_task
 from dist_keras import catalog, configs
 from dist_keras.errors import UserError
 
@@ -57,13 +58,17 @@ def test_the_command_line_refuses_in_one_line_writing_nothing(tmp_path, args,
 
 
 def test_refused_before_tensorflow_starts_from_fit_too(tmp_path):
-  """The command line's check (configs) and dist_keras.fit's dict, which
-  names the model by its argument."""
+  """The command line's check (configs) and dist_keras.fit's dict and
+  ConfigDict, which name the model by its argument."""
+  run = str(tmp_path / "run")
   code = (
       "import sys\nimport dist_keras\nfrom dist_keras import configs\n"
+      "c = configs.load('cnn_shapes')\nc.model.cell = 'gru'\n"
       "for call in (lambda: configs.from_command_line('cnn_shapes', "
       "['model.cell=gru']), lambda: dist_keras.fit('cnn', 'shapes', "
-      f"workdir={str(tmp_path / 'run')!r}, config={{'model.cell': 'gru'}})):\n"
+      f"workdir={run!r}, config={{'model.cell': 'gru'}}), "
+      f"lambda: dist_keras.fit('cnn', 'shapes', workdir={run!r}, "
+      "config=c)):\n"
       "  try:\n    call()\n"
       "  except dist_keras.UserError as e:\n    print(e)\n"
       "assert 'tensorflow' not in sys.modules\n")
@@ -71,7 +76,43 @@ def test_refused_before_tensorflow_starts_from_fit_too(tmp_path):
   assert result.returncode == 0, result.stderr
   assert result.stdout.splitlines() == [
       f"--config.model.cell=gru: {CELL_ON_CNN}",
-      f"config['model.cell']='gru': {CELL_ON_CNN}"]
+      f"config['model.cell']='gru': {CELL_ON_CNN}",
+      f"config sets model.cell='gru': {CELL_ON_CNN}"]
+  assert not os.listdir(tmp_path)
+
+
+def test_a_configdicts_keys_set_by_its_built_in_config_are_not_refused():
+  """fit's ConfigDict does not say which keys the user set: a value of
+  base.py's or of a built-in config counts as not set, so a built-in config
+  with its model switched keeps the keys it set, as on the command line;
+  another value is the user's."""
+  c = configs.load("cnn_cifar10")
+  c.model.name = "resnet50"
+  assert "model.filters" not in configs.set_in(c, c)
+  configs.refuse_unread(c, configs.set_in(c, c))
+  c.model.filters = (8,)
+  with pytest.raises(UserError) as raised:
+    configs.refuse_unread(c, configs.set_in(c, c))
+  assert str(raised.value) == (
+      "config sets model.filters=(8,): model.name='resnet50' does not read "
+      "model.filters (it reads none of model.*); drop it, or set model.name "
+      "to one that reads it: cnn.")
+
+
+def test_a_configdict_for_a_users_own_model_is_checked_by_the_registry(
+    tmp_path):
+  """A ConfigDict with a user's model_fn: a built-in model's key set is
+  refused as a dict's is (registry.py), nothing written."""
+  c = configs.load("lstm_longmem")
+  c.model.cell = "gru"
+  with pytest.raises(UserError) as raised:
+    dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"), config=c,
+                   strategy="one_device")
+  assert str(raised.value) == (
+      "model.cell='gru' is a setting of the built-in models, but "
+      "model.name='user_task:model_fn' is your own: set it in your "
+      "model_fn, or leave model.cell at its default ('lstm').")
   assert not os.listdir(tmp_path)
 
 

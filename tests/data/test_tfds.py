@@ -20,6 +20,7 @@ import tensorflow_datasets as tfds
 
 import helpers
 from dist_keras import catalog, data, models
+from dist_keras.configs import base
 from dist_keras.data import preprocess, tfds_reading, tfds_sources
 from dist_keras.errors import UserError
 from tools import mock_tfds
@@ -88,9 +89,17 @@ def tiny_dir(tmp_path_factory):
 
 
 def _cfg(name, data_dir, config="lstm_longmem"):
+  """Config `config` on tfds:`name`, shrunk where that data reads, the
+  data keys it does not read at their defaults (fit refuses them)."""
   c = helpers.tiny_config(config)
   c.data.name, c.data.data_dir = f"tfds:{name}", data_dir
-  c.data.seq_len, c.data.vocab_size, c.data.image_size = 6, 50, 16
+  reads, defaults = catalog.data_reads(c.data.name), base.get_config().data
+  shrunk = {"seq_len": 6, "vocab_size": 50, "image_size": 16}
+  for field in defaults:
+    if field not in reads:
+      c.data[field] = defaults[field]
+    elif field in shrunk:
+      c.data[field] = shrunk[field]
   return c
 
 

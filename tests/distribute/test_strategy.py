@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import tensorflow as tf
+from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-direct-tensorflow-import
 
 import helpers
 from dist_keras import validate
@@ -272,3 +273,30 @@ def test_an_unused_strategy_gets_keys_of_its_own(monkeypatch):
   assert starts(first) == {100, 101}
   assert starts(second) == {101 + strategies._KEY_GAP}  # pylint: disable=protected-access
   assert starts(used) == used_before
+
+
+@pytest.mark.parametrize("owner,name,line", [
+    ("extended", "_collective_keys", "MirroredExtended has no "
+     "_collective_keys (its collective keys)"),
+    ("keys", "_instance_key_table", "CollectiveKeys has no "
+     "_instance_key_table (its instance keys)"),
+    ("module", "INSTANCE_KEY_START_NUMBER", "tensorflow.python.distribute."
+     "cross_device_utils has no INSTANCE_KEY_START_NUMBER (the first "
+     "instance key)"),
+])
+def test_a_tensorflow_without_the_private_key_table_is_named_in_one_line(
+    monkeypatch, owner, name, line):
+  """own_collective_keys writes TensorFlow's private table: a release that
+  renames a part of it is one line naming that part, not an AttributeError
+  at build (nor, for the strategy's keys, a silent skip)."""
+  monkeypatch.setattr(strategies, "_KEYS_SEEN", [])
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  monkeypatch.delattr({
+      "extended": strategy.extended,
+      "keys": strategy.extended._collective_keys,  # pylint: disable=protected-access
+      "module": cross_device_utils}[owner], name)
+  with pytest.raises(RuntimeError) as raised:
+    strategies.own_collective_keys(strategy)
+  assert str(raised.value) == (
+      f"{line}: this TensorFlow release changed it; dist_keras needs "
+      "updating (dist_keras/distribute/strategies.py).")

@@ -1,7 +1,9 @@
 """What the installed package says names only what its user has: no
 message, and no --help a module prints from its own docstring, names a
-file of the repository that the wheel does not ship (tools/..., or a
-config by its checkout path, configs/base.py). The wheel ships the
+file of the repository that the wheel does not ship (tools/..., docs/...
+but in a full URL, or a config by its checkout path, configs/base.py).
+A line sending its reader to a docs page names the page and the README
+section linking to it (errors.see_docs), both checked here. The wheel ships the
 launcher and the data preparer as `python -m dist_keras.launch` and
 `python -m dist_keras.prepare_data` (read from the source)."""
 import ast
@@ -15,9 +17,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODULES = sorted([
     *glob.glob(os.path.join(REPO, "dist_keras", "**", "*.py"), recursive=True),
     *glob.glob(os.path.join(REPO, "configs", "*.py"))])  # dist_keras.configs
-# tools/NAME, or configs/NAME.py: paths in a checkout, absent from a wheel
-# (whose configs are the package dist_keras.configs, found by name).
-REPO_ONLY = re.compile(r"(?<![\w./-])(?:tools/|configs/\w+\.py)")
+# tools/NAME, docs/NAME, or configs/NAME.py: paths in a checkout, absent
+# from a wheel (whose configs are the package dist_keras.configs, found by
+# name); a URL's .../docs/NAME is whole.
+REPO_ONLY = re.compile(r"(?<![\w./-])(?:tools/|docs/|configs/\w+\.py)")
 
 
 def _docstrings(tree) -> set:
@@ -68,3 +71,29 @@ def f(x):
   assert repository_paths(source + "HELP = __doc__\n") == [
       (1, "tools/"), (5, "tools/"), (5, "configs/base.py")]
   assert not repository_paths('X = "dist_keras/configs/base.py, my_tools/x"')
+  assert repository_paths('X = "(see docs/mfu.md)"') == [(1, "docs/")]
+  assert not repository_paths(
+      'X = "https://github.com/o/r/blob/main/docs/mfu.md#peak"')
+
+
+def _see_docs_calls():
+  """(module, page, section) of each errors.see_docs call in the package."""
+  for path in MODULES:
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Call)
+          and getattr(node.func, "attr", None) == "see_docs"):
+        page, _, section = [a.value for a in node.args]
+        yield os.path.relpath(path, REPO), page, section
+
+
+def test_a_docs_page_named_is_linked_from_the_readme_section_named():
+  calls = list(_see_docs_calls())
+  assert len(calls) >= 3
+  with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+    sections = re.split(r"^## ", f.read(), flags=re.M)
+  for module, page, section in calls:
+    assert os.path.isfile(os.path.join(REPO, "docs", page)), module
+    (text,) = [s for s in sections if s.startswith(section + "\n")]
+    assert f"(docs/{page})" in text, (module, page, section)

@@ -67,6 +67,30 @@ def test_a_custom_callback_sees_fits_hooks_in_fits_order(tmp_path):
   assert result.history == {k: v for k, v in fitted.history.history.items()}
 
 
+class _MetricsAtEpochBegin(keras.callbacks.Callback):
+  """Reads the model's metrics as each epoch after the first begins (fit
+  builds its compiled metrics at the first step: none to read before)."""
+
+  def __init__(self):
+    super().__init__()
+    self.seen = []
+
+  def on_epoch_begin(self, epoch, logs=None):
+    if epoch:
+      self.seen.append({k: float(v) for k, v in
+                        self.model.get_metrics_result().items()})
+
+
+def test_an_epochs_first_hook_sees_its_metrics_reset_as_under_fit(tmp_path):
+  """fit resets the metrics before on_epoch_begin: a callback reading them
+  there sees zeros, not the last eval's values."""
+  fit_seen, our_seen = _MetricsAtEpochBegin(), _MetricsAtEpochBegin()
+  _fit([fit_seen])
+  _ours(tmp_path, [our_seen])
+  assert len(our_seen.seen) == EPOCHS - 1
+  assert our_seen.seen == fit_seen.seen
+
+
 def test_two_replicas_call_the_same_hooks_with_the_same_logs(tmp_path,
                                                              mirrored):
   one, two = parity_task.Recorder(), parity_task.Recorder()

@@ -145,20 +145,25 @@ def test_an_unreadable_config_json_is_said_before_it_is_replaced(
 def test_what_prepare_made_goes_when_the_run_fails_before_writing(tmp_path):
   """The lock is taken before the model and data are checked (nothing
   may read the workdir before it): a run refused then removes the folders
-  it made, or the lock file it added, and nothing else."""
+  it made, or the lock file it added, and nothing else. release() knows
+  what prepare() made: its caller does not pass it."""
   workdir = str(tmp_path / "new" / "run")
   created = run_files.prepare(workdir)
   assert created == str(tmp_path / "new")
-  run_files.release(workdir, created)
+  run_files.release(workdir, started=False)
   assert os.listdir(tmp_path) == []
   (tmp_path / "mine").mkdir()
   (tmp_path / "mine" / "notes.txt").write_text("the user's")
   created = run_files.prepare(str(tmp_path / "mine"))
   assert created == str(tmp_path / "mine" / ".lock")
-  run_files.release(str(tmp_path / "mine"), created)
+  run_files.release(str(tmp_path / "mine"), started=False)
   assert os.listdir(tmp_path / "mine") == ["notes.txt"]
-  created = run_files.prepare(workdir)
+  run_files.prepare(workdir)
   (tmp_path / "new" / "run" / "config.json").write_text("{}")
-  run_files.release(workdir, created)  # It wrote: all stays.
+  run_files.release(workdir, started=False)  # It wrote: all stays.
   assert sorted(os.listdir(tmp_path / "new" / "run")) == [".lock",
                                                           "config.json"]
+  # A run that started keeps its lock file, in a folder that had none.
+  run_files.prepare(str(tmp_path / "mine"))
+  run_files.release(str(tmp_path / "mine"))
+  assert sorted(os.listdir(tmp_path / "mine")) == [".lock", "notes.txt"]
