@@ -79,7 +79,9 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
                _record_name(config.data, dataset_fn, "dataset_fn"))
   if isinstance(strategy, str):
     config.runtime.strategy = strategy
-  _refuse_unread(config, _set_in(given, config))  # Keys its built-ins skip.
+  user_set = _set_in(given, config)
+  _refuse_unread(config, user_set)  # Keys its built-ins skip.
+  _refuse_decided(user_set, strategy)
   validate.config(config)
   if not _is_strategy(strategy):  # Too late to set up once TF has started.
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)
@@ -92,6 +94,27 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
 
 def _is_strategy(strategy) -> bool:
   return strategy is not None and not isinstance(strategy, str)
+
+
+# What a strategy object decides in place of these keys: they only choose
+# and build a strategy (distribute/strategies.py get_strategy).
+_STRATEGY_DECIDES = ("runtime.strategy", "runtime.num_cpu_devices",
+                     "runtime.tpu", "runtime.collective",
+                     "runtime.timeout_seconds")
+
+
+def _refuse_decided(user_set: dict, strategy) -> None:
+  """UserError for a key of `user_set` that a strategy object makes moot:
+  it would be ignored."""
+  if not _is_strategy(strategy):
+    return
+  for key in _STRATEGY_DECIDES:
+    if key in user_set:
+      raise UserError(
+          f"{user_set[key]}: strategy= is a {type(strategy).__name__}, which"
+          f" decides the devices and collectives, so {key} would be ignored;"
+          " drop the key, or pass strategy=None or a name and let the config"
+          " build the strategy.")
 
 
 def _record_name(section, fn, what: str):

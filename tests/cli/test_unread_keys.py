@@ -189,3 +189,23 @@ def test_fit_names_the_key_the_value_and_the_type_it_takes(tmp_path, config,
                    config=config)
   assert str(raised.value) == line
   assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("key,value", [("runtime.num_cpu_devices", 4),
+                                       ("runtime.collective", "ring")])
+def test_a_strategy_object_refuses_the_keys_it_decides(tmp_path, key, value):
+  """A key that only chooses and builds the strategy, with a strategy
+  object given: it would be ignored, so it is refused, nothing written."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  with pytest.raises(UserError) as raised:
+    dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"), strategy=strategy,
+                   config={key: value, "train.steps": 2,
+                           "train.global_batch_size": user_task.GLOBAL_BATCH})
+  assert str(raised.value) == (
+      f"config[{key!r}]={value!r}: strategy= is a OneDeviceStrategy, which "
+      f"decides the devices and collectives, so {key} would be ignored; drop"
+      " the key, or pass strategy=None or a name and let the config build "
+      "the strategy.")
+  assert not os.listdir(tmp_path)
