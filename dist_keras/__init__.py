@@ -79,9 +79,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
                _record_name(config.data, dataset_fn, "dataset_fn"))
   if isinstance(strategy, str):
     config.runtime.strategy = strategy
-  user_set = _set_in(given, config)
-  _refuse_unread(config, user_set)  # Keys its built-ins skip.
-  _refuse_decided(user_set, strategy)
+  _refuse_ignored(config, _set_in(given, config), strategy)
   validate.config(config)
   if not _is_strategy(strategy):  # Too late to set up once TF has started.
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)
@@ -103,9 +101,11 @@ _STRATEGY_DECIDES = ("runtime.strategy", "runtime.num_cpu_devices",
                      "runtime.timeout_seconds")
 
 
-def _refuse_decided(user_set: dict, strategy) -> None:
-  """UserError for a key of `user_set` that a strategy object makes moot:
-  it would be ignored."""
+def _refuse_ignored(config, user_set: dict, strategy) -> None:
+  """UserError for a key of `user_set` that would be ignored: one the
+  named built-in model or data does not read, or one a strategy object
+  makes moot."""
+  _refuse_unread(config, user_set)
   if not _is_strategy(strategy):
     return
   for key in _STRATEGY_DECIDES:
