@@ -6,9 +6,11 @@ TensorFlow profiler trace(s) a run wrote with
 replicas spent in collective ops per step (split into waiting for the last
 replica and the reduction after everyone arrived), then the run's
 `sync/allreduce_ms` and `sync/straggler_ms` TensorBoard scalars over the same
-steps, and their ratio to the trace's figures. The sync timing's own
-all_gather (each replica's collective wait, gathered after the step's last
-stamp: dist_keras/measure/stamps.py) is left out of the trace's figures, as
+steps, and their ratio to the trace's figures. Under multi-worker the
+trace is this process's replicas only, while sync/straggler_ms is the job's
+(every worker's replicas): that one is shown, not compared. The sync
+timing's own all_gather (each replica's collective wait and compute,
+gathered after the step's last stamp: dist_keras/measure/stamps.py) is left out of the trace's figures, as
 the scalars leave it out; how many executions that was is printed.
 
   python tools/profile_collectives.py --workdir runs/20261129-231659
@@ -180,10 +182,36 @@ def print_trace(result: dict) -> None:
           f"{_ms(r['wait_ms_per_step'])} ({r['executions']} executions)")
 
 
-def print_scalars(result: dict, scalars: dict, steps_range) -> None:
+def job_replicas(workdir: str, scalars: dict):
+  """The run's replicas in sync, every worker's: summary.json's, else one
+  per sync_replica/<i>/compute_ms tag (the chief logs every replica's);
+  None if neither says."""
+  try:
+    return int(common.read_summary(workdir)["replicas"])
+  except (ValueError, KeyError, TypeError):
+    tags = [t for t in scalars if t.startswith("sync_replica/")]
+    return len(tags) or None
+
+
+# Scalars that are the job's, every worker's replicas, under multi-worker.
+JOB_WIDE = ("sync/straggler_ms",)
+
+
+def print_scalars(result: dict, scalars: dict, steps_range,
+                  replicas=None) -> None:
+  """The scalars over the profiled steps beside the trace's figures;
+  `replicas` the job's (job_replicas): more than the trace's means other
+  workers' replicas, whose collectives are in their own traces."""
   where = (f"steps {steps_range[0]}-{steps_range[1]}" if steps_range
            else "all steps")
   print(f"  TensorBoard scalars over {where}:")
+  others = bool(replicas and result["replicas"]
+                and replicas > result["replicas"])
+  if others:
+    print(f"    note: this trace holds {result['replicas']} of the job's "
+          f"{replicas} replicas (other workers' are in their own traces): "
+          "its wait, after-arrival and arrival spread see only their "
+          "arrivals")
   for tag, figures in COMPARISONS.items():
     if tag not in scalars:
       print(f"    {tag:<18} not in this workdir's scalars (this loop does "
@@ -191,6 +219,10 @@ def print_scalars(result: dict, scalars: dict, steps_range) -> None:
       continue
     value, note = scalar_over(scalars[tag], steps_range)
     print(f"    {tag:<18} {_ms(value):>9}  ({note})")
+    if others and tag in JOB_WIDE:
+      print(f"      not compared: the job's, over its {replicas} replicas, "
+            "not this trace's")
+      continue
     for key, label in figures:
       if value is not None and result[key]:
         print(f"      = {value / result[key]:.2f}x the trace's {label} "
@@ -219,7 +251,8 @@ def main(argv=None) -> int:
   scalars = tensorboard_events.read_scalars(args.workdir)
   for result in results:
     print_trace(result)
-    print_scalars(result, scalars, profiled_range(result, args.workdir))
+    print_scalars(result, scalars, profiled_range(result, args.workdir),
+                  job_replicas(args.workdir, scalars))
   return 0
 
 

@@ -4,16 +4,15 @@ import numpy as np
 
 
 def split_step(step_start: float, inputs_ready: float, stamps,
-              collective_waits=None) -> dict:
+              job_durations=None) -> dict:
   """Splits one step into input wait, compute, straggler wait and all-reduce.
 
   Args:
     step_start: host stamp before asking for the next distributed batch.
     inputs_ready: stamp once every replica's batch is there.
     stamps: [local replicas, 4] array of STAMPS per replica, in seconds.
-    collective_waits: `reduced - grads_ready` of EVERY replica in the job
-      (gather_collective_wait); default: the local replicas' own, which is
-      all of them on one host.
+    job_durations: [replicas in sync, 2], time in the reduction and compute
+      of EVERY replica of the job (stamps.gather_durations); default: local.
 
   Returns:
     Milliseconds (mean and max over the local replicas; per replica, the four
@@ -26,18 +25,19 @@ def split_step(step_start: float, inputs_ready: float, stamps,
     last waits for no one, so the shortest time in the reduction is the
     all-reduce proper and a replica's excess over it is straggler wait
     (this assumes the replicas finish the reduction together). There
-    `straggler_ms` and `straggler_max_ms` are over EVERY replica of the
-    job, as on one host (a worker whose replicas are the slowest waits for
-    no one, yet the job's others wait for them), so the means add up to
-    the step only where this worker's replicas wait as long as the job's.
+    `straggler_ms`, `straggler_max_ms` and `per_replica_compute_ms` are
+    EVERY replica's of the job, as on one host (a worker whose replicas
+    are the slowest waits for no one, yet the job's others wait for them),
+    so the means add up to the step only where this worker's replicas wait
+    as long as the job's.
   """
   stamps = np.asarray(stamps, dtype=np.float64)
   start, ready, reduced, end = stamps.T
   waits = reduced - ready
-  across_hosts = (collective_waits is not None
-                  and len(collective_waits) != len(stamps))
+  across_hosts = (job_durations is not None
+                  and len(job_durations) != len(stamps))
   if across_hosts:  # Replicas on other hosts, other clocks: durations only.
-    job_waits = np.asarray(collective_waits, np.float64)
+    job_waits, job_compute = np.asarray(job_durations, np.float64).T
     job_straggler = job_waits - job_waits.min()
     straggler = np.maximum(waits - job_waits.min(), 0.0)
   else:  # Every replica is here, on one clock: the last arrival is known.
@@ -55,10 +55,11 @@ def split_step(step_start: float, inputs_ready: float, stamps,
   for name, values in per_replica.items():
     out[name] = 1e3 * float(values.mean())
     out[name.replace("_ms", "_max_ms")] = 1e3 * float(values.max())
+  out["per_replica_compute_ms"] = (1e3 * per_replica["compute_ms"]).tolist()
   if across_hosts:
     out["straggler_ms"] = 1e3 * float(job_straggler.mean())
     out["straggler_max_ms"] = 1e3 * float(job_straggler.max())
-  out["per_replica_compute_ms"] = (1e3 * per_replica["compute_ms"]).tolist()
+    out["per_replica_compute_ms"] = (1e3 * job_compute).tolist()
   out["fraction"] = ((out["allreduce_ms"] + out["straggler_ms"])
                      / max(out["step_ms"], 1e-9))
   return out

@@ -43,9 +43,9 @@ class RunMeters:
       return
     stamped = [np.asarray(out[k]) for k in ("step_start", "inputs_ready",
                                             "stamps")]
-    if "collective_waits" in out:
+    if "job_durations" in out:
       self.window.breakdown = breakdown.split_step(
-          *stamped, np.asarray(out["collective_waits"]))
+          *stamped, np.asarray(out["job_durations"]))
     else:  # A model's own train_step: not split further.
       self.window.breakdown = breakdown.whole_step(*stamped)
 

@@ -71,11 +71,17 @@ def after_stamp(stamp, tensors):
 STAMPS = ("start", "grads_ready", "reduced", "end")
 
 
-def gather_collective_wait(grads_ready, reduced, end):
-  """Every replica's `reduced - grads_ready`, on every worker (in replica).
+def gather_durations(start, grads_ready, reduced, end):
+  """Every replica's (time in the reduction, compute), on every worker (in
+  replica): [replicas in sync, 2], rows in TF's replica order (the chief's,
+  or worker 0's, first), so the chief can tell which worker is slow.
 
-  A duration, not a time of day, so it compares across hosts whose clocks
-  differ; gathered after the step's last stamp so it times nothing itself.
+  Durations, not times of day, so they compare across hosts whose clocks
+  differ; gathered after the step's last stamp so they time nothing
+  themselves. Compute is breakdown.split_step's: until the gradients, plus
+  the update after the reduction.
   """
-  wait = after_stamp(end, tf.reshape(reduced - grads_ready, [1]))
-  return tf.distribute.get_replica_context().all_gather(wait, axis=0)
+  durations = tf.stack([reduced - grads_ready,
+                        (grads_ready - start) + (end - reduced)])
+  durations = after_stamp(end, tf.reshape(durations, [1, 2]))
+  return tf.distribute.get_replica_context().all_gather(durations, axis=0)

@@ -140,7 +140,7 @@ def make_train_step(strategy, model, options: StepOptions = StepOptions(),
   finite) and 'skipped'; the compiled metrics are updated in place. With
   `timed`, the step is instrumented with in-graph stamps (stamps.STAMPS)
   and the dict also holds 'step_start', 'inputs_ready', per-replica
-  'stamps' and every replica's 'collective_waits' for breakdown.split_step.
+  'stamps' and every replica's 'job_durations' for breakdown.split_step.
   Either way it holds 'sent_bytes' (allreduce.sent_bytes, the first
   replica's).
 
@@ -205,9 +205,9 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
       return loss, finite, (), (), sent
     # Reading every variable orders the last stamp after all their updates.
     end = stamps.stamp_after([tf.identity(v.value) for v in variables], clock)
-    waits = stamps.gather_collective_wait(grads_ready, reduced, end)
+    job = stamps.gather_durations(start, grads_ready, reduced, end)
     return (loss, finite, tf.stack([start, grads_ready, reduced, end]),
-            waits, sent)
+            job, sent)
 
   return replica_step
 
@@ -253,7 +253,7 @@ def _distributed_step(strategy, replica_step, optimizer, timed):
 
   def one_step(iterator):
     out, batch, kwargs = read_batch(strategy, iterator, timed)
-    loss, finite, stamped, waits, sent = strategy.run(
+    loss, finite, stamped, job, sent = strategy.run(
         replica_step, args=(batch,), kwargs=kwargs)
     out["loss"] = strategy.reduce(_SUM, loss, axis=None)
     out["finite_grads"] = strategy.experimental_local_results(finite)[0]
@@ -262,8 +262,8 @@ def _distributed_step(strategy, replica_step, optimizer, timed):
         tf.logical_not(out["finite_grads"]), tf.int32))
     if timed:
       out["stamps"] = tf.stack(strategy.experimental_local_results(stamped))
-      # The same gathered vector on every replica: take the first.
-      out["collective_waits"] = strategy.experimental_local_results(waits)[0]
+      # The same gathered rows on every replica: take the first.
+      out["job_durations"] = strategy.experimental_local_results(job)[0]
     out["sent_bytes"] = strategy.experimental_local_results(sent)[0]
     return out
 

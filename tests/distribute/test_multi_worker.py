@@ -277,7 +277,9 @@ def test_the_chief_logs_the_jobs_straggler_wait_when_it_is_the_slowest(
   """The chief's replica computes 300 ms longer: it waits for no one, the
   other worker's replica waits ~300 ms for it. The chief's sync/straggler_ms
   is the job's mean (~150 ms), its max the other's wait (it read 0, the
-  chief's own replica's, when each worker reported its own)."""
+  chief's own replica's, when each worker reported its own). It logs
+  every replica's compute, the job's numbering (the chief's first): the
+  other worker's replica 1 ~300 ms below its own (it had its own only)."""
   train_flags = _train_args(tmp_path / "run")[2:]
   result = _launch(2, ["-c", _ONE_SLOW_WORKER.replace(
       "SLOW_MS", str(SLOW_MS)), *train_flags], SLOW_TASK="0")
@@ -292,6 +294,13 @@ def test_the_chief_logs_the_jobs_straggler_wait_when_it_is_the_slowest(
   for (_, mean), (_, worst) in zip(tags["sync/straggler_ms"],
                                    tags["sync/straggler_max_ms"]):
     assert mean == pytest.approx(worst / 2, rel=1e-6)  # (0 + wait) / 2
+  assert sorted(t for t in tags if t.startswith("sync_replica/")) == [
+      "sync_replica/0/compute_ms", "sync_replica/1/compute_ms"], tags
+  for (_, own), (_, chief), (_, other) in zip(
+      tags["sync/compute_ms"], tags["sync_replica/0/compute_ms"],
+      tags["sync_replica/1/compute_ms"]):
+    assert chief == pytest.approx(own, rel=1e-6)
+    assert 0 < other < chief - SLOW_MS * 0.8, tags
 
 
 # --- Two hosts of their own: network namespaces joined by a veth pair -------

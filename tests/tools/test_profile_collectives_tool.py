@@ -9,6 +9,7 @@ import pytest
 
 import helpers
 import profile_collectives  # tools/, on sys.path (conftest.py)
+from dist_keras import tensorboard_events
 
 
 def _execution(node, op_type, start_us, dur_us, instance):
@@ -67,3 +68,44 @@ def test_the_note_says_what_was_left_out(tmp_path, capsys):
   assert "2 CollectiveGatherV2, 2 CollectiveReduceV2; 1 steps" in out
   assert ("note: 2 CollectiveGatherV2 of the sync timing's own all_gather "
           "(nodes under allgather/") in out
+
+
+def _with_scalars(workdir: str, replicas: int) -> str:
+  """`workdir` with the sync scalars of its marked step 7 and a
+  summary.json of a job of `replicas` replicas."""
+  writer = tensorboard_events.Writer(workdir, enabled=True)
+  writer.scalars(7, {"sync/allreduce_ms": 0.02, "sync/straggler_ms": 0.01})
+  writer.close()
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump({"replicas": replicas}, f)
+  return workdir
+
+
+def test_one_host_compares_the_straggler_wait_with_its_trace(tmp_path,
+                                                             capsys):
+  workdir = _with_scalars(_workdir(tmp_path), replicas=2)
+  assert profile_collectives.main([f"--workdir={workdir}"]) == 0
+  out = capsys.readouterr().out
+  assert "x the trace's mean wait" in out
+  assert "of the job's" not in out and "not compared" not in out
+
+
+def test_under_multi_worker_the_jobs_straggler_wait_is_not_compared(
+    tmp_path, capsys):
+  """The chief's trace holds its own 2 replicas; sync/straggler_ms is the
+  mean over the job's 4: shown, not set against this trace's wait."""
+  workdir = _with_scalars(_workdir(tmp_path), replicas=4)
+  assert profile_collectives.main([f"--workdir={workdir}"]) == 0
+  out = capsys.readouterr().out
+  assert "note: this trace holds 2 of the job's 4 replicas" in out
+  straggler = out[out.index("sync/straggler_ms"):]
+  assert "not compared: the job's, over its 4 replicas" in straggler
+  assert "x the trace's" not in straggler
+  assert "x the trace's after-arrival ms" in out  # sync/allreduce_ms's.
+
+
+def test_without_a_summary_the_replica_tags_count_the_jobs_replicas(
+    tmp_path):
+  scalars = {f"sync_replica/{i}/compute_ms": [(7, 1.0)] for i in range(4)}
+  assert profile_collectives.job_replicas(str(tmp_path), scalars) == 4
+  assert profile_collectives.job_replicas(str(tmp_path), {}) is None

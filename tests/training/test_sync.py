@@ -84,13 +84,51 @@ def test_breakdown_splits_a_step_exactly():
   assert b["fraction"] == pytest.approx(3.0 / 16.5)
 
 
+def _job(waits, compute):
+  """stamps.gather_durations' rows: (time in the reduction, compute) of
+  every replica of the job, given in ms, in seconds."""
+  return 1e-3 * np.array([waits, compute]).T
+
+
+def test_the_chief_logs_every_replicas_compute_of_the_job():
+  """2 workers, 2 replicas each: this worker's are the job's first two
+  (TF's replica order); the other worker's replica 3 computes 40 ms longer
+  than the rest, and the chief's sync_replica/3/compute_ms says so, while
+  sync/compute_ms and its max stay its own replicas'."""
+  stamps = 1e-3 * np.array([[1.0, 10.0, 55.0, 56.0],
+                            [1.0, 11.0, 55.0, 56.5]]) + 1e6
+  b = breakdown.split_step(1e6, 1e6, stamps,
+                           _job(waits=[45.0, 44.0, 45.0, 4.0],
+                                compute=[10.0, 11.5, 10.0, 50.0]))
+  assert b["per_replica_compute_ms"] == pytest.approx([10.0, 11.5, 10.0, 50.0])
+  assert b["compute_ms"] == pytest.approx(10.75)
+  assert b["compute_max_ms"] == pytest.approx(11.5)
+  assert b["straggler_max_ms"] == pytest.approx(41.0)
+  tags = breakdown.SyncLog().add(b)
+  assert [t for t in tags if t.startswith("sync_replica/")] == [
+      f"sync_replica/{i}/compute_ms" for i in range(4)]
+  assert tags["sync_replica/3/compute_ms"] == pytest.approx(50.0)
+
+
+def test_one_host_logs_its_own_stamps_whatever_was_gathered():
+  """Every replica here: the gathered rows are its own, and the values are
+  the local stamps' as before the gather carried compute."""
+  stamps = 1e-3 * np.array([[1.0, 10.0, 15.0, 16.0],
+                            [1.0, 14.0, 15.0, 16.5]])
+  alone = breakdown.split_step(0.0, 0.0008, stamps)
+  gathered = breakdown.split_step(0.0, 0.0008, stamps,
+                                  _job(waits=[5.0, 1.0], compute=[9.0, 9.0]))
+  assert gathered == alone
+
+
 def test_breakdown_across_workers_compares_durations_not_clocks():
   # This worker's one replica waited 5 ms in the reduction; the job's other
   # replica (another host, another clock) waited 1 ms: it arrived last, so
   # 1 ms is the all-reduce and our extra 4 ms is straggler wait; the job's
   # mean straggler wait is (4 + 0) / 2.
   stamps = 1e-3 * np.array([[1.0, 10.0, 15.0, 16.0]]) + 1e6  # Any clock.
-  b = breakdown.split_step(1e6, 1e6 + 0.0008, stamps, 1e-3 * np.array([5.0, 1.0]))
+  b = breakdown.split_step(1e6, 1e6 + 0.0008, stamps,
+                           _job(waits=[5.0, 1.0], compute=[14.0, 9.0]))
   assert b["straggler_ms"] == pytest.approx(2.0)
   assert b["straggler_max_ms"] == pytest.approx(4.0)
   assert b["allreduce_ms"] == pytest.approx(1.0)
@@ -104,13 +142,15 @@ def test_a_worker_whose_replica_is_the_slowest_reports_the_jobs_wait():
   Yet the job's other replicas waited for it, and that is what the
   chief's sync/straggler_ms says (2 workers: a replica each)."""
   stamps = 1e-3 * np.array([[1.0, 10.0, 15.0, 16.0]]) + 1e6
-  last = breakdown.split_step(1e6, 1e6, stamps, 1e-3 * np.array([5.0, 7.0]))
+  last = breakdown.split_step(1e6, 1e6, stamps,
+                              _job(waits=[5.0, 7.0], compute=[14.0, 9.0]))
   assert last["allreduce_ms"] == pytest.approx(5.0)
   assert last["straggler_ms"] == pytest.approx(1.0)  # (0 + 2) / 2
   assert last["straggler_max_ms"] == pytest.approx(2.0)
   # 4 replicas, 2 a worker, this worker's the slowest two.
   four = breakdown.split_step(1e6, 1e6, np.concatenate([stamps, stamps]),
-                              1e-3 * np.array([5.0, 5.0, 8.0, 11.0]))
+                              _job(waits=[5.0, 5.0, 8.0, 11.0],
+                                   compute=[14.0] * 4))
   assert four["straggler_ms"] == pytest.approx(2.25)  # (0 + 0 + 3 + 6) / 4
   assert four["straggler_max_ms"] == pytest.approx(6.0)
   assert four["allreduce_ms"] == pytest.approx(5.0)
