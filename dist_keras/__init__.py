@@ -79,7 +79,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
                _record_name(config.data, dataset_fn, "dataset_fn"))
   if isinstance(strategy, str):
     config.runtime.strategy = strategy
-  _refuse_ignored(config, _set_in(given, config), strategy)
+  _refuse_ignored(config, given, strategy)
   validate.config(config)
   if not _is_strategy(strategy):  # Too late to set up once TF has started.
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)
@@ -101,12 +101,14 @@ _STRATEGY_DECIDES = ("runtime.strategy", "runtime.num_cpu_devices",
                      "runtime.timeout_seconds")
 
 
-def _refuse_ignored(config, user_set: dict, strategy) -> None:
-  """UserError for a key of `user_set` that would be ignored: one the
-  named built-in model or data does not read, or one a strategy object
-  makes moot."""
+def _refuse_ignored(config, given, strategy) -> None:
+  """UserError for a key set in `given` (fit's config) that would be
+  ignored: one the named built-in model or data does not read, or one of a
+  dict that a strategy object makes moot. (A whole config may be the one
+  the strategy was built from: the Colab notebook's is.)"""
+  user_set = _set_in(given, config)
   _refuse_unread(config, user_set)
-  if not _is_strategy(strategy):
+  if not _is_strategy(strategy) or not isinstance(given, dict):
     return
   for key in _STRATEGY_DECIDES:
     if key in user_set:
