@@ -71,6 +71,8 @@ def run(job: Job) -> FitResult:
     result, strategy = _trained(job)
   except BaseException as e:
     leaving.at_exit(None)  # Its peers may never come to the barrier.
+    # This worker's own refusal: the others say its line, not a lost peer.
+    leaving.report(e, tfconfig.from_env())
     if isinstance(e, errors.Preempted) and not job.to_exit:
       # An uncaught SystemExit ends the script without a word: its line
       # now, as the command line's (which says it itself) would be.
@@ -99,7 +101,7 @@ def _trained(job: Job) -> tuple[FitResult, object]:
   except (tf.errors.OpError, OSError) as e:
     # A peer of a cluster died (or hung)? From the build's collectives too
     # (the config check, the restore). The disk under the workdir failed?
-    lost = peers.lost(e) or disk.fault(e, job.workdir)
+    lost = peers.stopped(e) or peers.lost(e) or disk.fault(e, job.workdir)
     if lost is None:
       raise
     raise lost from e
@@ -108,11 +110,14 @@ def _trained(job: Job) -> tuple[FitResult, object]:
 
 
 def _translated_run(trainer) -> dict:
-  """trainer.run(), a batch value the model cannot take said as such."""
+  """trainer.run(), a batch value the model cannot take, and a peer's
+  refusal (peers.stopped), said as such."""
   try:
     return trainer.run()
-  except tf.errors.InvalidArgumentError as e:
-    bad = errors.bad_data_value(e)
+  except tf.errors.OpError as e:
+    bad = peers.stopped(e) or (
+        errors.bad_data_value(e)
+        if isinstance(e, tf.errors.InvalidArgumentError) else None)
     if bad is None:
       raise
     raise bad from e
@@ -128,6 +133,7 @@ def build(job: Job) -> loop.Trainer:
   validate.workdir_named(workdir)  # (The command line's, before TF.)
   strategy = job.strategy or strategies.get_strategy(config.runtime)
   strategies.own_collective_keys(strategy)
+  leaving.joined(tfconfig.from_env())  # (For a refusal's report.)
   with contextlib.ExitStack() as undo:
     # SIGTERM's and Ctrl-C's handler from here to the run's last line, set
     # once the strategy exists: a multi-worker one sets TensorFlow's own

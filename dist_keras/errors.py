@@ -45,15 +45,33 @@ RETRYABLE = (EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_PEER_LOST,
 
 
 class UserError(ValueError):
-  """A bad value the user can fix; its message is one line naming the fix."""
+  """A bad value the user can fix; its message is one line naming the fix.
+
+  Attributes:
+    every_worker: every worker of a cluster raised it together (a check of
+      a collective's sum, after they met): none tells the others of it.
+  """
 
   exit_code = EXIT_CONFIG_ERROR
+  every_worker = False
 
 
 class Diverged(UserError):
   """Loss or gradients became non-finite; nothing after it was saved."""
 
   exit_code = EXIT_DIVERGED
+
+
+class StoppedByPeer(UserError):
+  """Another worker of the cluster stopped the job with its own one-line
+  error (a refusal of its data, exit 2): this worker says that line, naming
+  the worker, with its exit code; a rerun fails alike until it is fixed."""
+
+  every_worker = True  # Told by the worker that raised it.
+
+  def __init__(self, message: str, exit_code: int = EXIT_CONFIG_ERROR):
+    super().__init__(message)
+    self.exit_code = exit_code
 
 
 class PeerLost(RuntimeError):

@@ -24,8 +24,8 @@ NOISE = (
 
 
 @contextlib.contextmanager
-def startup_lines_filtered(enabled: bool = True):
-  """Captures fd 2 in the block and replays all but the `NOISE` lines
+def startup_lines_filtered(enabled: bool = True, noise=NOISE):
+  """Captures fd 2 in the block and replays all but the `noise` lines
   (through terminal.say: a stderr that fails, or is closed, costs only
   them)."""
   if not enabled:
@@ -43,7 +43,7 @@ def startup_lines_filtered(enabled: bool = True):
       os.close(saved)
       captured.seek(0)
       for line in captured.read().decode(errors="replace").splitlines(True):
-        if not any(pattern in line for pattern in NOISE):
+        if not any(pattern in line for pattern in noise):
           terminal.say(line, err=True, end="")
 
 

@@ -236,6 +236,15 @@ def out_of_range_labels_dataset_fn(split, input_context):
                    lambda y: (np.arange(len(y)) % 6).astype("int32"))
 
 
+def out_of_range_labels_on_pipeline_1_dataset_fn(split, input_context):
+  """Labels 0..2 on input pipeline 0, 0..5 on pipeline 1 (worker 1 of
+  two): only that worker's first step meets a bad one."""
+  if input_context.input_pipeline_id == 1:
+    return out_of_range_labels_dataset_fn(split, input_context)
+  return _pipeline(split, input_context,
+                   lambda y: (np.arange(len(y)) % CLASSES).astype("int32"))
+
+
 def classes_model_fn():
   inputs, x = _body(0.0)
   model = keras.Model(inputs, keras.layers.Dense(CLASSES)(x))

@@ -27,9 +27,13 @@ Workers that stop early meet too before they leave, for the same reason
 after a refusal or a divergence (`met`), and after a stop request's
 checkpoint, briefly (`met_to_stop`).
 
-TensorFlow has no public API for the barrier: its own preemption handler
-(tf.distribute.experimental.PreemptionCheckpointHandler) uses the same
-`context.context()` calls.
+A worker whose own one-line error (a UserError: its data refused) stops
+the job tells the others before it leaves (`report`): their collectives
+then fail with its line (peers.stopped), not as if it had died.
+
+TensorFlow has no public API for the barrier or the report: its own
+preemption handler (tf.distribute.experimental.PreemptionCheckpointHandler)
+uses the same `context.context()` calls.
 """
 import atexit
 import dataclasses
@@ -41,7 +45,7 @@ import time
 import tensorflow as tf
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
-from dist_keras import errors, terminal
+from dist_keras import errors, quiet, terminal
 from dist_keras.distribute import peers, tfconfig
 
 BARRIER = "dist_keras/finished"
@@ -103,6 +107,63 @@ def met(barrier: str, seconds: float = 60) -> None:
   ring step (TF's "Aborting RingReduce ... Socket closed"; the peer then
   reported a lost worker)."""
   context.context().wait_at_barrier(barrier, int(seconds * 1000))
+
+
+def refused_together(error: errors.UserError) -> errors.UserError:
+  """`error`, once every worker has come to REFUSED (`met`): they all
+  raise it, refusing the run on a collective's sum, so none reports it."""
+  met(REFUSED)
+  error.every_worker = True
+  return error
+
+
+# The key each worker of a cluster puts in the coordination service as its
+# run starts (`joined`), which `report` reads back, in a deadline, before
+# it reports: the report's own call has none (TF 2.21), and holds the
+# interpreter as long as a hung chief (the service's host) does (measured:
+# until it was killed, 56 s); a live service answers at once.
+_JOINED = "dist_keras/joined/"
+_PROBE_MS = 2000
+# What TensorFlow logs (fd 2) as the report aborts this worker's own
+# collectives: the line this worker is about to say.
+_ABORT_LINE = ("BaseCollectiveExecutor::StartAbort",)
+
+
+def joined(cluster: tfconfig.ClusterSpec | None) -> None:
+  """Marks this worker of a multi-worker run as started, for `report`."""
+  if not tfconfig.is_multi_worker(cluster) or not _has_service():
+    return
+  try:
+    context.context().set_config_key_value(_key(cluster), "1")
+  except tf.errors.AlreadyExistsError:  # This process's earlier fit.
+    pass
+
+
+def report(error: BaseException, cluster) -> None:
+  """Tells the cluster's other workers that `error`, this worker's own
+  one-line error (a UserError no other raised with it), stops the job:
+  their collectives fail with its line (peers.stopped). Only where a
+  coordination service runs and answers; a report that fails is ignored
+  (the others then lose this worker, as before)."""
+  if (not isinstance(error, errors.UserError) or error.every_worker
+      or not tfconfig.is_multi_worker(cluster) or not _has_service()):
+    return
+  try:
+    context.context().get_config_key_value(_key(cluster), _PROBE_MS)
+    with quiet.startup_lines_filtered(noise=_ABORT_LINE):
+      context.context().report_error_to_cluster(
+          tf.errors.FAILED_PRECONDITION, peers.report_text(error, cluster))
+  except Exception:  # pylint: disable=broad-except
+    pass  # No service, or none answering: it leaves unreported.
+
+
+def _has_service() -> bool:
+  """Whether this process's TensorFlow has a coordination service."""
+  return context.context().coordination_service is not None
+
+
+def _key(cluster: tfconfig.ClusterSpec) -> str:
+  return f"{_JOINED}{cluster.task_type}:{cluster.task_index}"
 
 
 def met_to_stop() -> None:

@@ -1,7 +1,10 @@
 """A multi-worker job's lost peer, read from the error TensorFlow raises
 when one dies or stops answering: a PeerLost naming the task, retryable
-(exit 200), for the command line and dist_keras.fit alike. No TensorFlow
-import: the errors are told apart by their type's name."""
+(exit 200), for the command line and dist_keras.fit alike; and a peer's
+own one-line error, which it reported to the cluster (leaving.report) and
+TensorFlow's collectives here fail with: a StoppedByPeer with its line
+and exit code. No TensorFlow import: the errors are told apart by their
+type's name and text."""
 import re
 
 from dist_keras import errors
@@ -17,6 +20,37 @@ _TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
 # task, or only the socket it lost (gRPC's "dns:///worker-1:2222" too).
 _REMOTE_STORAGE = re.compile(
     r"\b(?:gs|s3|hdfs|az|abfss?|https?)://|\bHTTP request", re.IGNORECASE)
+
+
+# What leaving.report tells the others. A peer's collective fails with it
+# as "Error reported from /job:worker/task:1: TEXT" (the coordination
+# service's word), or as "Collective ops is aborted by: TEXT" (its receive
+# from the reporting worker, whose own collectives the report aborted,
+# when that answered first: 2 runs of 5 on 2 local workers).
+_STOPPED = "dist_keras: {task} stopped the job (exit {code}): {line}"
+# (A status's text as TensorFlow logs it ends in its payload, "[type.
+# googleapis.com/...]"; the first match is the message's own line, before
+# gRPC's copy of it.)
+_REPORTED = re.compile(r"dist_keras: (\w+:\d+) stopped the job \(exit (\d+)\): "
+                       r"(.+?)(?: \[type\.googleapis\.com/.*)?$", re.MULTILINE)
+
+
+def report_text(error: errors.UserError, cluster) -> str:
+  """What a worker whose own `error` stops the job tells the others."""
+  line = str(error).splitlines()[0] if str(error) else type(error).__name__
+  return _STOPPED.format(task=f"{cluster.task_type}:{cluster.task_index}",
+                         code=error.exit_code, line=line)
+
+
+def stopped(error: Exception):
+  """A StoppedByPeer for a multi-worker job's error that a peer's report
+  (report_text) caused, else None: "worker:1 stopped the job: LINE", with
+  that worker's exit code."""
+  found = _REPORTED.search(str(error))
+  if found is None or tfconfig.from_env() is None:
+    return None
+  task, code, line = found.groups()
+  return errors.StoppedByPeer(f"{task} stopped the job: {line}", int(code))
 
 
 def lost(error: Exception):

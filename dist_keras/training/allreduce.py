@@ -160,11 +160,11 @@ def check_same_config(strategy, config_dict: dict) -> None:
                           "big")
   total = host_value_sum(strategy)(float(digest))
   if total != float(digest) * strategy.num_replicas_in_sync:
-    leaving.met(leaving.REFUSED)  # Every worker sees the same sum.
-    raise UserError(
+    # Every worker sees the same sum.
+    raise leaving.refused_together(UserError(
         f"the workers were started with different configs (this worker's "
         f"digest {digest:08x}); start every worker with the same --config, "
-        "overrides and config file.")
+        "overrides and config file."))
 
 
 def gradient_bytes(variables, allreduce_dtype: str = "float32") -> int:

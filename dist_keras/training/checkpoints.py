@@ -283,8 +283,8 @@ def check_workers_agree(strategy, step: int, workers: int,
     return
   total = int(allreduce.host_value_sum(strategy)(step))
   if total != step * strategy.num_replicas_in_sync:
-    leaving.met(leaving.REFUSED)  # Every worker sees the same sum.
-    raise UserError(
+    # Every worker sees the same sum.
+    raise leaving.refused_together(UserError(
         f"this worker is at step {step} after restoring --workdir={workdir}, "
         f"but the workers disagree (sum of steps {total}); put the workdir "
-        "on storage every worker sees (shared disk or gs://).")
+        "on storage every worker sees (shared disk or gs://)."))

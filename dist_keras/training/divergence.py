@@ -19,6 +19,7 @@ def check(run, out: dict, optimizer, checkpoints) -> None:
   run.skipped_steps). Only a non-finite loss, or a scale driven below 1
   (the gradients overflow even unscaled), is divergence there.
   """
+  together = False  # Every worker raises it (met first).
   if "finite" in out:
     if bool(out["finite"]):
       return
@@ -34,19 +35,19 @@ def check(run, out: dict, optimizer, checkpoints) -> None:
     if np.isfinite(loss) and finite:
       return
     what = f"loss {loss}" if finite else f"non-finite gradients (loss {loss})"
-    if run.multi_worker and not run.retries_left:
-      # All-reduced: every worker stops here. One leaving at once could
-      # cut a peer's last receive of this step's all-reduce.
-      leaving.met(leaving.REFUSED)
+    # All-reduced: every worker stops here. One leaving at once could
+    # cut a peer's last receive of this step's all-reduce.
+    together = run.multi_worker and not run.retries_left
   kept, rerun = ((f"the last good checkpoint "
                   f"({os.path.basename(checkpoints.last_saved())}) is kept",
                   "rerun to resume from it")
                  if checkpoints.saved_at is not None else
                  ("no checkpoint was saved before it", "rerun from step 0"))
-  raise errors.Diverged(
+  error = errors.Diverged(
       f"{what} at step {run.step}: training diverged; {kept}. Lower the "
       "learning rate or clip the gradient norm (train.global_clipnorm, or "
       f"the optimizer's global_clipnorm), then {rerun}.")
+  raise leaving.refused_together(error) if together else error
 
 
 def go_back(run, checkpoints, why: str) -> str:

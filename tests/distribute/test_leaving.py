@@ -219,9 +219,10 @@ def test_workers_refusing_different_configs_meet_before_they_leave(
   monkeypatch.setattr(allreduce, "host_value_sum",
                       lambda strategy: lambda value: value + 1.0)
   config = {"data": {"name": "synthetic", "data_dir": "/here"}}
-  with pytest.raises(allreduce.UserError, match="different configs"):
+  with pytest.raises(allreduce.UserError, match="different configs") as e:
     allreduce.check_same_config(Cluster(), config)
   assert service.calls == [(leaving.REFUSED, 60_000)]
+  assert e.value.every_worker  # Every worker raised it: none reports it.
   service.calls.clear()
   monkeypatch.setattr(allreduce, "host_value_sum",
                       lambda strategy: lambda value: 2 * value)
@@ -235,9 +236,10 @@ def test_workers_disagreeing_on_the_resume_step_meet_before_they_leave(
   monkeypatch.setattr(checkpoints.allreduce, "host_value_sum",
                       lambda strategy: lambda step: step + 1)
   strategy = types.SimpleNamespace(num_replicas_in_sync=2)
-  with pytest.raises(checkpoints.UserError, match="workers disagree"):
+  with pytest.raises(checkpoints.UserError, match="workers disagree") as e:
     checkpoints.check_workers_agree(strategy, 5, 2, "/w")
   assert service.calls == [(leaving.REFUSED, 60_000)]
+  assert e.value.every_worker
 
 
 @pytest.mark.parametrize("multi_worker, retries_left, met", [
@@ -254,10 +256,11 @@ def test_workers_stopping_at_divergence_meet_before_they_leave(
   run = types.SimpleNamespace(multi_worker=multi_worker, step=7,
                               retries_left=retries_left, skipped_steps=0)
   out = {"loss": float("nan"), "finite_grads": True, "skipped": 0}
-  with pytest.raises(errors.Diverged):
+  with pytest.raises(errors.Diverged) as e:
     divergence.check(run, out, keras.optimizers.SGD(),
                      types.SimpleNamespace(saved_at=None))
   assert barriers == ([leaving.REFUSED] if met else [])
+  assert e.value.every_worker == met  # Met: reported by none.
 
 
 def _stop_at(monkeypatch, multi_worker, signum=signal.SIGTERM):
@@ -355,3 +358,89 @@ def test_the_tests_worker_scripts_leave_together_as_fit_does(
   module.main()
   written = "ids1.npy" if script == "eval_ids" else "w1.npz"
   assert armed == [(tfconfig.from_env(), [written])]  # After its output.
+
+
+class _Reporting:
+  """The coordination service as `report` and `joined` use it: its keys,
+  the errors reported, and what a call raises."""
+
+  coordination_service = object()  # (Configured: a cluster's.)
+
+  def __init__(self, probe_error=None, report_error=None):
+    self.keys, self.reported = {}, []
+    self.probe_error, self.report_error = probe_error, report_error
+
+  def set_config_key_value(self, key, value):
+    if key in self.keys:
+      raise tf.errors.AlreadyExistsError(None, None, f"key {key} exists.")
+    self.keys[key] = value
+
+  def get_config_key_value(self, key, timeout_ms):
+    self.keys[("probed", key)] = timeout_ms
+    if self.probe_error:
+      raise self.probe_error
+    return self.keys[key]
+
+  def report_error_to_cluster(self, code, message):
+    if self.report_error:
+      raise self.report_error
+    self.reported.append((code, message))
+
+
+_WORKER_1 = tfconfig.ClusterSpec({"worker": ["h:1", "h:2"]}, "worker", 1)
+
+
+def _reporting(monkeypatch, **failures):
+  service = _Reporting(**failures)
+  monkeypatch.setattr(leaving.context, "context", lambda: service)
+  leaving.joined(_WORKER_1)
+  leaving.joined(_WORKER_1)  # A second fit in this process: no error.
+  return service
+
+
+def test_a_workers_own_refusal_is_reported_to_the_others(monkeypatch):
+  """Its peers' collectives then fail with its line (peers.stopped), not
+  as if it had died; the service is asked first, in a deadline, whether
+  it answers (the report itself waits as long as a hung chief)."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  service = _reporting(monkeypatch)
+  leaving.report(errors.UserError("dataset_fn('train', ...) ran out."),
+                 _WORKER_1)
+  assert service.reported == [(
+      tf.errors.FAILED_PRECONDITION,
+      "dist_keras: worker:1 stopped the job (exit 2): dataset_fn('train', "
+      "...) ran out.")]
+  assert service.keys[("probed", "dist_keras/joined/worker:1")] == 2000
+
+
+def test_what_every_worker_raised_or_no_cluster_has_is_not_reported(
+    monkeypatch):
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  service = _reporting(monkeypatch)
+  together = errors.UserError("different configs")
+  together.every_worker = True  # (refused_together's, after meeting.)
+  for error, cluster in [
+      (together, _WORKER_1),
+      (errors.StoppedByPeer("worker:0 stopped the job: bad"), _WORKER_1),
+      (errors.PeerLost("lost contact"), _WORKER_1),  # Not a UserError.
+      (errors.Preempted("preempted"), _WORKER_1),
+      (ValueError("a bug"), _WORKER_1),
+      (errors.UserError("one worker"), None),
+      (errors.UserError("one worker"), tfconfig.ClusterSpec(
+          {"worker": ["h:1"]}, "worker", 0))]:
+    leaving.report(error, cluster)
+  assert not service.reported
+  service.coordination_service = None  # (Mirrored under a TF_CONFIG.)
+  leaving.report(errors.UserError("no service"), _WORKER_1)
+  assert not service.reported
+
+
+@pytest.mark.parametrize("failure", [
+    {"probe_error": tf.errors.DeadlineExceededError(None, None, "timed out")},
+    {"report_error": tf.errors.UnavailableError(None, None, "chief gone")},
+    {"report_error": ValueError("Context is not initialized.")}])
+def test_a_report_that_fails_is_ignored(monkeypatch, failure):
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  service = _reporting(monkeypatch, **failure)
+  leaving.report(errors.UserError("bad data"), _WORKER_1)  # No raise.
+  assert not service.reported

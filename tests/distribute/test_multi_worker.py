@@ -208,15 +208,16 @@ def test_a_bad_tf_config_fails_before_tensorflow_starts(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-def _two_workers_exit(workdir, *args_of_task):
+def _two_workers_exit(workdir, *args_of_task, train_args=_train_args):
   """[(exit code, stderr)] of two workers started by hand on 127.0.0.1,
-  task i with _train_args and args_of_task[i] (one tuple: both tasks')."""
+  task i with `train_args` and args_of_task[i] (one tuple: both tasks')."""
   workers = [f"127.0.0.1:{port}" for port in helpers.free_ports(2)]
   tasks = args_of_task * 2 if len(args_of_task) == 1 else args_of_task
   procs = [subprocess.Popen(
-      [sys.executable, *_train_args(workdir, *tasks[i])],
+      [sys.executable, *train_args(workdir, *tasks[i])],
       cwd=helpers.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, env=dict(ENV, PYTHONPATH=helpers.REPO, TF_CONFIG=json.dumps(
+      text=True, env=dict(ENV, PYTHONPATH=f"{helpers.REPO}:{helpers.TESTS}",
+                          TF_CONFIG=json.dumps(
           {"cluster": {"worker": workers},
            "task": {"type": "worker", "index": i}})))
            for i in range(2)]
@@ -245,6 +246,37 @@ def test_workers_that_diverge_stop_together_with_the_same_line(tmp_path):
                          "--config.train.learning_rate=1e38"]):
     assert code == 3, err[-2000:]
     assert err.startswith("dist_keras: error: loss "), err[-2000:]
+
+
+def test_one_workers_refused_data_stops_both_with_its_line_naming_it(
+    tmp_path):
+  """Only worker 1's batches hold labels the model cannot take: it refuses
+  at its first step (exit 2), and worker 0, waiting in that step's
+  all-reduce, says the same line naming it, exit 2: it said 'lost contact
+  with task worker:1 ...; the job must restart' (exit 200, retryable),
+  which a restart meets again."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  def user_args(workdir):
+    return ["-m", "dist_keras.train", f"--workdir={workdir}",
+            "--config.model.name=user_task:classes_model_fn",
+            "--config.data.name="
+            "user_task:out_of_range_labels_on_pipeline_1_dataset_fn",
+            "--config.train.global_batch_size=48",
+            "--config.train.steps=6", "--config.log.calibration_steps=0",
+            "--config.log.peak_tflops=1.0"]
+
+  (code_0, err_0), (code_1, err_1) = _two_workers_exit(
+      tmp_path / "run", [], train_args=user_args)
+  assert code_1 == errors.EXIT_CONFIG_ERROR, err_1[-2000:]
+  # Worker 1's stderr is its line alone (TensorFlow's log of the abort
+  # the report makes here is left out).
+  [line] = err_1.strip().splitlines()
+  assert line.startswith("dist_keras: error: a batch holds a value the model "
+                         "cannot take (Received a label value of "), err_1
+  assert code_0 == errors.EXIT_CONFIG_ERROR, err_0[-2000:]
+  assert _our_error(err_0) == line.replace(
+      "dist_keras: error: ", "dist_keras: error: worker:1 stopped the job: ")
+  assert not (tmp_path / "run").exists()  # As a refusal on one worker.
 
 
 # A worker of a 2-worker run whose replica computes SLOW_MS longer than its
