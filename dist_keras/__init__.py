@@ -9,7 +9,7 @@ when first used.
 """
 import sys as _sys
 
-from dist_keras import errors as _errors
+from dist_keras import installation as _installation
 from dist_keras.errors import UserError
 
 __version__ = "0.1.0"
@@ -73,7 +73,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
       it stopped at was checkpointed (a second Ctrl-C stops at once).
   """
   # The door: every argument resolved once, here.
-  _errors.check_tensorflow_installed(ImportError)
+  _installation.check_tensorflow_installed(ImportError)
   given, config = config, _resolve_config(config)
   functions = (_record_name(config.model, model_fn, "model_fn"),
                _record_name(config.data, dataset_fn, "dataset_fn"))
@@ -174,7 +174,7 @@ def prepare_runtime(strategy: str = "auto", tpu: str = "local",
 
 def __getattr__(name):
   if name == "FitResult":  # It names keras.Model: TensorFlow starts here.
-    _errors.check_tensorflow_installed(ImportError)
+    _installation.check_tensorflow_installed(ImportError)
     from dist_keras import api  # pylint: disable=g-import-not-at-top
     return api.FitResult
   raise AttributeError(f"module 'dist_keras' has no attribute {name!r}")

@@ -28,7 +28,8 @@ import traceback
 
 from absl import app, flags, logging
 
-from dist_keras import configs, disk, errors, quiet, terminal, validate
+from dist_keras import (configs, disk, errors, installation, quiet, terminal,
+                        validate)
 from dist_keras.distribute import peers, tfconfig, tpu_env
 
 _CONFIG = flags.DEFINE_string(
@@ -94,7 +95,7 @@ def _train(config, workdir: str) -> int:
   if cluster is None or cluster.is_chief:  # Only the chief writes there.
     disk.check_rerun(workdir)  # A rerun's workdir it can no longer write.
     validate.workdir(workdir)
-  errors.check_tensorflow_installed()
+  installation.check_tensorflow_installed()
   set_now = tpu_env.prepare_and_report(config.runtime.strategy,
                                        config.runtime.tpu, _VERBOSE.value)
   with quiet.startup_lines_filtered(enabled=not _VERBOSE.value):
@@ -108,7 +109,7 @@ def _train(config, workdir: str) -> int:
           f"{os.environ.get('TF_PLUGGABLE_DEVICE_LIBRARY_PATH', '')} "
           f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
           "install a tensorflow-tpu and libtpu pair that match "
-          f"({errors.install('tpu')}), or set PJRT_DEVICE yourself."
+          f"({installation.install('tpu')}), or set PJRT_DEVICE yourself."
       ) from e
   from dist_keras import api  # pylint: disable=g-import-not-at-top
   from dist_keras.distribute import pipelines  # pylint: disable=g-import-not-at-top

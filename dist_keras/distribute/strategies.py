@@ -10,7 +10,7 @@ import socket
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g-direct-tensorflow-import
 
-from dist_keras import errors
+from dist_keras import installation
 from dist_keras import terminal
 from dist_keras.configs import base
 from dist_keras.distribute import sigterm
@@ -87,7 +87,7 @@ def _options_key(runtime_cfg) -> tuple:
 _KEY_GAP = 100_000
 _KEYS_SEEN = []  # Each strategy's CollectiveKeys: small, kept past it.
 # TensorFlow's private key table, read here alone: a release that renames
-# it is named in one line (errors.require).
+# it is named in one line (installation.require).
 _HERE = "dist_keras/distribute/strategies.py"
 
 
@@ -97,16 +97,16 @@ def own_collective_keys(strategy) -> None:
   seen before, or already used, keeps its own)."""
   if not isinstance(strategy, tf.distribute.MirroredStrategy):
     return
-  keys = errors.require(strategy.extended, "_collective_keys",
+  keys = installation.require(strategy.extended, "_collective_keys",
                         "its collective keys", _HERE)
   if any(seen is keys for seen in _KEYS_SEEN):
     return
-  groups = errors.require(keys, "_instance_key_table", "its instance keys",
+  groups = installation.require(keys, "_instance_key_table", "its instance keys",
                           _HERE).values()
   used = [key for seen in _KEYS_SEEN
           for group in seen._instance_key_table.values()  # pylint: disable=protected-access
           for key in group.values()]
-  first = errors.require(cross_device_utils, "INSTANCE_KEY_START_NUMBER",
+  first = installation.require(cross_device_utils, "INSTANCE_KEY_START_NUMBER",
                          "the first instance key", _HERE)
   unused = all(key == first for group in groups for key in group.values())
   if used and unused:

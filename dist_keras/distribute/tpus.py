@@ -28,14 +28,14 @@ from urllib import parse
 import tensorflow as tf
 
 from dist_keras.distribute.tpu_env import detect
-from dist_keras import errors, terminal
+from dist_keras import errors, installation, terminal
 from dist_keras.errors import UserError
 
 LOCAL = "local"
 PROBE_SECONDS = 3.0
 _HINTS = {
     LOCAL: "on Colab: Runtime > Change runtime type > TPU; on a Cloud TPU VM: "
-           f"{errors.install('tpu')}",
+           f"{installation.install('tpu')}",
     "node": "check that the TPU node is READY and reachable from here (a "
             "name resolves only on a GCE VM in its project; else pass "
             "grpc://HOST:8470)",
@@ -72,13 +72,13 @@ def get_strategy(tpu: str, required: bool, environ=None,
     if no_runtime:
       # Trying would start TensorFlow's runtime (fixing the CPU devices
       # auto's fallback needs) only to fail: this build has no TPU kernels.
-      raise _NoTpu(f"this TensorFlow has no libtpu ({errors.install('tpu')})")
+      raise _NoTpu(f"this TensorFlow has no libtpu ({installation.install('tpu')})")
     return connect(tpu, environ, path_exists)
   except _NoTpu as e:
     if required and no_runtime:
       # The TPU is here: the fix is the install, not another runtime type.
       raise NoTpuError(f"a TPU is here ({here}) but this TensorFlow has no "
-                       "libtpu to start it", errors.install("tpu"),
+                       "libtpu to start it", installation.install("tpu"),
                        tpu_here=True) from e
     if required:
       raise NoTpuError(f"no TPU was found ({e})",

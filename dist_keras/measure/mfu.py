@@ -21,7 +21,7 @@ import time
 
 import tensorflow as tf
 
-from dist_keras import errors
+from dist_keras import installation
 from dist_keras.measure import flops
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per GPU, from NVIDIA's datasheets:
@@ -242,7 +242,7 @@ class Utilisation:
     """One console line: FLOPs per example, achieved FLOP/s and MFU."""
     if not self.flops.known:
       return (f"model FLOPs unknown ({self.flops.uncounted[0]}): no "
-              "FLOP/s or MFU; " + errors.see_docs(
+              "FLOP/s or MFU; " + installation.see_docs(
                   "mfu.md", "the layers counted", "Documentation"))
     text = (f"model {_si(self.flops.training)}FLOP/example (analytic, "
             "training = 3x forward)")

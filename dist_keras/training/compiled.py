@@ -10,7 +10,7 @@ import types
 import keras
 import tensorflow as tf
 
-from dist_keras import errors
+from dist_keras import installation
 from dist_keras.contract.checks import overrides  # (loop.py reads it here.)
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, keras_internals
@@ -75,7 +75,7 @@ def _per_replica_denominator(model, replicas: int) -> str | None:
   return (f"the compiled loss is divided by each replica's own sum of "
           f"{count}, as under fit with MirroredStrategy: {replicas} replicas"
           " train what one device trains only where every replica's sum is "
-          "the same (" + errors.see_docs(
+          "the same (" + installation.see_docs(
               "own_models.md", "the table of Keras features",
               "Python API: your own model and data") + ")")
 

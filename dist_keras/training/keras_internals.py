@@ -41,7 +41,7 @@ import threading
 import keras
 import tensorflow as tf
 
-from dist_keras import errors
+from dist_keras import installation
 
 _HERE = "dist_keras/training/keras_internals.py"  # What a change updates.
 ALLREDUCE_HOOK = "_all_reduce_sum_gradients"
@@ -49,7 +49,7 @@ CLIP_HOOK = "_clip_gradients"
 
 
 def _require(obj, name: str, what: str):
-  return errors.require(obj, name, what, _HERE)
+  return installation.require(obj, name, what, _HERE)
 
 
 def disable_optimizer_allreduce(optimizer) -> None:

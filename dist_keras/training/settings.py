@@ -6,7 +6,7 @@ here, derived once.
 """
 import dataclasses
 
-from dist_keras import catalog, errors, validate
+from dist_keras import catalog, installation, validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +149,7 @@ def notes(config, on_tpu: bool) -> list[str]:
   if on_tpu and config.train.steps_per_loop == 1:
     said.append("TPU: train.steps_per_loop=1 returns to the host after "
                 "every step, the usual TPU slowdown; use e.g. "
-                "--config.train.steps_per_loop=50 (" + errors.see_docs(
+                "--config.train.steps_per_loop=50 (" + installation.see_docs(
                     "tpu_colab.md", "Colab/TPU",
                     "Multi-worker, Ray, Colab/TPU, Kubernetes") + ")")
   if config.data.name == catalog.SYNTHETIC:

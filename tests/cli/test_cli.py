@@ -12,7 +12,7 @@ import time
 import pytest
 
 import helpers
-from dist_keras import errors
+from dist_keras import errors, installation
 
 TINY = ["--config.data.train_size=256", "--config.data.eval_size=64",
         "--config.data.seq_len=8", "--config.model.units=8",
@@ -161,7 +161,7 @@ def test_install_advice_from_a_checkout_names_its_extra(monkeypatch):
   def not_installed(name):
     raise importlib.metadata.PackageNotFoundError(name)
   monkeypatch.setattr(importlib.metadata, "requires", not_installed)
-  assert errors.install("tpu") == (
+  assert installation.install("tpu") == (
       "pip install -e '.[tpu]' (in dist_keras' checkout)")
 
 

@@ -260,7 +260,7 @@ def test_a_joined_docstring_line_is_reported():
 # `pip install dist-keras` (or dist_keras, any extra) fetches PyPI's project
 # of that name, another one (Spark and Theano, module `distkeras`): advice
 # installs the checkout (`pip install -e ".[cpu]"`) or the packages by their
-# own names (errors.install).
+# own names (installation.install).
 _PIP_INSTALL = re.compile(
     r"pip3?[ \t]+install((?:[ \t]+(?:\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'`()|;&]+))+)")
 

@@ -3,9 +3,10 @@ message, and no --help a module prints from its own docstring, names a
 file of the repository that the wheel does not ship (tools/..., docs/...
 but in a full URL, or a config by its checkout path, configs/base.py).
 A line sending its reader to a docs page names the page and the README
-section linking to it (errors.see_docs), both checked here. The wheel ships the
-launcher and the data preparer as `python -m dist_keras.launch` and
-`python -m dist_keras.prepare_data` (read from the source)."""
+section linking to it (installation.see_docs), both checked here. The
+wheel ships the launcher and the data preparer as `python -m
+dist_keras.launch` and `python -m dist_keras.prepare_data` (read from the
+source)."""
 import ast
 import glob
 import os
@@ -77,7 +78,8 @@ def f(x):
 
 
 def _see_docs_calls():
-  """(module, page, section) of each errors.see_docs call in the package."""
+  """(module, page, section) of each installation.see_docs call in the
+  package."""
   for path in MODULES:
     with open(path, encoding="utf-8") as f:
       tree = ast.parse(f.read())

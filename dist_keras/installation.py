@@ -1,0 +1,64 @@
+"""What this installation of dist_keras has, and where its lines send a
+user: the extra that installs TensorFlow, the private Keras and TensorFlow
+attributes dist_keras relies on, the docs page for more. Layer 1: no
+TensorFlow import (the command line checks for it before it starts)."""
+import importlib.metadata
+import importlib.util
+import inspect
+import shlex
+
+from dist_keras.errors import UserError
+
+# setup.py's name. PyPI's "dist-keras" is another project: advice installs
+# packages by their own names (install()).
+DISTRIBUTION = "dist-keras"
+
+
+def check_tensorflow_installed(error=UserError) -> None:
+  """Raises `error` saying which extra installs TensorFlow, if it is not:
+  TensorFlow is an extra (a Colab or TPU image brings its own build), so
+  its absence is an installation choice, not a bug."""
+  if importlib.util.find_spec("tensorflow") is None:
+    raise error(
+        f"dist_keras needs TensorFlow, which is installed through an extra: "
+        f"{install('cpu')} (CPU), {install('cuda')} (NVIDIA GPUs) or "
+        f"{install('tpu')} (Cloud TPU VMs); Colab images have it.")
+
+
+def install(extra: str) -> str:
+  """The command that installs dist_keras' `extra` (cpu, cuda, tpu): its
+  packages as this installation declares them. Not `pip install
+  'dist-keras[cpu]'`: that name on PyPI is another project."""
+  try:
+    required = importlib.metadata.requires(DISTRIBUTION) or []
+  except importlib.metadata.PackageNotFoundError:  # A checkout on the path.
+    return f"pip install -e '.[{extra}]' (in dist_keras' checkout)"
+  marker = f'extra == "{extra}"'
+  packages = [r.split(";")[0].strip() for r in required if marker in r]
+  return "pip install " + " ".join(shlex.quote(p) for p in packages)
+
+
+def see_docs(page: str, topic: str, section: str) -> str:
+  """Where a line sends its reader for more: `topic`, on docs page `page`
+  (e.g. "mfu.md"), which the README's `section` links to. The wheel ships
+  no docs/ folder and the project declares no URL; the README is the
+  package's description (PyPI) and the checkout's front page."""
+  return f'see {topic}: {page}, linked from the README\'s "{section}"'
+
+
+def require(obj, name: str, what: str, where: str):
+  """`obj.name`: a private attribute of Keras or TensorFlow (of a module,
+  or of an object) that dist_keras module `where` relies on. One line
+  naming it where this release has none, not an AttributeError mid-run."""
+  value = getattr(obj, name, None)
+  if value is None:
+    module = inspect.ismodule(obj)
+    owner = obj.__name__ if module else type(obj).__name__
+    origins = [obj.__name__] if module else [
+        c.__module__ for c in type(obj).__mro__]
+    library = ("Keras" if any(o.startswith("keras") for o in origins)
+               else "TensorFlow")
+    raise RuntimeError(
+        f"{owner} has no {name} ({what}): this {library} release changed it;"
+        f" dist_keras needs updating ({where}).")
+  return value
