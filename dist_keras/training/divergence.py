@@ -19,7 +19,6 @@ def check(run, out: dict, optimizer, checkpoints) -> None:
   run.skipped_steps). Only a non-finite loss, or a scale driven below 1
   (the gradients overflow even unscaled), is divergence there.
   """
-  together = False  # Every worker raises it (met first).
   if "finite" in out:
     if bool(out["finite"]):
       return
@@ -35,9 +34,10 @@ def check(run, out: dict, optimizer, checkpoints) -> None:
     if np.isfinite(loss) and finite:
       return
     what = f"loss {loss}" if finite else f"non-finite gradients (loss {loss})"
-    # All-reduced: every worker stops here. One leaving at once could
-    # cut a peer's last receive of this step's all-reduce.
-    together = run.multi_worker and not run.retries_left
+  # The loss, gradients and logs are all-reduced: every worker stops here,
+  # together (met first). One leaving at once could cut a peer's last
+  # receive of this step's all-reduce; none reports it to the others.
+  together = run.multi_worker and not run.retries_left
   kept, rerun = ((f"the last good checkpoint "
                   f"({os.path.basename(checkpoints.last_saved())}) is kept",
                   "rerun to resume from it")

@@ -242,20 +242,24 @@ def test_workers_disagreeing_on_the_resume_step_meet_before_they_leave(
   assert e.value.every_worker
 
 
+@pytest.mark.parametrize("own_step", [False, True])
 @pytest.mark.parametrize("multi_worker, retries_left, met", [
     (True, 0, True), (True, 1, False), (False, 0, False)])
 def test_workers_stopping_at_divergence_meet_before_they_leave(
-    monkeypatch, multi_worker, retries_left, met):
-  """The loss and gradients are all-reduced: every worker stops at the
-  same step; one going back to a checkpoint (a retry left) goes on."""
+    monkeypatch, multi_worker, retries_left, met, own_step):
+  """The loss and gradients (a model's own train_step: its logs) are
+  all-reduced: every worker stops at the same step; one going back to a
+  checkpoint (a retry left) goes on."""
   import keras  # pylint: disable=g-import-not-at-top
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
   from dist_keras.training import divergence  # pylint: disable=g-import-not-at-top
   barriers = []
   monkeypatch.setattr(leaving, "met", barriers.append)
   run = types.SimpleNamespace(multi_worker=multi_worker, step=7,
-                              retries_left=retries_left, skipped_steps=0)
-  out = {"loss": float("nan"), "finite_grads": True, "skipped": 0}
+                              retries_left=retries_left, skipped_steps=0,
+                              step_logs={"loss": float("nan")})
+  out = ({"finite": False} if own_step else
+         {"loss": float("nan"), "finite_grads": True, "skipped": 0})
   with pytest.raises(errors.Diverged) as e:
     divergence.check(run, out, keras.optimizers.SGD(),
                      types.SimpleNamespace(saved_at=None))
