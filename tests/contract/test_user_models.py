@@ -587,7 +587,6 @@ def test_a_models_unbuilt_optimizer_is_refused(tmp_path, mirrored):
 
 def test_batches_are_described_by_their_structure():
   """Dict inputs by their keys (they printed as a tuple of shapes)."""
-  from dist_keras.contract import checks  # pylint: disable=g-import-not-at-top
   spec = ({"ids": tf.TensorSpec([32, 50], tf.int32),
            "mask": tf.TensorSpec([32, None], tf.bool)},
           tf.TensorSpec([32], tf.float32))

@@ -41,12 +41,11 @@ def _slow_eval_dataset_fn(split, input_context):
 
 
 def test_an_eval_is_not_charged_to_the_next_windows_steps(tmp_path):
-  result = helpers.fit_fns(user_task.model_fn, _slow_eval_dataset_fn,
-                           tmp_path, {"train.steps": 12, "train.log_every": 4,
-                                      "eval.every": 4,
-                                      "train.checkpoint_every": 4,
-                                      "train.global_batch_size": 48,
-                                      "log.calibration_steps": 0})
+  helpers.fit_fns(user_task.model_fn, _slow_eval_dataset_fn,
+                  tmp_path, {"train.steps": 12, "train.log_every": 4,
+                             "eval.every": 4, "train.checkpoint_every": 4,
+                             "train.global_batch_size": 48,
+                             "log.calibration_steps": 0})
   windows = helpers.scalar_tags(str(tmp_path))["perf/step_ms"]
   # Eval passes of ~1 s (3 batches x 0.25 s) over 4-step windows would add
   # ~250 ms a step; the steps themselves take a few ms.
