@@ -85,7 +85,7 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
         experimental_fetch_to_device=False)
   # distribute_datasets_from_function never auto-shards: each pipeline
   # reads the shard its dataset_fn picks by input_pipeline_id.
-  with _input_devices_kept(strategy):
+  with _input_devices_kept(strategy), _whole_batches(strategy, split):
     dataset = strategy.distribute_datasets_from_function(make, options)
   if split == "eval":
     _check_some_eval_batches(sizes)
@@ -131,6 +131,47 @@ def _input_devices_kept(strategy):
   finally:
     if saved is not None:
       extended._input_workers_devices = saved  # pylint: disable=protected-access
+
+
+# The strategy's switches for TensorFlow's partial-batch handling, which
+# each distributed dataset reads as it is made (TF 2.21's input_lib reads
+# the first one a strategy has; 2.21's strategies set only the second).
+_PARTIAL_BATCHES = ("enable_partial_batch_handling",
+                    "experimental_enable_get_next_as_optional")
+
+
+@contextlib.contextmanager
+def _whole_batches(strategy, split: str):
+  """Makes the train split's distributed dataset without TensorFlow's
+  partial-batch handling (the eval split keeps it: its last batch is
+  partial, and a pipeline may have none).
+
+  With it (MultiWorkerMirroredStrategy's default for a pipeline not known
+  to be infinite), every batch read all-reduces how many replicas got one
+  and gives a replica whose pipeline ended an empty batch. Each worker
+  decides from its own pipeline: one whose train stream was of unknown
+  size (a filter) ran that all-reduce where a repeat()ed peer did not, and
+  their first step's collectives mismatched ("Collective instance ...
+  expected ... data_type 9 but got ... 1"); where every stream's size was
+  unknown, a worker whose stream ended trained on empty batches to the
+  end, silently. Train batches are whole (drop_remainder, batches.py):
+  without it, a stream that ends raises OutOfRangeError on its own worker
+  (the loop's run_dry_error).
+  """
+  extended = strategy.extended
+  saved = {name: getattr(extended, name) for name in _PARTIAL_BATCHES
+           if hasattr(extended, name)}
+  if split == "train":
+    for name in _PARTIAL_BATCHES:
+      setattr(extended, name, False)
+  try:
+    yield
+  finally:
+    for name in _PARTIAL_BATCHES:
+      if name in saved:
+        setattr(extended, name, saved[name])
+      elif hasattr(extended, name):
+        delattr(extended, name)
 
 
 # Train iterators kept to the process's end (keep_until_exit), never

@@ -174,6 +174,29 @@ def test_a_train_stream_without_a_first_batch_says_why(tmp_path, mirrored):
       " pipelines or a smaller train.global_batch_size.")
 
 
+def test_one_pipelines_train_stream_of_padded_batches_running_dry_says_so(
+    tmp_path, mirrored):
+  """Pipeline 0's stream of padded batches (x int32[24, None]) ends after
+  2 batches, its size unknown: step 3 says so. TensorFlow's partial-batch
+  handling, on for such a stream, gave replica 0 an empty batch there and
+  the step failed (InvalidArgumentError, 'unexpected')."""
+  def dataset_fn(split, ctx):
+    ds = user_task.padded_dataset_fn(split, ctx)
+    if split == "train" and ctx.input_pipeline_id == 0:
+      return ds.take(2).filter(lambda *_: True)
+    return ds
+
+  with pytest.raises(UserError) as e:
+    dist_keras.fit(user_task.padded_model_fn, dataset_fn,
+                   workdir=str(tmp_path / "run"),
+                   config=dict(CONFIG, **{"train.steps": 6,
+                                          "train.log_every": 1}),
+                   strategy=mirrored)
+  assert str(e.value) == (
+      "dataset_fn('train', ...) ran out of batches at step 3; repeat it "
+      "(ds.repeat()) so training runs train.steps=6 steps.")
+
+
 def test_a_built_model_passed_as_model_fn_is_one_line(tmp_path, mirrored):
   """Keras' fit(model, data) habit."""
   model = user_task.model_fn()

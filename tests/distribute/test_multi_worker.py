@@ -248,6 +248,19 @@ def test_workers_that_diverge_stop_together_with_the_same_line(tmp_path):
     assert err.startswith("dist_keras: error: loss "), err[-2000:]
 
 
+def _user_args(data_name, model_name="model_fn"):
+  """_two_workers_exit's train_args for tests/user_task.py's `model_name`
+  and `data_name`."""
+  def user_args(workdir):
+    return ["-m", "dist_keras.train", f"--workdir={workdir}",
+            f"--config.model.name=user_task:{model_name}",
+            f"--config.data.name=user_task:{data_name}",
+            "--config.train.global_batch_size=48",
+            "--config.train.steps=6", "--config.log.calibration_steps=0",
+            "--config.log.peak_tflops=1.0"]
+  return user_args
+
+
 def test_one_workers_refused_data_stops_both_with_its_line_naming_it(
     tmp_path):
   """Only worker 1's batches hold labels the model cannot take: it refuses
@@ -256,17 +269,9 @@ def test_one_workers_refused_data_stops_both_with_its_line_naming_it(
   with task worker:1 ...; the job must restart' (exit 200, retryable),
   which a restart meets again."""
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
-  def user_args(workdir):
-    return ["-m", "dist_keras.train", f"--workdir={workdir}",
-            "--config.model.name=user_task:classes_model_fn",
-            "--config.data.name="
-            "user_task:out_of_range_labels_on_pipeline_1_dataset_fn",
-            "--config.train.global_batch_size=48",
-            "--config.train.steps=6", "--config.log.calibration_steps=0",
-            "--config.log.peak_tflops=1.0"]
-
   (code_0, err_0), (code_1, err_1) = _two_workers_exit(
-      tmp_path / "run", [], train_args=user_args)
+      tmp_path / "run", [], train_args=_user_args(
+          "out_of_range_labels_on_pipeline_1_dataset_fn", "classes_model_fn"))
   assert code_1 == errors.EXIT_CONFIG_ERROR, err_1[-2000:]
   # Worker 1's stderr is its line alone (TensorFlow's log of the abort
   # the report makes here is left out).
@@ -277,6 +282,33 @@ def test_one_workers_refused_data_stops_both_with_its_line_naming_it(
   assert _our_error(err_0) == line.replace(
       "dist_keras: error: ", "dist_keras: error: worker:1 stopped the job: ")
   assert not (tmp_path / "run").exists()  # As a refusal on one worker.
+
+
+@pytest.mark.parametrize("data_name", [
+    "dry_on_pipeline_1_dataset_fn",
+    "dry_on_pipeline_1_of_unknown_sizes_dataset_fn"])
+def test_one_workers_train_stream_running_dry_stops_both_with_its_line(
+    tmp_path, data_name):
+  """Only worker 1's train stream ends (after 2 batches, its size unknown
+  at build): it says so (exit 2), and worker 0, waiting in that call's
+  all-reduce, says the same line naming it (exit 2). With TensorFlow's
+  partial-batch handling, which a worker turns on for a stream of unknown
+  size, both failed at step 1 in a collective mismatch (exit 1) beside a
+  repeat()ed peer; where every stream's size was unknown, worker 1 trained
+  on empty batches to the end, and both exited 0."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  (code_0, err_0), (code_1, err_1) = _two_workers_exit(
+      tmp_path / "run", [], train_args=_user_args(data_name))
+  assert code_1 == errors.EXIT_CONFIG_ERROR, err_1[-2000:]
+  [line] = err_1.strip().splitlines()
+  assert line == (
+      "dist_keras: error: dataset_fn('train', ...) ran out of batches at "
+      "steps 2-5; repeat it (ds.repeat()) so training runs train.steps=6 "
+      "steps."), err_1
+  assert code_0 == errors.EXIT_CONFIG_ERROR, err_0[-2000:]
+  assert _our_error(err_0) == line.replace(
+      "dist_keras: error: ", "dist_keras: error: worker:1 stopped the job: ")
+  assert not (tmp_path / "run").exists()  # No checkpoint: a refusal.
 
 
 # A worker of a 2-worker run whose replica computes SLOW_MS longer than its
