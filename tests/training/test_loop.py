@@ -568,6 +568,7 @@ def _call_sizes(monkeypatch, trainer):
       calls.append(1 if timed else n)
       return call(iterator, timed, n)
 
+    recording.first_timed = call.first_timed  # (The loop asks it too.)
     return recording
 
   monkeypatch.setattr(trainer, "_step_functions", recorded)
