@@ -81,7 +81,8 @@ def from_command_line(spec: str = DEFAULT, overrides=(),
     set_value(config, key, value, spelled=f"{flag}{key}", parse=True)
     user_set[key] = f"{flag}{text}"
   check_types(config)
-  if not _is_builtin(spec.partition(":")[0]):  # A file of the user's.
+  name = spec.partition(":")[0]
+  if not (_is_builtin(name) or _is_shipped(name)):  # A file of the user's.
     user_set = {**_changed(config, f"--config={spec} sets "), **user_set}
   refuse_unread(config, user_set)
   return config
@@ -156,6 +157,15 @@ def _is_builtin(name: str) -> bool:
   another file does not hide the built-in of its name."""
   return name in names() and not (os.path.isfile(name)
                                   and name.endswith(".py"))
+
+
+def _is_shipped(path: str) -> bool:
+  """Whether `path` is a built-in config's own file (configs/NAME.py, as
+  the docs write it): the keys it sets are its model's, not the user's."""
+  here = os.path.dirname(os.path.realpath(__file__))
+  real = os.path.realpath(path)
+  return (os.path.isfile(real) and os.path.dirname(real) == here
+          and os.path.basename(real)[:-len(".py")] in names())
 
 
 def _load_file(spec: str):

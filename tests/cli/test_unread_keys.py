@@ -128,6 +128,18 @@ def test_a_config_files_change_is_the_users(tmp_path):
                                f"{CELL_ON_CNN}")
 
 
+@pytest.mark.parametrize("override", ["data.name=synthetic",
+                                      "model.name=resnet50"])
+def test_a_built_in_config_named_by_its_path_keeps_its_own_keys(override):
+  """configs/NAME.py, as the docs write it: the keys it sets are its
+  model's, not the user's (a switch of model or data keeps them, as by
+  name); a copy of it elsewhere is the user's file."""
+  name = "resnet50_imagenet" if "data" in override else "cnn_cifar10"
+  path = os.path.join(os.path.dirname(configs.__file__), f"{name}.py")
+  configs.from_command_line(path, [override])
+  configs.from_command_line(name, [override])
+
+
 def _as_text(value) -> str:
   if isinstance(value, tuple):
     return ",".join(map(str, value)) + ("," if len(value) == 1 else "")
