@@ -102,6 +102,17 @@ def test_config_text_summary(tiny_run):
   assert texts and '"global_batch_size": 32' in texts[0]
 
 
+def _next_second() -> None:
+  """Waits for the clock's next second. TensorBoard orders a folder's event
+  files by name, events.out.tfevents.SECONDS.HOST.PID.N: two writers of one
+  process in one second sort by N as text, so 10 came before 9 (the rerun's
+  file read first: CI saw the killed run's points win). A rerun is another
+  process, seconds later."""
+  second = int(time.time())
+  while int(time.time()) == second:
+    time.sleep(0.01)
+
+
 def test_points_a_resumed_run_logs_again_replace_the_killed_runs(tmp_path):
   """A run killed after its step-4 checkpoint had logged steps 5-6; its
   rerun logs them again. TensorBoard's loaders each show one point per
@@ -110,6 +121,7 @@ def test_points_a_resumed_run_logs_again_replace_the_killed_runs(tmp_path):
   logdir = str(tmp_path)
   for resumed_at, steps, offset in ((0, range(1, 7), 0.0),
                                     (4, range(5, 9), 100.0)):
+    _next_second()  # A file's name: its second, then a process counter.
     writer = tensorboard_events.Writer(logdir, enabled=True)
     writer.start(resumed_at)
     for step in steps:
