@@ -140,9 +140,9 @@ def worker_id(strategy) -> int:
   resolver = strategy.cluster_resolver
   if resolver is None or resolver.task_type not in ("chief", "worker"):
     return 0
-  chief = resolver.task_type == "worker" and (
-      "chief" in resolver.cluster_spec().jobs)
-  return int(resolver.task_id or 0) + chief
+  return tfconfig.ClusterSpec(resolver.cluster_spec().as_dict(),
+                              resolver.task_type,
+                              int(resolver.task_id or 0)).worker_id
 
 
 def display_name(strategy) -> str:
