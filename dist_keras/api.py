@@ -68,7 +68,7 @@ def run(job: Job) -> FitResult:
   interpreters exit (distribute/leaving.py; the command line's leave at
   its end, and Ray Train ends its workers itself)."""
   try:
-    result, strategy = _trained(job)
+    result, role = _trained(job)
   except BaseException as e:
     leaving.at_exit(None)  # Its peers may never come to the barrier.
     # This worker's own refusal: the others say its line, not a lost peer.
@@ -79,14 +79,14 @@ def run(job: Job) -> FitResult:
       terminal.error(str(e))
     raise
   cluster = tfconfig.from_env()
-  if (not job.to_exit and strategies.num_workers(strategy) > 1
+  if (not job.to_exit and role.workers > 1
       and tfconfig.is_multi_worker(cluster) and ray_report.session() is None):
     leaving.at_exit(cluster)
   return result
 
 
-def _trained(job: Job) -> tuple[FitResult, object]:
-  """The run's FitResult, and the strategy it trained under."""
+def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
+  """The run's FitResult, and this process's role in it."""
   try:
     with build(job) as trainer:
       try:
@@ -106,7 +106,7 @@ def _trained(job: Job) -> tuple[FitResult, object]:
       raise
     raise lost from e
   return FitResult(trainer.model, summary, job.workdir,
-                   dict(trainer.history.history)), trainer.strategy
+                   dict(trainer.history.history)), trainer.parts.role
 
 
 def _translated_run(trainer) -> dict:
@@ -133,15 +133,16 @@ def build(job: Job) -> loop.Trainer:
   validate.workdir_named(workdir)  # (The command line's, before TF.)
   strategy = job.strategy or strategies.get_strategy(config.runtime)
   strategies.own_collective_keys(strategy)
+  role = strategies.Role.of(strategy)  # Asked once: chief? workers?
   leaving.joined(tfconfig.from_env())  # (For a refusal's report.)
   with contextlib.ExitStack() as undo:
     # SIGTERM's and Ctrl-C's handler from here to the run's last line, set
     # once the strategy exists: a multi-worker one sets TensorFlow's own
     # while it starts (distribute/sigterm.py).
     stop = undo.enter_context(preemption.StopRequest(
-        strategy, strategies.num_workers(strategy) > 1,
+        strategy, role.workers > 1,
         config.train.log_every, keep=job.to_exit, before_training=True))
-    if strategies.is_chief(strategy):
+    if role.chief:
       # The lock before anything reads the workdir: the checkpoint another
       # run is writing there is not another model's, nor damaged.
       run_files.prepare(workdir)
@@ -170,10 +171,10 @@ def build(job: Job) -> loop.Trainer:
     rate = lr.apply(model.optimizer, config.train)
     optimizers = compiled.prepare_optimizers(model, strategy)
     saved, resumed = checkpoints.restored(
-        workdir, model, optimizers, strategy, config.train.max_checkpoints,
+        workdir, model, optimizers, role, config.train.max_checkpoints,
         resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
-    parts = loop.Parts(strategy, model, train_ds, eval_ds, saved, rate, stop,
+    parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate, stop,
                        callbacks, evaluates=no_eval is None)
     notes += [note] + settings.notes(config, on_tpu) + [resumed]
     trainer = loop.Trainer(

@@ -3,6 +3,7 @@
 Logical CPU devices must be configured before TensorFlow initialises its
 runtime, so `get_strategy` is called before anything else touches devices.
 """
+import dataclasses
 import errno
 import os
 import socket
@@ -132,6 +133,20 @@ def num_workers(strategy) -> int:
   spec = resolver.cluster_spec()
   return max(1, sum(spec.num_tasks(job) for job in ("chief", "worker")
                     if job in spec.jobs))
+
+
+@dataclasses.dataclass(frozen=True)
+class Role:
+  """This process's part in the job, asked of its strategy once (api.build)
+  and handed to what needs it: the strategy, whether this process writes
+  the run's files, and how many processes take part in its collectives."""
+  strategy: tf.distribute.Strategy
+  chief: bool
+  workers: int
+
+  @classmethod
+  def of(cls, strategy) -> "Role":
+    return cls(strategy, is_chief(strategy), num_workers(strategy))
 
 
 def worker_id(strategy) -> int:

@@ -243,22 +243,21 @@ class Checkpoints:
       self._scratch = None
 
 
-def restored(workdir: str, model, optimizers, strategy, max_to_keep: int,
-             resume: Resume):
+def restored(workdir: str, model, optimizers, role: strategies.Role,
+             max_to_keep: int, resume: Resume):
   """(the run's Checkpoints, its "resumed from ..." line or None): the
   checkpoint `resume` names restored, every worker agreeing on it; then the
   chief tidies what saves cut short left (_tidy), said in the same line."""
-  chief, folder = strategies.is_chief(strategy), _folder(workdir)
-  repaired = _repair_state(folder, resume) if chief else None
-  saved = Checkpoints(workdir, model, optimizers, chief, max_to_keep)
+  folder = _folder(workdir)
+  repaired = _repair_state(folder, resume) if role.chief else None
+  saved = Checkpoints(workdir, model, optimizers, role.chief, max_to_keep)
   try:
     lines = [repaired, saved.restore(resume)]
-    check_workers_agree(strategy, resume.step,
-                        strategies.num_workers(strategy), workdir)
+    check_workers_agree(role.strategy, resume.step, role.workers, workdir)
     # After the agreement, a collective every worker reaches only once it
     # has found and restored its checkpoint: no worker still reads what
     # the chief removes.
-    if chief:
+    if role.chief:
       lines[1:1] = _tidy(folder, resume)
   except BaseException:  # (A stop request before training, too.)
     saved.close()

@@ -34,7 +34,7 @@ from dist_keras.training.settings import Settings, auto_steps_per_call
 @dataclasses.dataclass
 class Parts:
   """What the loop trains: built and checked by api.build."""
-  strategy: tf.distribute.Strategy
+  role: strategies.Role  # The strategy; chief or not; how many workers.
   model: object  # keras.Model, compiled, its variables in the scope.
   train_ds: object  # Distributed datasets (distribute/pipelines.py).
   eval_ds: object
@@ -53,11 +53,10 @@ class Trainer:
   def __init__(self, parts: Parts, settings: Settings, workdir: str,
                config_dict: dict, notes=()):
     self.parts, self.settings, self.workdir = parts, settings, workdir
-    self.strategy, self.model, self.stop = (parts.strategy, parts.model,
-                                            parts.stop)
+    self.strategy, self.model, self.stop = (parts.role.strategy,
+                                            parts.model, parts.stop)
     self.replicas = self.strategy.num_replicas_in_sync
-    self.workers = strategies.num_workers(self.strategy)
-    self.chief = strategies.is_chief(self.strategy)
+    self.workers, self.chief = parts.role.workers, parts.role.chief
     self.custom_step = compiled.overrides(self.model, "train_step")
     self.config_dict = config_dict
     self.notes = list(notes)  # Said when run() starts, after the header.

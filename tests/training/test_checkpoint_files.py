@@ -165,13 +165,13 @@ def test_only_what_tf_leaves_is_found(tmp_path):
 
 
 @pytest.mark.parametrize("chief", [True, False])
-def test_only_the_chief_removes(tmp_path, monkeypatch, chief):
+def test_only_the_chief_removes(tmp_path, chief):
   """Every worker reads the chief's folder; only the chief writes it."""
   folder = tmp_path / "checkpoints"
   (folder / "ckpt-4_temp").mkdir(parents=True)
-  monkeypatch.setattr(strategies, "is_chief", lambda strategy: chief)
   model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-  saved, line = checkpoints.restored(str(tmp_path), model, [], ONE_CPU, 3,
+  role = strategies.Role(ONE_CPU, chief=chief, workers=1)
+  saved, line = checkpoints.restored(str(tmp_path), model, [], role, 3,
                                      checkpoints.Resume(None, 0))
   saved.close()
   assert (folder / "ckpt-4_temp").exists() != chief
