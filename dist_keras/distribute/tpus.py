@@ -27,7 +27,7 @@ from urllib import parse
 
 import tensorflow as tf
 
-from dist_keras.distribute.tpu_env import detect
+from dist_keras.distribute.tpu_env import detect, needs_pjrt
 from dist_keras import errors, installation, terminal
 from dist_keras.errors import UserError
 
@@ -75,18 +75,47 @@ def get_strategy(tpu: str, required: bool, environ=None,
       raise _NoTpu(f"this TensorFlow has no libtpu ({installation.install('tpu')})")
     return connect(tpu, environ, path_exists)
   except _NoTpu as e:
-    if required and no_runtime:
-      # The TPU is here: the fix is the install, not another runtime type.
-      raise NoTpuError(f"a TPU is here ({here}) but this TensorFlow has no "
-                       "libtpu to start it", installation.install("tpu"),
-                       tpu_here=True) from e
     if required:
-      raise NoTpuError(f"no TPU was found ({e})",
-                       _HINTS[LOCAL if tpu == LOCAL else "node"]) from e
+      raise required_error(tpu, here, no_runtime, e,
+                           needs_pjrt(environ, path_exists)) from e
     terminal.say(f"dist_keras: runtime.strategy=auto: a TPU may be here "
                  f"({detect(environ, path_exists)}) but it did not start "
                  f"({e}); using the CPUs/GPUs instead.", err=True)
     return None
+
+
+def required_error(tpu: str, here: str | None, no_runtime: bool,
+                   error: Exception, pjrt: bool) -> "NoTpuError":
+  """runtime.strategy=tpu's one line when no TPU started, chosen by what
+  this host shows, so the fix offered is one that can help here.
+
+  Args:
+    tpu: runtime.tpu.
+    here: `detect`'s finding for runtime.tpu='local' (None: no TPU shows,
+      or a TPU node).
+    no_runtime: this TensorFlow cannot load libtpu (`has_tpu_runtime`).
+    error: what was tried and why it failed.
+    pjrt: the TPU shown is a PJRT chip (`needs_pjrt`): its device nodes
+      are /dev/vfio/N, a classic one's /dev/accelN.
+  """
+  if not here:  # Another runtime type (Colab) or the TPU node's state.
+    return NoTpuError(f"no TPU was found ({error})",
+                      _HINTS[LOCAL if tpu == LOCAL else "node"])
+  if no_runtime:  # The fix is the install, not another runtime type.
+    return NoTpuError(f"a TPU is here ({here}) but this TensorFlow has no "
+                      "libtpu to start it", installation.install("tpu"),
+                      tpu_here=True)
+  # The TPU and libtpu are both here: libtpu opens the chip's device
+  # nodes exclusively, so another process holding them fails the start
+  # (libtpu itself suggests lsof), and so does a libtpu built for another
+  # TensorFlow.
+  devices = "/dev/vfio/*" if pjrt else "/dev/accel*"
+  return NoTpuError(
+      f"a TPU is here ({here}) and this TensorFlow has libtpu, but the TPU "
+      f"did not start ({error})",
+      f"another process may hold it (a notebook kernel, an earlier run: "
+      f"`sudo lsof -w {devices}` names it; stop it), or this TensorFlow and "
+      f"libtpu do not match ({installation.install('tpu')})", tpu_here=True)
 
 
 def check_name(tpu: str) -> None:
@@ -136,8 +165,8 @@ class _NoTpu(Exception):
 class NoTpuError(UserError):
   """runtime.strategy=tpu and no TPU started. `cause`: what was tried and
   why it failed; `fix`: what to do on this host; `tpu_here`: the host shows
-  a TPU that this TensorFlow cannot drive. A notebook words its own line
-  from these (its switch is not runtime.strategy)."""
+  a TPU (so the fix is on this host, not another runtime type). A notebook
+  words its own line from these (its switch is not runtime.strategy)."""
 
   def __init__(self, cause: str, fix: str, tpu_here: bool = False):
     self.cause, self.fix, self.tpu_here = cause, fix, tpu_here

@@ -196,9 +196,52 @@ def test_a_failed_start_says_what_was_tried(monkeypatch, fail_at):
                           path_exists=_devices("/dev/vfio/0"))
   message = str(e.value)
   assert "\n" not in message
-  assert ("no TPU was found (tried TPUClusterResolver(tpu='local'): "
-          "NotFoundError: TPUs not found in the cluster.); on Colab") in message
+  assert ("did not start (tried TPUClusterResolver(tpu='local'): "
+          "NotFoundError: TPUs not found in the cluster.); ") in message
   assert "strategy" not in fake.calls
+
+
+# libtpu's words for a chip another process holds (v5e/v6e, PJRT).
+BUSY = tf.errors.InternalError(
+    None, None, "TPU initialization failed: open(/dev/vfio/0): Device or "
+    "resource busy: Device or resource busy; Couldn't open iommu group "
+    "/dev/vfio/0\n(more lines)")
+
+
+@pytest.mark.parametrize("shown,here,devices", [
+    ({"path_exists": _devices("/dev/vfio/0")}, "/dev/vfio/0 exists",
+     "/dev/vfio/*"),
+    ({"path_exists": _devices("/dev/accel0")}, "/dev/accel0 exists",
+     "/dev/accel*"),
+    ({"environ": {"TPU_ACCELERATOR_TYPE": "v6e-1"}},
+     "TPU_ACCELERATOR_TYPE is set", "/dev/vfio/*"),
+])
+def test_a_tpu_here_with_libtpu_that_does_not_start_names_this_hosts_fixes(
+    monkeypatch, shown, here, devices):
+  # A TPU shows and this TensorFlow has libtpu (FakeTF), yet initialising
+  # fails: another runtime type would not help; a process holding the chip
+  # or a libtpu that does not match this TensorFlow is what to look at.
+  fake = FakeTF(monkeypatch, fail_at="initialize", error=BUSY)
+  with pytest.raises(tpus.NoTpuError) as e:
+    strategies.get_strategy(_runtime(strategy="tpu"),
+                            **{"environ": {}, "path_exists": NO_DEVICES,
+                               **shown})
+  message = str(e.value)
+  assert "\n" not in message
+  assert message.startswith(
+      f"runtime.strategy='tpu': a TPU is here ({here}) and this TensorFlow "
+      "has libtpu, but the TPU did not start (tried TPUClusterResolver("
+      "tpu='local'): InternalError: TPU initialization failed: "
+      "open(/dev/vfio/0): Device or resource busy: ")
+  assert "(more lines)" not in message  # TensorFlow's first line only.
+  assert (f"another process may hold it (a notebook kernel, an earlier run: "
+          f"`sudo lsof -w {devices}` names it; stop it), or this TensorFlow "
+          "and libtpu do not match (pip install 'tensorflow-tpu<2.21,>=2.19' "
+          "'libtpu<0.0.32'); or use runtime.strategy=auto.") in message
+  assert "Change runtime type" not in message and "no TPU was found" not in (
+      message)
+  assert e.value.tpu_here and e.value.fix.startswith("another process")
+  assert fake.calls == ["resolver"]
 
 
 @pytest.mark.parametrize("shown", [
@@ -324,6 +367,8 @@ def test_real_resolver_fails_fast_where_it_is_tried(tmp_path):
   assert float(seconds) < 5
   assert ("(tried TPUClusterResolver(tpu='local'): NotFoundError: TPUs not "
           "found in the cluster.") in message
+  # A TPU shows (the variable) and libtpu is here: this host's fixes.
+  assert "`sudo lsof -w /dev/accel*` names it" in message
   # The failed start has started TensorFlow with 1 CPU device: auto falls
   # back to what is there instead of failing to split the CPU.
   assert "FALLBACK MirroredStrategy 1" in result.stdout
