@@ -7,6 +7,7 @@
 environment first); `dist_keras.fit` and `dist_keras.FitResult` import it
 when first used.
 """
+import contextlib as _contextlib
 import sys as _sys
 
 from dist_keras import installation as _installation
@@ -72,15 +73,15 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
     dist_keras.errors.Interrupted (a KeyboardInterrupt): Ctrl-C; the step
       it stopped at was checkpointed (a second Ctrl-C stops at once).
   """
-  # The door: every argument resolved once, here.
   _installation.check_tensorflow_installed(ImportError)
-  given, config = config, _resolve_config(config)
-  functions = (_record_name(config.model, model_fn, "model_fn"),
-               _record_name(config.data, dataset_fn, "dataset_fn"))
-  if isinstance(strategy, str):
-    config.runtime.strategy = strategy
-  _refuse_ignored(config, given, strategy)
-  validate.config(config)
+  with _told_to_peers(strategy):  # The door: every argument resolved once.
+    given, config = config, _resolve_config(config)
+    functions = (_record_name(config.model, model_fn, "model_fn"),
+                 _record_name(config.data, dataset_fn, "dataset_fn"))
+    if isinstance(strategy, str):
+      config.runtime.strategy = strategy
+    _refuse_ignored(config, given, strategy)
+    validate.config(config)
   if not _is_strategy(strategy):  # Too late to set up once TF has started.
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)
   from dist_keras import api  # pylint: disable=g-import-not-at-top
@@ -92,6 +93,26 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
 
 def _is_strategy(strategy) -> bool:
   return strategy is not None and not isinstance(strategy, str)
+
+
+@_contextlib.contextmanager
+def _told_to_peers(strategy):
+  """The door's refusals, told to the other workers when fit is given a
+  strategy object: a cluster's coordination service runs already, so
+  this worker joins it first and reports one of its own there
+  (distribute/reports.py), as one in the run; its peers waited in the
+  run's first collective until they lost it, and were restarted."""
+  if not _is_strategy(strategy):
+    yield
+    return
+  from dist_keras.distribute import reports, tfconfig  # pylint: disable=g-import-not-at-top
+  cluster = tfconfig.from_env()
+  reports.joined(cluster)
+  try:
+    yield
+  except UserError as e:
+    reports.report(e, cluster)
+    raise
 
 
 # What a strategy object decides in place of these keys: they only choose

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from dist_keras import disk, errors, registry, terminal, validate
 from dist_keras.contract import checks
-from dist_keras.distribute import leaving, peers, pipelines, strategies
-from dist_keras.distribute import tfconfig
+from dist_keras.distribute import leaving, peers, pipelines, reports
+from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, checkpoints, compiled, loop, lr
 from dist_keras.training import preemption, ray_report, run_files, settings
 from dist_keras.training import user_callbacks
@@ -72,7 +72,7 @@ def run(job: Job) -> FitResult:
   except BaseException as e:
     leaving.at_exit(None)  # Its peers may never come to the barrier.
     # This worker's own refusal: the others say its line, not a lost peer.
-    leaving.report(e, tfconfig.from_env())
+    reports.report(e, tfconfig.from_env())
     if isinstance(e, errors.Preempted) and not job.to_exit:
       # An uncaught SystemExit ends the script without a word: its line
       # now, as the command line's (which says it itself) would be.
@@ -101,7 +101,7 @@ def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
   except (tf.errors.OpError, OSError) as e:
     # A peer of a cluster died (or hung)? From the build's collectives too
     # (the config check, the restore). The disk under the workdir failed?
-    lost = peers.stopped(e) or peers.lost(e) or disk.fault(e, job.workdir)
+    lost = reports.stopped(e) or peers.lost(e) or disk.fault(e, job.workdir)
     if lost is None:
       raise
     raise lost from e
@@ -111,11 +111,11 @@ def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
 
 def _translated_run(trainer) -> dict:
   """trainer.run(), a batch value the model cannot take, and a peer's
-  refusal (peers.stopped), said as such."""
+  refusal (reports.stopped), said as such."""
   try:
     return trainer.run()
   except tf.errors.OpError as e:
-    bad = peers.stopped(e) or (
+    bad = reports.stopped(e) or (
         errors.bad_data_value(e)
         if isinstance(e, tf.errors.InvalidArgumentError) else None)
     if bad is None:
@@ -132,9 +132,9 @@ def build(job: Job) -> loop.Trainer:
   config, workdir = job.config, job.workdir
   validate.workdir_named(workdir)  # (The command line's, before TF.)
   strategy = job.strategy or strategies.get_strategy(config.runtime)
+  reports.joined(tfconfig.from_env())  # (For a refusal's report.)
   strategies.own_collective_keys(strategy)
   role = strategies.Role.of(strategy)  # Asked once: chief? workers?
-  leaving.joined(tfconfig.from_env())  # (For a refusal's report.)
   with contextlib.ExitStack() as undo:
     # SIGTERM's and Ctrl-C's handler from here to the run's last line, set
     # once the strategy exists: a multi-worker one sets TensorFlow's own

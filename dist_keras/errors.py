@@ -177,10 +177,11 @@ def bad_data_value(error: Exception) -> UserError | None:
       "models: data.vocab_size, data.num_classes).")
 
 
-def first_line(error: Exception, limit: int = 240) -> str:
+def first_line(error: BaseException, limit: int | None = 240) -> str:
   """An exception's message as one line for a one-line error: its first
-  non-empty line, spaces collapsed, at most `limit` characters; its type's
-  name if it has no message. Under Keras' "Exception encountered when
+  non-empty line, spaces collapsed, at most `limit` characters (None: all
+  of it, as a UserError's own line is said); its type's name if it has no
+  message. Under Keras' "Exception encountered when
   calling X.call()." the line is the layer's own message, which follows."""
   while len(error.args) == 1 and isinstance(error.args[0], BaseException):
     error = error.args[0]  # ml_collections' AttributeError(KeyError(...)).
@@ -191,7 +192,8 @@ def first_line(error: Exception, limit: int = 240) -> str:
   line = (f"in {wrapped.group(1)}: {lines[1]}" if wrapped and len(lines) > 1
           else lines[0])
   line = _EAGER_OP.sub(r"\1", line)
-  return line if len(line) <= limit else line[:limit - 3] + "..."
+  return line if limit is None or len(line) <= limit else (
+      line[:limit - 3] + "...")
 
 
 def cause(text: str) -> str:

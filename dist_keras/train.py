@@ -126,7 +126,7 @@ def _leave_together(cluster) -> None:
   process at once (exit 143 or 130): the run's results are written, and
   the wait holds the interpreter, where no Python handler would run."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from dist_keras.distribute import leaving  # pylint: disable=g-import-not-at-top
+  from dist_keras.distribute import leaving, reports  # pylint: disable=g-import-not-at-top
   for signum in (signal.SIGTERM, signal.SIGINT):
     # An ignored SIGINT (a job started in the background) stays ignored.
     if signal.getsignal(signum) is not signal.SIG_IGN:
@@ -134,6 +134,11 @@ def _leave_together(cluster) -> None:
   try:
     leaving.together(cluster)
   except tf.errors.OpError as e:
+    # A peer's own error, which it reported while this worker waited (or
+    # before it came): its line, as in a collective.
+    stopped = reports.stopped(e)
+    if stopped is not None:
+      raise stopped from e
     # A peer died or failed after training (a peer's missed heartbeats
     # fail the barrier with an InternalError): not a bug of this run.
     raise errors.PeerLost(
@@ -147,7 +152,9 @@ def _leave_together(cluster) -> None:
 def _fail(error: Exception, code: int, chosen_workdir=None) -> None:
   if _VERBOSE.value:
     terminal.say(traceback.format_exc(), err=True, end="")
-  message = str(error).splitlines()[0] if str(error) else type(error).__name__
+  # (The line a peer says too, when this worker's error stops the job:
+  # peers.report_text.)
+  message = errors.first_line(error, limit=None)
   if code == errors.EXIT_UNEXPECTED and not isinstance(error, errors.KNOWN):
     # A user's function's own error is theirs, not an unexpected one; the
     # traceback is printed above already with --verbose.

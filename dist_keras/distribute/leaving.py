@@ -28,10 +28,10 @@ after a refusal or a divergence (`met`), and after a stop request's
 checkpoint, briefly (`met_to_stop`).
 
 A worker whose own one-line error (a UserError: its data refused) stops
-the job tells the others before it leaves (`report`): their collectives
-then fail with its line (peers.stopped), not as if it had died.
+the job tells the others before it leaves (reports.py): a peer waiting
+here then says its line (reports.stopped), not that it lost a worker.
 
-TensorFlow has no public API for the barrier or the report: its own
+TensorFlow has no public API for the barrier: its own
 preemption handler (tf.distribute.experimental.PreemptionCheckpointHandler)
 uses the same `context.context()` calls.
 """
@@ -45,8 +45,8 @@ import time
 import tensorflow as tf
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
-from dist_keras import errors, quiet, terminal
-from dist_keras.distribute import peers, tfconfig
+from dist_keras import errors, terminal
+from dist_keras.distribute import peers, reports, tfconfig
 
 BARRIER = "dist_keras/finished"
 REFUSED = "dist_keras/refused"
@@ -117,55 +117,6 @@ def refused_together(error: errors.UserError) -> errors.UserError:
   return error
 
 
-# The key each worker of a cluster puts in the coordination service as its
-# run starts (`joined`), which `report` reads back, in a deadline, before
-# it reports: the report's own call has none (TF 2.21), and holds the
-# interpreter as long as a hung chief (the service's host) does (measured:
-# until it was killed, 56 s); a live service answers at once.
-_JOINED = "dist_keras/joined/"
-_PROBE_MS = 2000
-# What TensorFlow logs (fd 2) as the report aborts this worker's own
-# collectives: the line this worker is about to say.
-_ABORT_LINE = ("BaseCollectiveExecutor::StartAbort",)
-
-
-def joined(cluster: tfconfig.ClusterSpec | None) -> None:
-  """Marks this worker of a multi-worker run as started, for `report`."""
-  if not tfconfig.is_multi_worker(cluster) or not _has_service():
-    return
-  try:
-    context.context().set_config_key_value(_key(cluster), "1")
-  except tf.errors.AlreadyExistsError:  # This process's earlier fit.
-    pass
-
-
-def report(error: BaseException, cluster) -> None:
-  """Tells the cluster's other workers that `error`, this worker's own
-  one-line error (a UserError no other raised with it), stops the job:
-  their collectives fail with its line (peers.stopped). Only where a
-  coordination service runs and answers; a report that fails is ignored
-  (the others then lose this worker, as before)."""
-  if (not isinstance(error, errors.UserError) or error.every_worker
-      or not tfconfig.is_multi_worker(cluster) or not _has_service()):
-    return
-  try:
-    context.context().get_config_key_value(_key(cluster), _PROBE_MS)
-    with quiet.startup_lines_filtered(noise=_ABORT_LINE):
-      context.context().report_error_to_cluster(
-          tf.errors.FAILED_PRECONDITION, peers.report_text(error, cluster))
-  except Exception:  # pylint: disable=broad-except
-    pass  # No service, or none answering: it leaves unreported.
-
-
-def _has_service() -> bool:
-  """Whether this process's TensorFlow has a coordination service."""
-  return context.context().coordination_service is not None
-
-
-def _key(cluster: tfconfig.ClusterSpec) -> str:
-  return f"{_JOINED}{cluster.task_type}:{cluster.task_index}"
-
-
 def met_to_stop() -> None:
   """Returns once every worker has come here after the step they agreed
   to stop at (a SIGTERM's or Ctrl-C's, its checkpoint saved), or after
@@ -181,9 +132,12 @@ def met_to_stop() -> None:
     # stop is clean all the same.
     cluster = tfconfig.from_env()
     who = peers.who(e, cluster) if cluster else "a peer task"
-    terminal.say(f"dist_keras: {who} did not meet this worker as it stopped "
-                 f"({type(e).__name__}: {errors.cause(str(e))}); it stops "
-                 "alone.", err=True)
+    stop = reports.stopped(e)  # (A peer's own error, which it reported.)
+    terminal.say(
+        f"dist_keras: {stop}; this worker stops alone." if stop else
+        f"dist_keras: {who} did not meet this worker as it stopped "
+        f"({type(e).__name__}: {errors.cause(str(e))}); it stops alone.",
+        err=True)
 
 
 # A connect's errors that say nothing listens there any more: refused, or
@@ -258,7 +212,10 @@ def leave_at_exit() -> None:
     # A peer's script failed or it died after its run had finished, or it
     # outlasted FINISH_SECONDS: one line, no traceback; the exit code is
     # the script's.
+    stop = reports.stopped(e)
     terminal.say(
+        f"dist_keras: {stop}; this worker's run had finished: it leaves "
+        "alone." if stop else
         f"dist_keras: {peers.who(e, cluster)} did not leave together with "
         f"this worker at exit ({type(e).__name__}: {errors.cause(str(e))}); "
         "this worker's run had finished: it leaves alone.", err=True)

@@ -6,6 +6,7 @@ tests' worker scripts; workers that stop early (a refusal, a divergence, a
 stop request) meet before they leave (a SIGTERM's end to end:
 test_multi_worker.py's test_sigterm_to_one_worker_...)."""
 import errno
+import json
 import signal
 import socket
 import threading
@@ -15,7 +16,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from dist_keras.distribute import leaving, tfconfig
+from dist_keras.distribute import leaving, reports, tfconfig
 
 
 class _Service:
@@ -383,6 +384,8 @@ class _Reporting:
     self.keys[("probed", key)] = timeout_ms
     if self.probe_error:
       raise self.probe_error
+    if key not in self.keys:
+      raise tf.errors.DeadlineExceededError(None, None, f"{key}: timed out")
     return self.keys[key]
 
   def report_error_to_cluster(self, code, message):
@@ -396,9 +399,10 @@ _WORKER_1 = tfconfig.ClusterSpec({"worker": ["h:1", "h:2"]}, "worker", 1)
 
 def _reporting(monkeypatch, **failures):
   service = _Reporting(**failures)
-  monkeypatch.setattr(leaving.context, "context", lambda: service)
-  leaving.joined(_WORKER_1)
-  leaving.joined(_WORKER_1)  # A second fit in this process: no error.
+  monkeypatch.setattr(reports.context, "context", lambda: service)
+  monkeypatch.setattr(reports, "_JOINED_HERE", set())
+  reports.joined(_WORKER_1)
+  reports.joined(_WORKER_1)  # A second fit in this process: no error.
   return service
 
 
@@ -408,7 +412,7 @@ def test_a_workers_own_refusal_is_reported_to_the_others(monkeypatch):
   it answers (the report itself waits as long as a hung chief)."""
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
   service = _reporting(monkeypatch)
-  leaving.report(errors.UserError("dataset_fn('train', ...) ran out."),
+  reports.report(errors.UserError("dataset_fn('train', ...) ran out."),
                  _WORKER_1)
   assert service.reported == [(
       tf.errors.FAILED_PRECONDITION,
@@ -432,10 +436,10 @@ def test_what_every_worker_raised_or_no_cluster_has_is_not_reported(
       (errors.UserError("one worker"), None),
       (errors.UserError("one worker"), tfconfig.ClusterSpec(
           {"worker": ["h:1"]}, "worker", 0))]:
-    leaving.report(error, cluster)
+    reports.report(error, cluster)
   assert not service.reported
   service.coordination_service = None  # (Mirrored under a TF_CONFIG.)
-  leaving.report(errors.UserError("no service"), _WORKER_1)
+  reports.report(errors.UserError("no service"), _WORKER_1)
   assert not service.reported
 
 
@@ -446,5 +450,46 @@ def test_what_every_worker_raised_or_no_cluster_has_is_not_reported(
 def test_a_report_that_fails_is_ignored(monkeypatch, failure):
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
   service = _reporting(monkeypatch, **failure)
-  leaving.report(errors.UserError("bad data"), _WORKER_1)  # No raise.
+  reports.report(errors.UserError("bad data"), _WORKER_1)  # No raise.
   assert not service.reported
+
+
+def test_a_report_keeps_its_text_where_a_peer_past_its_barrier_reads_it(
+    monkeypatch):
+  """A peer that comes to a barrier after the report fails there with
+  TensorFlow's "Agent must be in CONNECTED state" alone: it said 'lost
+  contact with a peer task'; the text kept in the service names the
+  worker and its line. Other errors read nothing (a lost peer's)."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  service = _reporting(monkeypatch)
+  not_connected = tf.errors.FailedPreconditionError(
+      None, None, "Agent must be in CONNECTED state. It is currently in ERROR.")
+  assert reports.stopped(not_connected) is None  # Nothing reported yet.
+  reports.report(errors.UserError("bad data on worker 1."), _WORKER_1)
+  assert service.keys["dist_keras/reported"] == (
+      "dist_keras: worker:1 stopped the job (exit 2): bad data on worker 1.")
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["h:1", "h:2"]},
+      "task": {"type": "worker", "index": 0}}))
+  stopped = reports.stopped(not_connected)
+  assert str(stopped) == "worker:1 stopped the job: bad data on worker 1."
+  assert stopped.exit_code == errors.EXIT_CONFIG_ERROR
+  assert reports.stopped(tf.errors.UnavailableError(
+      None, None, "Socket closed")) is None
+  # Two refusing at once: the first's line is kept, both are reported.
+  reports.report(errors.UserError("bad data too."), _WORKER_1)
+  assert len(service.reported) == 2
+  assert str(reports.stopped(not_connected)).endswith("on worker 1.")
+
+
+def test_a_worker_that_never_joined_reports_nothing_and_waits_not(
+    monkeypatch):
+  """Its key's probe would wait 2 s for a key never put (a refusal before
+  the run joined: fit's door now joins first, api.build as the strategy
+  starts)."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  service = _reporting(monkeypatch)
+  monkeypatch.setattr(reports, "_JOINED_HERE", set())
+  reports.report(errors.UserError("bad data"), _WORKER_1)
+  assert not service.reported
+  assert ("probed", "dist_keras/joined/worker:1") not in service.keys

@@ -73,7 +73,7 @@ def test_an_unavailable_remote_storage_is_not_called_a_peer(message, named):
 
 
 # How a collective fails on worker 0 once worker 1 reported its own error
-# (leaving.report; TF 2.21, 2 processes): by the coordination service's
+# (reports.report; TF 2.21, 2 processes): by the coordination service's
 # word, or (2 runs of 5) by its receive from worker 1, whose own
 # collectives the report aborted, with gRPC's copy of the text.
 _SERVICE = ("Graph execution error:\n\nDetected at node CollectiveReduceV2 "
@@ -162,3 +162,36 @@ def test_fit_raises_the_peers_refusal_as_a_user_error(tmp_path, monkeypatch):
   assert str(raised.value) == "worker:1 stopped the job: bad data on worker 1."
   assert raised.value.exit_code == errors.EXIT_CONFIG_ERROR
   assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("message", [
+    # Longer than errors.first_line's 240 by default: a peer said less
+    # than the worker itself if cut there.
+    "a batch holds a value the model cannot take (" + "x" * 600 + ").",
+    # Its first line blank: the report was "stopped the job (exit 2): "
+    # with nothing after it, which no peer read as a report (a lost peer).
+    "\ndataset_fn('train', ...) gave no batches;  fix   it.",
+])
+def test_a_peers_line_is_the_line_the_worker_says_itself(worker_0, message):
+  """One helper makes the line the worker says (train.py) and the one it
+  reports (errors.first_line, uncut)."""
+  error = errors.UserError(message)
+  said = errors.first_line(error, limit=None)
+  assert said and "\n" not in said and "  " not in said
+  assert len(said) == len(" ".join(message.split()))
+  stopped = peers.stopped(_failed(_SERVICE, error))
+  assert str(stopped) == f"worker:1 stopped the job: {said}"
+
+
+def test_a_task_the_service_names_without_its_replica_is_named():
+  """The coordination service names a reporting task as "/job:worker/
+  task:1" (TF 2.21, 2 workers: worker 0's collective or barrier once
+  worker 1 reported an error of TensorFlow's, not dist_keras'): it was
+  'a peer task'."""
+  cluster = types.SimpleNamespace(task_type="worker", task_index=0)
+  error = tf.errors.UnavailableError(None, None, _SERVICE.format(
+      text="Socket closed"))
+  assert peers.who(error, cluster) == "task worker:1"
+  me = tf.errors.UnavailableError(None, None, "Error reported from "
+                                  "/job:worker/task:0: mine")
+  assert peers.who(me, cluster) == "a peer task"  # (Itself: not a peer.)

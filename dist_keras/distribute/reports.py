@@ -1,0 +1,98 @@
+"""A worker's own one-line error, told to the other workers of its cluster.
+
+A worker whose own one-line error (a UserError: its data refused) stops
+the job tells the others before it leaves (`report`): their collectives
+then fail with its line (peers.stopped), not as if it had died. A peer
+that is at a barrier of the coordination service when the report comes
+(leaving.together, leaving.met) fails there with the line too; one that
+comes to it after the report fails with TensorFlow's "Agent must be in
+CONNECTED state. It is currently in ERROR." alone, so the report's text is
+kept in the service too, where `stopped` reads it back (a key's read still
+answers in that state; TF 2.21).
+
+TensorFlow has no public API for the report: its own preemption handler
+(tf.distribute.experimental.PreemptionCheckpointHandler) uses the same
+`context.context()` calls.
+"""
+import tensorflow as tf
+from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
+
+from dist_keras import errors, quiet
+from dist_keras.distribute import peers, tfconfig
+
+# The key each worker of a cluster puts in the coordination service as
+# soon as it can (`joined`: as its strategy starts, or as fit is given
+# one), which `report` reads back, in a deadline, before it reports: the
+# report's own call has none (TF 2.21), and holds the interpreter as long
+# as a hung chief (the service's host) does (measured: until it was killed,
+# 56 s); a live service answers at once.
+_JOINED = "dist_keras/joined/"
+_PROBE_MS = 2000
+# Where a report's text is kept (the first report's: `stopped` says it).
+_REPORTED = "dist_keras/reported"
+# What a call of the service says once a report has come to this worker.
+_IN_ERROR = "Agent must be in CONNECTED state"
+# What TensorFlow logs (fd 2) as the report aborts this worker's own
+# collectives: the line this worker is about to say.
+_ABORT_LINE = ("BaseCollectiveExecutor::StartAbort",)
+# The keys this process has put (`joined`): one that has not cannot be
+# probed, and reports nothing rather than wait _PROBE_MS for its key.
+_JOINED_HERE = set()
+
+
+def joined(cluster: tfconfig.ClusterSpec | None) -> None:
+  """Marks this worker of a multi-worker run as started, for `report`."""
+  if not tfconfig.is_multi_worker(cluster) or not _has_service():
+    return
+  try:
+    context.context().set_config_key_value(_key(cluster), "1")
+  except tf.errors.AlreadyExistsError:  # This process's earlier fit.
+    pass
+  _JOINED_HERE.add(_key(cluster))
+
+
+def report(error: BaseException, cluster) -> None:
+  """Tells the cluster's other workers that `error`, this worker's own
+  one-line error (a UserError no other raised with it), stops the job:
+  their collectives fail with its line (peers.stopped). Only where a
+  coordination service runs and answers; a report that fails is ignored
+  (the others then lose this worker, as before)."""
+  if (not isinstance(error, errors.UserError) or error.every_worker
+      or not tfconfig.is_multi_worker(cluster) or not _has_service()
+      or _key(cluster) not in _JOINED_HERE):
+    return
+  text = peers.report_text(error, cluster)
+  try:
+    context.context().get_config_key_value(_key(cluster), _PROBE_MS)
+    try:
+      context.context().set_config_key_value(_REPORTED, text)
+    except tf.errors.AlreadyExistsError:  # Another worker's came first.
+      pass
+    with quiet.startup_lines_filtered(noise=_ABORT_LINE):
+      context.context().report_error_to_cluster(
+          tf.errors.FAILED_PRECONDITION, text)
+  except Exception:  # pylint: disable=broad-except
+    pass  # No service, or none answering: it leaves unreported.
+
+
+def stopped(error: Exception):
+  """peers.stopped(error); for an error of the service that says only
+  that a report came before the call (a barrier's), the StoppedByPeer of
+  the report's text, read back in a deadline; else None."""
+  found = peers.stopped(error)
+  if found is not None or _IN_ERROR not in str(error) or not _has_service():
+    return found
+  try:
+    text = context.context().get_config_key_value(_REPORTED, _PROBE_MS)
+  except Exception:  # pylint: disable=broad-except
+    return None  # No report (a peer lost), or no service answering.
+  return peers.stopped(text)
+
+
+def _has_service() -> bool:
+  """Whether this process's TensorFlow has a coordination service."""
+  return context.context().coordination_service is not None
+
+
+def _key(cluster: tfconfig.ClusterSpec) -> str:
+  return f"{_JOINED}{cluster.task_type}:{cluster.task_index}"
