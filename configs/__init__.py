@@ -83,7 +83,8 @@ def from_command_line(spec: str = DEFAULT, overrides=(),
   check_types(config)
   name = spec.partition(":")[0]
   if not (_is_builtin(name) or _is_shipped(name)):  # A file of the user's.
-    user_set = {**_changed(config, f"--config={spec} sets "), **user_set}
+    user_set = {**_set_off_builtins(config, f"--config={spec} sets "),
+                **user_set}
   refuse_unread(config, user_set)
   return config
 
@@ -109,8 +110,16 @@ def set_in(given, config) -> dict:
             for key, value in given.items()}
   if not isinstance(given, ml_collections.ConfigDict):
     return {}
+  return _set_off_builtins(config, "config sets ")
+
+
+def _set_off_builtins(config, how: str) -> dict:
+  """_changed's keys whose value is no built-in config's either: a config
+  built from a built-in one (a ConfigDict, a user's config file calling
+  its get_config()) with its model or data switched keeps that one's
+  keys, which the user did not set."""
   builtins = [_load_file(name) for name in names()]
-  return {key: how for key, how in _changed(config, "config sets ").items()
+  return {key: text for key, text in _changed(config, how).items()
           if all(_value(b, key) != _value(config, key) for b in builtins)}
 
 

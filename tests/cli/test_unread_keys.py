@@ -128,6 +128,22 @@ def test_a_config_files_change_is_the_users(tmp_path):
                                f"{CELL_ON_CNN}")
 
 
+def test_a_config_file_built_on_a_built_in_keeps_its_keys(tmp_path):
+  """A user's file that calls a built-in's get_config() and switches its
+  model inherits that config's keys (cnn_shapes' filters): not the
+  user's, so not refused for the LSTM; its own change still is."""
+  path = tmp_path / "mine.py"
+  path.write_text("from dist_keras.configs import cnn_shapes\n"
+                  "def get_config():\n  c = cnn_shapes.get_config()\n"
+                  "  c.model.name, c.data.name = 'sequence_classifier', "
+                  "'longmem'\n  return c\n")
+  configs.from_command_line(str(path))
+  path.write_text(path.read_text().replace(
+      "  return c", "  c.model.filters = (4, 8)\n  return c"))
+  with pytest.raises(UserError, match=r"sets model\.filters=\(4, 8\)"):
+    configs.from_command_line(str(path))
+
+
 @pytest.mark.parametrize("override", ["data.name=synthetic",
                                       "model.name=resnet50"])
 def test_a_built_in_config_named_by_its_path_keeps_its_own_keys(override):
