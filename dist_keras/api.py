@@ -175,7 +175,8 @@ def build(job: Job) -> loop.Trainer:
         resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate, stop,
-                       callbacks, evaluates=no_eval is None)
+                       callbacks, evaluates=no_eval is None,
+                       batch_spec=batch_spec)
     notes += [note] + settings.notes(config, on_tpu) + [resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,

@@ -12,63 +12,37 @@ and PaLM's MFU, Chowdhery et al. 2022, appendix B):
     slightly over-counts the first layer (no input gradient is needed), as
     the convention does.
 
-Layers are found through the model's functional graph, so every call of a
-shared layer counts and nested models (Sequential or functional, e.g.
-keras.applications.ResNet50) are recursed into. A layer this module does not
-know is counted as 0 and LISTED in `FlopCount.uncounted`, never dropped
-silently; so is one whose shapes are not known (a None sequence length).
+The model's functional graph is run on symbolic inputs of BATCH examples
+(each call's shapes worked out by Keras), every call counted by
+flop_rules.py: every call of a shared layer counts, nested models are
+recursed into, and a dimension the model leaves None (a sequence length)
+is the one the batches have when their spec is given. A layer with no rule
+(a custom layer, MultiHeadAttention, a Lambda) is traced: its `call` is run
+on symbolic inputs and the layers and keras.ops it calls are counted; so is
+a subclassed model's call, given the batches' spec. Whatever cannot be
+counted (a call that cannot be traced and has matmuls, a None dimension
+the batches do not fill) is LISTED in `FlopCount.uncounted`, and the count
+is then unknown, never a partial figure.
 
 `profiler_forward_flops` counts the same forward pass from the TensorFlow
 graph instead (TF's own per-op FLOP statistics), as a cross-check.
 """
+import contextlib
 import dataclasses
-import math
+import inspect
 
 import keras
 import tensorflow as tf
 
 from dist_keras import quiet
+from dist_keras.measure import flop_rules
 
-# Gate matrices per recurrent cell: each gate multiplies [x_t, h_{t-1}].
-RNN_GATES = {keras.layers.LSTM: 4, keras.layers.GRU: 3,
-             keras.layers.SimpleRNN: 1}
+rnn_flops = flop_rules.rnn_flops
 
-_CONVS = tuple(getattr(keras.layers, name) for name in (
-    "Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D",
-    "SeparableConv1D", "SeparableConv2D"))
-_TRANSPOSED_CONVS = tuple(getattr(keras.layers, name) for name in (
-    "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"))
-
-# Counted as 0 on purpose (see the module docstring): no matmul inside.
-# Names missing from this Keras version are skipped.
-_NO_MATMUL_NAMES = (
-    "InputLayer", "Embedding",
-    # Activations.
-    "Activation", "ReLU", "LeakyReLU", "PReLU", "ELU", "Softmax",
-    # Normalisation.
-    "BatchNormalization", "LayerNormalization", "GroupNormalization",
-    "UnitNormalization", "RMSNormalization",
-    # Pooling.
-    "MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "AveragePooling1D",
-    "AveragePooling2D", "AveragePooling3D", "GlobalMaxPooling1D",
-    "GlobalMaxPooling2D", "GlobalMaxPooling3D", "GlobalAveragePooling1D",
-    "GlobalAveragePooling2D", "GlobalAveragePooling3D",
-    # Merging.
-    "Add", "Subtract", "Multiply", "Average", "Maximum", "Minimum",
-    "Concatenate",
-    # Reshaping.
-    "Flatten", "Reshape", "Permute", "RepeatVector", "Cropping1D",
-    "Cropping2D", "Cropping3D", "ZeroPadding1D", "ZeroPadding2D",
-    "ZeroPadding3D", "UpSampling1D", "UpSampling2D", "UpSampling3D",
-    "Identity",
-    # Regularisation.
-    "Dropout", "SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D",
-    "GaussianDropout", "GaussianNoise", "AlphaDropout", "ActivityRegularization",
-    # Elementwise preprocessing.
-    "Rescaling", "Normalization", "CenterCrop", "Resizing",
-)
-_NO_MATMUL = tuple(getattr(keras.layers, name) for name in _NO_MATMUL_NAMES
-                   if hasattr(keras.layers, name))
+# The batch every count runs at: the FLOPs of the whole batch, divided by
+# it, so that a call folding the batch into another dimension
+# (keras.ops.reshape(x, (-1, d)) before a Dense) still counts every row.
+BATCH = 2
 
 
 @dataclasses.dataclass
@@ -76,9 +50,9 @@ class FlopCount:
   """FLOPs of one example through a model (multiply-add = 2 FLOPs).
 
   Attributes:
-    forward: forward-pass FLOPs per example.
-    uncounted: layers counted as 0 because their cost is not known here,
-      each as 'path/name (Class): why'. Empty when the count is complete.
+    forward: forward-pass FLOPs per example (of the calls counted).
+    uncounted: calls whose FLOPs are not known, each as
+      'path/name (Class): why'. Empty when the count is complete.
   """
   forward: int = 0
   uncounted: list[str] = dataclasses.field(default_factory=list)
@@ -86,141 +60,197 @@ class FlopCount:
   @property
   def training(self) -> int | None:
     """Forward + backward per example: 3 x forward (see the module doc);
-    None when nothing could be counted (a subclassed model's layers have no
-    known shapes): unknown, not 0."""
+    None when anything could not be counted: unknown, not a part."""
     return 3 * self.forward if self.known else None
 
   @property
   def known(self) -> bool:
-    return bool(self.forward or not self.uncounted)
+    return not self.uncounted
 
 
-def count(model: keras.Model) -> FlopCount:
-  """Analytic FLOPs per example of a built functional/Sequential `model`."""
-  result = FlopCount()
-  _count_model(model, "", result)
-  return result
+def count(model: keras.Model, batch_spec=None) -> FlopCount:
+  """Analytic FLOPs per example of a built `model`.
 
-
-def _graph_nodes(model):
-  """The nodes of `model`'s functional graph, or None (subclassed models).
-
-  Keras keeps no public list of a graph's calls; `_nodes_by_depth` is the
-  one Functional uses itself. A Sequential holds its graph in `_functional`
-  once built.
+  Args:
+    model: a functional or built Sequential model; a subclassed one is
+      counted only with `batch_spec`.
+    batch_spec: the element spec of the train batches, (x, y[, weights])
+      or x alone, or None: the model's own input shapes.
   """
-  graph = model if hasattr(model, "_nodes_by_depth") else getattr(
+  batch_x = None if batch_spec is None else (
+      keras.utils.unpack_x_y_sample_weight(batch_spec)[0])
+  counter = _Counter()
+  graph = _graph(model)
+  try:  # A count never stops a run: what it cannot do is listed.
+    if graph is not None:
+      counter.walk(graph, _inputs(graph.inputs, batch_x), "")
+    elif batch_x is None:
+      counter.skip(model.name, model, "a subclassed model, with no batch "
+                   "to trace its call on")
+    else:
+      counter.count_call(model, (_symbolic(batch_x),), {}, "")
+  except Exception as error:  # pylint: disable=broad-except
+    counter.skip(model.name, model, f"the count failed ({_short(error)})")
+  return FlopCount(counter.total // BATCH, counter.uncounted)
+
+
+class _Counter:
+  """FLOPs of a whole batch, summed over every call it is shown."""
+
+  def __init__(self):
+    self.total, self.uncounted = 0, []
+
+  def skip(self, name: str, op, why: str) -> None:
+    self.uncounted.append(f"{name} ({type(op).__name__}): {why}")
+
+  def walk(self, graph, inputs: list, prefix: str) -> list:
+    """Runs `graph` (a Functional or keras.Function) on symbolic `inputs`,
+    counting each call; returns its outputs (None: not worked out)."""
+    tensors = {id(x): y for x, y in zip(graph.inputs, inputs)}
+    for node in _graph_nodes(graph):
+      if node.is_input or any(id(x) not in tensors
+                              for x in node.input_tensors):
+        continue  # Downstream of a call that failed (and is listed).
+      args, kwargs = node.arguments.fill_in(tensors)
+      outputs = self.count_call(node.operation, args, kwargs, prefix)
+      for x, y in zip(node.outputs, keras.tree.flatten(outputs)):
+        if y is not None:
+          tensors[id(x)] = y
+    return [tensors.get(id(x)) for x in graph.outputs]
+
+  def count_call(self, op, args, kwargs, prefix: str):
+    """Counts one call of `op` (a layer, model or keras.ops operation) on
+    symbolic arguments; returns its symbolic outputs ([]: unknown)."""
+    name = f"{prefix}{op.name}"
+    try:
+      arguments = inspect.signature(op.call).bind(*args, **kwargs).arguments
+      graph = _graph(op) if isinstance(op, keras.Model) else None
+      if graph is not None:
+        inputs = keras.tree.flatten(next(iter(arguments.values())))
+        return self.walk(graph, inputs, f"{name}/")
+      outputs = op.compute_output_spec(*args, **kwargs)
+    except Exception as error:  # pylint: disable=broad-except
+      self.skip(name, op, f"its output shape could not be worked out "
+                f"({_short(error)})")
+      return []
+    outputs = keras.tree.flatten(outputs)
+    flops = flop_rules.forward(op, arguments, outputs)
+    if flops is None:
+      flops, traced = self.trace(op, args, kwargs, f"{name}/")
+      # The traced call's shapes: a layer's own output spec may leave
+      # dimensions None that its call fills (EinsumDense's).
+      if len(traced) == len(outputs):
+        outputs = [t if t is not None else o for t, o in zip(traced, outputs)]
+    if isinstance(flops, str):
+      self.skip(name, op, flops)
+    else:
+      self.total += flops
+    return outputs
+
+  def trace(self, op, args, kwargs, prefix: str) -> tuple:
+    """(FLOPs or why not, outputs) of a call of a layer with no rule: its
+    `call` run on symbolic inputs, each layer and keras.ops operation it
+    calls counted. A call written with TensorFlow ops (which symbolic
+    inputs cannot run) is 0 if its TensorFlow graph has no matmul."""
+    flat = [keras.Input(batch_shape=x.shape, dtype=x.dtype)
+            if isinstance(x, keras.KerasTensor) else x
+            for x in keras.tree.flatten((args, kwargs))]
+    call_args, call_kwargs = keras.tree.pack_sequence_as((args, kwargs), flat)
+    inputs = [x for x in flat if isinstance(x, keras.KerasTensor)]
+    inner = _Counter()
+    try:
+      with _untouched(op):
+        graph = keras.Function(inputs, op.call(*call_args, **call_kwargs))
+        outputs = inner.walk(graph, inputs, prefix)
+    except Exception as error:  # pylint: disable=broad-except
+      return _tf_graph_flops(op, args, kwargs, error), []
+    self.uncounted += inner.uncounted
+    return inner.total, outputs
+
+
+def _tf_graph_flops(op, args, kwargs, error) -> int | str:
+  """0 if `op`'s call, traced as a TensorFlow graph, has no matmul (loop
+  bodies included); else why its FLOPs are unknown."""
+  specs = keras.tree.map_structure(
+      lambda x: tf.TensorSpec(x.shape, x.dtype)
+      if isinstance(x, keras.KerasTensor) else x, (args, kwargs))
+  try:
+    with _untouched(op):
+      graph = tf.function(lambda a, k: op.call(*a, **k)).get_concrete_function(
+          *specs).graph
+  except Exception:  # pylint: disable=broad-except
+    return f"its call could not be traced ({_short(error)})"
+  graph_def = graph.as_graph_def()
+  types = {n.op for n in graph_def.node} | {
+      n.op for f in graph_def.library.function for n in f.node_def}
+  found = sorted(types & flop_rules.TF_MATMUL_OPS)
+  return (f"its call has TensorFlow {', '.join(found)} ops, which the count "
+          "cannot size" if found else 0)
+
+
+@contextlib.contextmanager
+def _untouched(op):
+  """Leaves the user's layers as they were after a trace of `op`: the node
+  (Keras' record of a symbolic call) it adds to each layer `op` calls is
+  dropped, and variable updates and add_loss go to a throwaway scope."""
+  layers = (op._flatten_layers() if isinstance(op, keras.layers.Layer)  # pylint: disable=protected-access
+            else [])
+  kept = [(layer, len(layer._inbound_nodes), len(layer._outbound_nodes))  # pylint: disable=protected-access
+          for layer in layers]
+  try:
+    with keras.StatelessScope():
+      yield
+  finally:
+    for layer, inbound, outbound in kept:
+      del layer._inbound_nodes[inbound:]  # pylint: disable=protected-access
+      del layer._outbound_nodes[outbound:]  # pylint: disable=protected-access
+
+
+def _graph(model):
+  """`model`'s functional graph (itself, or a built Sequential's), or None
+  (a subclassed model)."""
+  return model if hasattr(model, "_nodes_by_depth") else getattr(
       model, "_functional", None)
-  if graph is None:
-    return None
+
+
+def _graph_nodes(graph):
+  """The calls of a graph, inputs first. Keras keeps no public list of a
+  graph's calls; `_nodes_by_depth` is the one Functional uses itself."""
   return [node for depth in sorted(graph._nodes_by_depth, reverse=True)  # pylint: disable=protected-access
           for node in graph._nodes_by_depth[depth]]  # pylint: disable=protected-access
 
 
-def _count_model(model, prefix: str, result: FlopCount) -> None:
-  nodes = _graph_nodes(model)
-  if nodes is None:
-    result.uncounted.append(
-        f"{prefix.rstrip('/') or model.name} ({type(model).__name__}): not a "
-        "functional or built Sequential model, so its layers' shapes are "
-        "unknown")
-    return
-  for node in nodes:
-    layer = node.operation
-    name = f"{prefix}{layer.name}"
-    if isinstance(layer, keras.Model):
-      _count_model(layer, f"{name}/", result)
-      continue
-    in_shapes = [tuple(t.shape) for t in node.input_tensors]
-    out_shapes = [tuple(t.shape) for t in keras.tree.flatten(node.outputs)]
-    flops = _layer_flops(layer, in_shapes, out_shapes)
-    if isinstance(flops, str):
-      result.uncounted.append(f"{name} ({type(layer).__name__}): {flops}")
-    else:
-      result.forward += flops
+def _inputs(own: list, batch_x) -> list:
+  """Symbolic inputs like a graph's `own`, of BATCH examples, with the
+  dimensions `own` leaves None taken from the batches' spec if it fits."""
+  specs = keras.tree.flatten(batch_x) if batch_x is not None else []
+  if len(specs) != len(own) or any(
+      _dims(s) is None or len(_dims(s)) != len(x.shape)
+      for s, x in zip(specs, own)):
+    specs = own
+  return [keras.KerasTensor(
+      (BATCH, *(a if a is not None else b
+                for a, b in zip(x.shape[1:], _dims(s)[1:]))), dtype=x.dtype)
+          for x, s in zip(own, specs)]
 
 
-def _layer_flops(layer, in_shapes, out_shapes):
-  """Forward FLOPs per example of one call, or a string saying why not."""
-  if isinstance(layer, keras.layers.Bidirectional):
-    return _sum_or_reason(_layer_flops(part, in_shapes, out_shapes)
-                          for part in (layer.forward_layer,
-                                       layer.backward_layer))
-  if isinstance(layer, keras.layers.TimeDistributed):
-    steps = in_shapes[0][1]
-    inner = _layer_flops(layer.layer, [(None, *in_shapes[0][2:])],
-                         [(None, *out_shapes[0][2:])])
-    if isinstance(inner, str) or steps is None:
-      return inner if isinstance(inner, str) else "unknown number of steps"
-    return steps * inner
-  if isinstance(layer, _NO_MATMUL):
-    return 0
+def _symbolic(batch_x):
+  """Symbolic inputs of BATCH examples shaped as the batches' spec."""
+  return keras.tree.map_structure(
+      lambda s: keras.KerasTensor((BATCH, *_dims(s)[1:]), dtype=s.dtype.name),
+      batch_x)
+
+
+def _dims(x) -> tuple | None:
   try:
-    if isinstance(layer, keras.layers.Dense):
-      return 2 * _size(layer.kernel.shape) * _prod(out_shapes[0][1:-1])
-    if isinstance(layer, _CONVS + _TRANSPOSED_CONVS):
-      return _conv_flops(layer, in_shapes[0], out_shapes[0])
-    for cell, gates in RNN_GATES.items():
-      if isinstance(layer, cell):
-        return rnn_flops(gates, in_shapes[0][-1], layer.units,
-                         in_shapes[0][1])
-  except _UnknownShape:
-    return "shape not fully known (a None dimension)"
-  # Also reached by keras.ops calls in a functional graph (no weights).
-  parameters = sum(_size(w.shape) for w in getattr(layer, "weights", ()))
-  return (f"unknown layer type with {parameters:,} parameters" if parameters
-          else "unknown layer type (no weights)")
+    return tuple(x.shape)
+  except (TypeError, ValueError):  # A shape of unknown rank.
+    return None
 
 
-def rnn_flops(gates: int, input_dim, units: int, steps) -> int:
-  """Forward FLOPs of a recurrent layer over `steps` time steps.
-
-  Per step each gate multiplies [x_t, h_{t-1}] (input_dim + units) by its
-  (input_dim + units) x units matrix: gates x (input_dim + units) x units
-  multiply-adds. Biases and the gates' elementwise math are left out.
-  """
-  if input_dim is None or steps is None:
-    raise _UnknownShape()
-  return 2 * gates * (input_dim + units) * units * steps
-
-
-def _conv_flops(layer, in_shape, out_shape) -> int:
-  """Every kernel weight is one multiply-add per position it visits.
-
-  A conv visits each OUTPUT position (strides and padding are in the
-  output shape); a transposed conv scatters from each INPUT position.
-  Depthwise and separable kernels follow the same rule, each at the
-  output positions.
-  """
-  kernels = [w for w in (getattr(layer, "kernel", None),
-                         getattr(layer, "depthwise_kernel", None),
-                         getattr(layer, "pointwise_kernel", None))
-             if w is not None]
-  shape = in_shape if isinstance(layer, _TRANSPOSED_CONVS) else out_shape
-  channels_last = getattr(layer, "data_format", "channels_last") \
-      == "channels_last"
-  spatial = shape[1:-1] if channels_last else shape[2:]
-  return 2 * sum(_size(k.shape) for k in kernels) * _prod(spatial)
-
-
-class _UnknownShape(Exception):
-  pass
-
-
-def _prod(dims) -> int:
-  if any(d is None for d in dims):
-    raise _UnknownShape()
-  return math.prod(dims)
-
-
-def _size(shape) -> int:
-  return _prod(tuple(shape))
-
-
-def _sum_or_reason(values):
-  values = list(values)
-  reasons = [v for v in values if isinstance(v, str)]
-  return reasons[0] if reasons else sum(values)
+def _short(error: Exception) -> str:
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:120] if text else ''}"
 
 
 def profiler_forward_flops(model: keras.Model) -> int:

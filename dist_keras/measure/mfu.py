@@ -1,7 +1,8 @@
 """Model FLOPs utilisation (MFU): achieved model FLOP/s over peak FLOP/s.
 
 achieved = training FLOPs per example (measure/flops.py: analytic, 3 x
-forward) x examples/s; MFU = achieved / (peak per device x devices).
+forward; None if any call could not be counted) x examples/s;
+MFU = achieved / (peak per device x devices).
 The peak per device, in order:
   1. `log.peak_tflops` when set ("configured");
   2. a table of accelerators' dense peaks, by device name and precision
@@ -241,13 +242,13 @@ class Utilisation:
   def line(self, examples_per_sec: float | None) -> str:
     """One console line: FLOPs per example, achieved FLOP/s and MFU."""
     if not self.flops.known:
-      return (f"model FLOPs unknown ({self.flops.uncounted[0]}): no "
-              "FLOP/s or MFU; " + installation.see_docs(
-                  "mfu.md", "the layers counted", "Documentation"))
+      more = len(self.flops.uncounted) - 1
+      return (f"model FLOPs unknown ({self.flops.uncounted[0]}"
+              + (f"; {more} more" if more else "") + "): no FLOP/s or MFU; "
+              + installation.see_docs("mfu.md", "the layers counted",
+                                      "Documentation"))
     text = (f"model {_si(self.flops.training)}FLOP/example (analytic, "
             "training = 3x forward)")
-    if self.flops.uncounted:
-      text += f", {len(self.flops.uncounted)} layer(s) not counted"
     if not examples_per_sec:
       return text + "; no throughput measured (too few logged steps)"
     text += f"; {_si(self.achieved_tflops(examples_per_sec) * 1e12)}FLOP/s achieved"
@@ -276,12 +277,20 @@ def _si(value: float) -> str:
   return f"{value:.3g} "
 
 
-def for_run(model, strategy, precision: str, peak_tflops: float, hosts: int,
-            chief: bool) -> Utilisation:
-  """The Utilisation of a run: `model`'s FLOPs and the peak at
-  train.precision (log.peak_tflops if set).
+def for_run(counted: flops.FlopCount, strategy, precision: str,
+            peak_tflops: float, hosts: int, chief: bool) -> Utilisation:
+  """The Utilisation of a run: the model's FLOPs (`counted`) and the peak
+  at train.precision (log.peak_tflops if set).
 
   Only the chief times a matmul (it alone reports); the others skip it.
   """
   peak = find_peak(strategy, precision, peak_tflops, hosts, measure=chief)
-  return Utilisation(flops.count(model), peak, precision)
+  return Utilisation(counted, peak, precision)
+
+
+def unknown_line(counted: flops.FlopCount) -> str:
+  """The start's line naming every call not counted ('' if none)."""
+  if counted.known:
+    return ""
+  return ("model FLOPs unknown, so no MFU; not counted: "
+          + "; ".join(counted.uncounted))

@@ -3,7 +3,8 @@ place.
 
 dist_keras trains compiled Keras models with its own loop, which needs a few
 things Keras has no public API for. Training reaches each only here
-(measure/flops.py reads Keras' `_nodes_by_depth` to count FLOPs), and
+(measure/flops.py reads Keras' functional graphs, `_nodes_by_depth` and
+the layers' `_inbound_nodes`, to count FLOPs: tests/measure checks them), and
 tests/training/test_keras_internals.py checks each directly, in seconds,
 so a Keras release that moves or changes one fails there, naming it
 (rather than training silently wrong). At run time `_require` refuses a

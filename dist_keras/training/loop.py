@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from dist_keras import errors, terminal
 from dist_keras.distribute import pipelines, strategies
-from dist_keras.measure import mfu, profiler
+from dist_keras.measure import flops, mfu, profiler
 from dist_keras.measure.meters import RunMeters
 from dist_keras import tensorboard_events
 from dist_keras.training import actions, allreduce, calls, divergence
@@ -45,6 +45,7 @@ class Parts:
   stop: preemption.StopRequest
   callbacks: list = dataclasses.field(default_factory=list)  # The users'.
   evaluates: bool = True  # Has a loss to evaluate (checks.evaluates).
+  batch_spec: object = None  # The train batches' (for the FLOPs).
 
 
 class Trainer:
@@ -166,12 +167,12 @@ class Trainer:
     self.tensorboard.start(checkpoints.saved_at or 0)
     self.tensorboard.config(self.config_dict)
     self.tensorboard.sync_layout()
+    counted = flops.count(self.model, self.parts.batch_spec)
     utilisation = mfu.for_run(
-        self.model, self.strategy, self.settings.precision,
+        counted, self.strategy, self.settings.precision,
         self.settings.peak_tflops, self.workers, self.chief)
-    if utilisation.flops.uncounted:
-      self.say("FLOPs counted as 0 (layers not known): "
-               + "; ".join(utilisation.flops.uncounted))
+    if not counted.known:
+      self.say(mfu.unknown_line(counted))
     self.meters = RunMeters(
         self.settings.global_batch_size, self.replicas, utilisation,
         allreduce.gradient_bytes(self.model.trainable_variables,
