@@ -15,7 +15,8 @@ from dist_keras.contract import checks
 from dist_keras.distribute import leaving, peers, pipelines, reports
 from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, checkpoints, compiled, loop, lr
-from dist_keras.training import preemption, ray_report, run_files, settings
+from dist_keras.training import preemption, ray_report, run_files, same_model
+from dist_keras.training import settings
 from dist_keras.training import user_callbacks
 
 
@@ -151,7 +152,9 @@ def build(job: Job) -> loop.Trainer:
     model_fn, dataset_fn = registry.resolve(config, *job.functions)
     resume = checkpoints.find_resume(workdir)  # Where the data resumes.
     keras.utils.set_random_seed(config.runtime.seed)
-    model = checks.call_model_fn(model_fn, strategy, config.train.precision)
+    with same_model.shapes_said():
+      model = checks.call_model_fn(model_fn, strategy, config.train.precision)
+    same_model.refuse_different(strategy, model)  # (Each worker's own.)
     notes = compiled.take(model, strategy, config.train)
     callbacks, note = user_callbacks.collect(
         config.train.callbacks, job.callbacks, model, config.train)
@@ -165,7 +168,6 @@ def build(job: Job) -> loop.Trainer:
     no_eval = checks.build_state(
         model, strategy, batch_spec, eval_spec,
         builtin_data=getattr(dataset_fn, "builtin_data", None))
-    notes.append(no_eval)
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).
     rate = lr.apply(model.optimizer, config.train)
@@ -175,9 +177,8 @@ def build(job: Job) -> loop.Trainer:
         resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate, stop,
-                       callbacks, evaluates=no_eval is None,
-                       batch_spec=batch_spec)
-    notes += [note] + settings.notes(config, on_tpu) + [resumed]
+                       callbacks, no_eval is None, batch_spec)
+    notes += [no_eval, note] + settings.notes(config, on_tpu) + [resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,
         config.to_dict(), notes=[n for n in notes if n])

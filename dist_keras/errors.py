@@ -57,8 +57,9 @@ class Diverged(UserError):
 
 class StoppedByPeer(UserError):
   """Another worker of the cluster stopped the job with its own one-line
-  error (a refusal of its data, exit 2): this worker says that line, naming
-  the worker, with its exit code; a rerun fails alike until it is fixed."""
+  error (a refusal of its data, exit 2; an error its user's function
+  raised, exit 1): this worker says that line, naming the worker, with its
+  exit code; a rerun fails alike until it is fixed."""
 
   every_worker = True  # Told by the worker that raised it.
 
@@ -248,6 +249,14 @@ def raised_in(where: str):
     if not isinstance(e, KNOWN) and not _where(e):
       e.add_note(_IN + where)
     raise
+
+
+def users_own(error: BaseException) -> bool:
+  """Whether `error` is a user's function's own error that no check of
+  dist_keras knows (said as `unexpected` says it, exit 1): a worker of a
+  cluster tells its peers of it, as of its UserError."""
+  return (isinstance(error, Exception) and not isinstance(error, KNOWN)
+          and in_users_code(error))
 
 
 def in_users_code(error: Exception) -> bool:

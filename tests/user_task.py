@@ -4,6 +4,9 @@ Tests train them through `dist_keras.fit` and through the command line
 (`--config.model.name=user_task:model_fn`, with tests/ on PYTHONPATH), and
 compare replica and worker counts on them. Nothing here imports dist_keras.
 """
+import json
+import os
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -109,6 +112,39 @@ def subclassed_model_fn():
   model = Subclassed()
   model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse",
                 metrics=["mae"])
+  return model
+
+
+def model_fn_of_its_own_on_worker_1():
+  """model_fn, but TF_CONFIG's task 1 builds relu for tanh and clips its
+  gradients: the same weights' shapes, another model. (Not another
+  learning rate: a variable, whose value MultiWorkerMirroredStrategy
+  takes from worker 0's as it is made.)"""
+  task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+  if task.get("index") != 1:
+    return model_fn()
+  inputs = keras.Input((FEATURES,))
+  x = keras.layers.Dense(16, activation="relu",
+                         kernel_regularizer=keras.regularizers.L2(1e-3))(
+                             inputs)
+  outputs = keras.layers.Dense(
+      1, kernel_regularizer=keras.regularizers.L2(1e-3))(x)
+  model = keras.Model(inputs, outputs)
+  model.compile(optimizer=keras.optimizers.SGD(0.05, clipnorm=1.0),
+                loss="mse",
+                metrics=["mae"])
+  return model
+
+
+def model_fn_wider_on_worker_1():
+  """model_fn, but TF_CONFIG's task 1 builds 32 hidden units for 16."""
+  task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+  if task.get("index") != 1:
+    return model_fn()
+  inputs = keras.Input((FEATURES,))
+  x = keras.layers.Dense(32, activation="tanh")(inputs)
+  model = keras.Model(inputs, keras.layers.Dense(1)(x))
+  model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
   return model
 
 
@@ -243,6 +279,14 @@ def out_of_range_labels_on_pipeline_1_dataset_fn(split, input_context):
     return out_of_range_labels_dataset_fn(split, input_context)
   return _pipeline(split, input_context,
                    lambda y: (np.arange(len(y)) % CLASSES).astype("int32"))
+
+
+def raising_on_pipeline_1_dataset_fn(split, input_context):
+  """A user's own error on input pipeline 1 (worker 1 of two) only: its
+  shard is missing there."""
+  if input_context.input_pipeline_id == 1:
+    raise RuntimeError("my data shard is missing on this worker")
+  return dataset_fn(split, input_context)
 
 
 def classes_model_fn():

@@ -3,7 +3,7 @@ when one dies or stops answering: a PeerLost naming the task, retryable
 (exit 200), for the command line and dist_keras.fit alike; and a peer's
 own one-line error, which it reported to the cluster (reports.report) and
 TensorFlow's collectives here fail with: a StoppedByPeer with its line
-and exit code. No TensorFlow import: the errors are told apart by their
+and exit code (a UserError's, or an error a user's function raised). No TensorFlow import: the errors are told apart by their
 type's name and text."""
 import re
 
@@ -37,14 +37,20 @@ _REPORTED = re.compile(r"dist_keras: (\w+:\d+) stopped the job \(exit (\d+)\): "
                        r"(.+?)(?: \[type\.googleapis\.com/.*)?$", re.MULTILINE)
 
 
-def report_text(error: errors.UserError, cluster) -> str:
+def report_text(error: Exception, cluster) -> str:
   """What a worker whose own `error` stops the job tells the others: its
   line as it says it itself (train.py), uncut (a peer's line is the same;
   measured on 2 local workers, a report of 50,000 characters reached the
-  peer's collective whole)."""
+  peer's collective whole). A user's function's own error (not a
+  UserError: errors.users_own) is said as train.py says it, exit 1,
+  without its hint to rerun with --verbose (the traceback is that
+  worker's)."""
+  if isinstance(error, errors.UserError):
+    code, line = error.exit_code, errors.first_line(error, limit=None)
+  else:
+    code, line = errors.EXIT_UNEXPECTED, errors.unexpected(error)
   return _STOPPED.format(task=f"{cluster.task_type}:{cluster.task_index}",
-                         code=error.exit_code,
-                         line=errors.first_line(error, limit=None))
+                         code=code, line=line)
 
 
 def stopped(error: Exception):

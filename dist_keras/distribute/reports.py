@@ -1,7 +1,9 @@
 """A worker's own one-line error, told to the other workers of its cluster.
 
-A worker whose own one-line error (a UserError: its data refused) stops
-the job tells the others before it leaves (`report`): their collectives
+A worker whose own one-line error (a UserError: its data refused; or an
+error its user's function raised, e.g. a RuntimeError in dataset_fn:
+errors.users_own) stops the job tells the others before it leaves
+(`report`): their collectives
 then fail with its line (peers.stopped), not as if it had died. A peer
 that is at a barrier of the coordination service when the report comes
 (leaving.together, leaving.met) fails there with the line too; one that
@@ -53,12 +55,13 @@ def joined(cluster: tfconfig.ClusterSpec | None) -> None:
 
 def report(error: BaseException, cluster) -> None:
   """Tells the cluster's other workers that `error`, this worker's own
-  one-line error (a UserError no other raised with it), stops the job:
-  their collectives fail with its line (peers.stopped). Only where a
+  one-line error (a UserError no other raised with it, or an error a
+  user's function raised: errors.users_own), stops the job: their
+  collectives fail with its line (peers.stopped). Only where a
   coordination service runs and answers; a report that fails is ignored
   (the others then lose this worker, as before)."""
-  if (not isinstance(error, errors.UserError) or error.every_worker
-      or not tfconfig.is_multi_worker(cluster) or not _has_service()
+  if (not _own(error) or not tfconfig.is_multi_worker(cluster)
+      or not _has_service()
       or _key(cluster) not in _JOINED_HERE):
     return
   text = peers.report_text(error, cluster)
@@ -73,6 +76,15 @@ def report(error: BaseException, cluster) -> None:
           tf.errors.FAILED_PRECONDITION, text)
   except Exception:  # pylint: disable=broad-except
     pass  # No service, or none answering: it leaves unreported.
+
+
+def _own(error: BaseException) -> bool:
+  """Whether `error` is this worker's own to tell: a UserError no other
+  raised with it, or a user's function's own error (its peers said 'lost
+  contact', exit 200, 16-32 s later: a restart met it again)."""
+  if isinstance(error, errors.UserError):
+    return not error.every_worker
+  return errors.users_own(error)
 
 
 def stopped(error: Exception):

@@ -116,12 +116,25 @@ def host_value_sum(strategy):
   return lambda value: float(total(tf.constant(value, tf.float64)))
 
 
+def host_vector_sum(strategy):
+  """`(float64 vector) -> its sum over every replica of the job`, as
+  host_value_sum; the vector's length may change from call to call (the
+  same on every worker at each), traced once."""
+  total = _VECTOR_TOTALS.get(strategy)
+  if total is None:
+    total = _VECTOR_TOTALS[strategy] = _total_over_replicas(
+        weakref.ref(strategy), [tf.TensorSpec([None], tf.float64)])
+  return lambda values: total(tf.constant(values, tf.float64)).numpy()
+
+
 # The value holds only a weak reference: the strategy can still go away.
 _TOTALS = weakref.WeakKeyDictionary()
+_VECTOR_TOTALS = weakref.WeakKeyDictionary()
 
 
-def _total_over_replicas(strategy_ref):
-  @tf.function  # Eager collectives under MWMS are slow and warn.
+def _total_over_replicas(strategy_ref, signature=None):
+  # Eager collectives under MWMS are slow and warn.
+  @tf.function(input_signature=signature)
   def total(value):
     strategy = strategy_ref()
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(

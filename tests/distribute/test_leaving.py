@@ -421,6 +421,22 @@ def test_a_workers_own_refusal_is_reported_to_the_others(monkeypatch):
   assert service.keys[("probed", "dist_keras/joined/worker:1")] == 2000
 
 
+def test_an_error_a_users_function_raised_is_reported_as_its_line(
+    monkeypatch):
+  """As train.py says it, exit 1, without its hint to rerun with
+  --verbose (the traceback is this worker's)."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  service = _reporting(monkeypatch)
+  with pytest.raises(RuntimeError) as raised:
+    with errors.raised_in("dataset_fn('train', ...) my.mod:fn"):
+      raise RuntimeError("shard missing")
+  reports.report(raised.value, _WORKER_1)
+  assert service.reported == [(
+      tf.errors.FAILED_PRECONDITION,
+      "dist_keras: worker:1 stopped the job (exit 1): RuntimeError: shard "
+      "missing (raised in dataset_fn('train', ...) my.mod:fn)")]
+
+
 def test_what_every_worker_raised_or_no_cluster_has_is_not_reported(
     monkeypatch):
   from dist_keras import errors  # pylint: disable=g-import-not-at-top

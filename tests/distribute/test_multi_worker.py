@@ -261,6 +261,28 @@ def _user_args(data_name, model_name="model_fn"):
   return user_args
 
 
+def test_workers_whose_model_fn_built_different_models_are_refused(
+    tmp_path):
+  """Worker 1's model_fn builds relu where worker 0's builds tanh, and
+  clips its gradients: the same weights' shapes. Both trained silently
+  (exit 0): gradients averaged over two functions, the chief's eval of
+  neither. Both now refuse at build with the same line naming what
+  differs, before anything is written."""
+  results = _two_workers_exit(tmp_path / "run", [], train_args=_user_args(
+      "dataset_fn", "model_fn_of_its_own_on_worker_1"))
+  for code, err in results:
+    assert code == 2, err[-2000:]
+    assert _our_error(err) == (
+        "dist_keras: error: the workers' model_fn built different models: "
+        "the architecture differs between worker:0 and worker:1 (layers[1]."
+        'config.activation: "tanh" against "relu"); the optimizer differs '
+        "between worker:0 and worker:1 (clipnorm: null against 1); "
+        "build and compile the same model on every worker (the same code "
+        "and values): its gradients are averaged over the workers, which "
+        "trains no one model."), err[-2000:]
+  assert not (tmp_path / "run").exists()
+
+
 def test_one_workers_refused_data_stops_both_with_its_line_naming_it(
     tmp_path):
   """Only worker 1's batches hold labels the model cannot take: it refuses

@@ -143,3 +143,34 @@ def test_a_peer_at_the_final_barrier_says_the_refusers_line(
   assert peer_code == errors.EXIT_CONFIG_ERROR, peer_err[-2000:]
   assert _ours(peer_err, "dist_keras: error: ") == (
       f"dist_keras: error: worker:{refuser} stopped the job: {line}")
+
+
+_COMMAND_LINE = """
+import sys
+from dist_keras import train
+sys.argv[0] = "dist_keras.train"
+train.run()
+"""
+
+
+def test_a_users_own_error_on_one_worker_stops_the_peer_with_its_line(
+    tmp_path):
+  """Worker 1's dataset_fn raises a RuntimeError of its own (exit 1, said
+  as 'raised in dataset_fn(...)'): worker 0 said 'lost contact with task
+  worker:1 ...; the job must restart' 16-32 s later (exit 200, retryable:
+  a restart met the error again)."""
+  args = ["--config.model.name=user_task:model_fn",
+          "--config.data.name=user_task:raising_on_pipeline_1_dataset_fn",
+          "--config.train.global_batch_size=48", "--config.train.steps=4",
+          "--config.log.calibration_steps=0", "--config.log.peak_tflops=1.0",
+          f"--workdir={tmp_path / 'run'}"]
+  (code_0, err_0), (code_1, err_1) = _two_workers(_COMMAND_LINE, *args)
+  assert code_1 == errors.EXIT_UNEXPECTED, err_1[-2000:]
+  line = _ours(err_1, "dist_keras: error: ")
+  assert line.startswith(
+      "dist_keras: error: RuntimeError: my data shard is missing on this "
+      "worker (raised in dataset_fn('train', ...) user_task:"), line
+  assert code_0 == errors.EXIT_UNEXPECTED, err_0[-2000:]
+  assert _ours(err_0, "dist_keras: error: ") == line.replace(
+      "dist_keras: error: ", "dist_keras: error: worker:1 stopped the job: "
+  ).replace("; rerun with --verbose for the traceback)", ")")
