@@ -14,10 +14,9 @@ from dist_keras import disk, errors, registry, terminal, validate
 from dist_keras.contract import checks
 from dist_keras.distribute import leaving, peers, pipelines, reports
 from dist_keras.distribute import strategies, tfconfig
-from dist_keras.training import allreduce, checkpoints, compiled, loop, lr
-from dist_keras.training import preemption, ray_report, run_files, same_model
-from dist_keras.training import settings
-from dist_keras.training import user_callbacks
+from dist_keras.training import allreduce, batch_losses, checkpoints, compiled
+from dist_keras.training import loop, lr, preemption, ray_report, run_files
+from dist_keras.training import same_model, settings, user_callbacks
 
 
 @dataclasses.dataclass
@@ -164,10 +163,10 @@ def build(job: Job) -> loop.Trainer:
         strategy, dataset_fn, "train", feed, start_step=resume.step)
     eval_ds, eval_spec = pipelines.distribute(
         strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
-    # Loss and metrics state, from the batches of both splits.
-    no_eval = checks.build_state(
+    no_eval = checks.build_state(  # Loss and metrics, from both splits.
         model, strategy, batch_spec, eval_spec,
         builtin_data=getattr(dataset_fn, "builtin_data", None))
+    divided = batch_losses.take(model, strategy, batch_spec)
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).
     rate = lr.apply(model.optimizer, config.train)
@@ -178,7 +177,7 @@ def build(job: Job) -> loop.Trainer:
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate, stop,
                        callbacks, no_eval is None, batch_spec)
-    notes += [no_eval, note] + settings.notes(config, on_tpu) + [resumed]
+    notes += [no_eval, divided, note, *settings.notes(config, on_tpu), resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,
         config.to_dict(), notes=[n for n in notes if n])

@@ -182,7 +182,7 @@ def _probe(model, batch_spec, split: str, builtin_data: str | None):
         f"{_loss_name(model)} needs them; yield (x, y) or "
         "(x, y, sample_weight) batches.")
   try:
-    y_pred = _zero_prediction(model, x)
+    y_pred = zero_prediction(model, x)
     loss = None if model.loss is None else compute_loss(
         model, x, y, y_pred, weights, training=False)
     model.compute_metrics(x, y, y_pred, weights)
@@ -223,7 +223,7 @@ def _built(model) -> bool:
   return all(layer.built for layer in layers)  # The model's own included.
 
 
-def _zero_prediction(model, x):
+def zero_prediction(model, x):
   """What the model returns for `x`, as zeros of its shapes.
 
   The shapes come from Keras' shape inference, symbolically, as Keras' fit

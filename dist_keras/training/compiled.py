@@ -5,15 +5,13 @@ steps_per_execution, jit_compile), which of Keras' steps it overrides
 optimizers, built in scope with the gradient all-reduce where its step
 needs it. Keras' fit is the reference meaning of each (docs/own_models.md
 has the table)."""
-import types
-
 import keras
 import tensorflow as tf
 
 from dist_keras import installation
 from dist_keras.contract.checks import overrides  # (loop.py reads it here.)
 from dist_keras.errors import UserError
-from dist_keras.training import allreduce, keras_internals
+from dist_keras.training import allreduce, keras_internals, step_losses
 
 
 def take(model, strategy, train_cfg) -> list[str]:
@@ -41,6 +39,7 @@ def take(model, strategy, train_cfg) -> list[str]:
                  "(train.jit_compile=true)")
   if overrides(model, "train_step"):
     notes.append(_own_step_note(model, strategy, train_cfg))
+  notes.append(_own_test_step_note(model, replicas))
   return [note for note in notes if note]
 
 
@@ -106,48 +105,24 @@ def _own_step_note(model, strategy, train_cfg) -> str:
         "optimizer's cross-device update (merge_call); use one device or a "
         "TPU, or set train.jit_compile=false.")
   replicas = strategy.num_replicas_in_sync
-  scaled = (f"; the loss its self.compute_loss returns is divided by the "
-            f"{replicas} replicas, as under fit (a tracker fed it reports "
-            f"1/{replicas} of the loss: feed it loss * {replicas})"
-            if replicas > 1 and calls_compute_loss(model) else "")
+  losses = [clause for clause in (
+      step_losses.divided_note(model, "train_step", replicas),
+      step_losses.hand_mean_note(model, replicas)) if clause]
   return (f"{type(model).__name__}.train_step is the model's own: it runs "
           "as written on every replica (gradients all-reduced in its "
           "optimizer's apply); the sync breakdown splits its steps into "
           "input wait and model step only, and there is no calibration"
-          + scaled)
+          + "".join(f"; {clause}" for clause in losses))
 
 
-def calls_compute_loss(model, depth: int = 4) -> bool:
-  """Whether the model's train_step reaches self.compute_loss, read from the
-  code (the attributes and functions it names, and theirs, `depth` calls
-  down): a step that computes its loss by hand is not told of compute_loss's
-  division by the replicas."""
-  seen, todo = set(), [(type(model).train_step, depth)]
-  while todo:
-    fn, left = todo.pop()
-    code = getattr(fn, "__code__", None)
-    if code is None or code in seen or left < 0:
-      continue
-    seen.add(code)
-    names = _names_in(code)
-    if "compute_loss" in names:
-      return True
-    for name in names:  # A method of any class in the MRO (super()'s too).
-      callees = [klass.__dict__[name] for klass in type(model).__mro__
-                 if name in klass.__dict__]
-      callees.append(getattr(fn, "__globals__", {}).get(name))
-      todo.extend((c, left - 1) for c in callees
-                  if isinstance(c, types.FunctionType))
-  return False
-
-
-def _names_in(code) -> set[str]:
-  """The names a code object and the functions nested in it load."""
-  names = set(code.co_names)
-  for const in code.co_consts:
-    if isinstance(const, types.CodeType):
-      names |= _names_in(const)
-  return names
+def _own_test_step_note(model, replicas: int) -> str | None:
+  """The line an own test_step whose loss Keras divides gets at N > 1."""
+  if not overrides(model, "test_step"):
+    return None
+  clause = step_losses.divided_note(model, "test_step", replicas)
+  if not clause:
+    return None
+  return f"{type(model).__name__}.test_step is the model's own: {clause}"
 
 
 def keeps_ema(optimizer) -> bool:

@@ -18,6 +18,9 @@ catch.
   (and gradient accumulation, and the loss-scale check) sees the global
   gradient and N replicas equal one device; the optimizer's own reduction
   is turned off.
+- `_compile_loss._flat_losses`: the compiled loss's own losses, one per
+  output, each a namedtuple whose `loss` the compiled loss calls; a loss
+  that returns one number per batch is wrapped there (batch_losses.py).
 - `_compile_loss.metrics`: the per-output loss trackers, which Keras weighs
   by a batch's STATIC size (so a partial eval batch of unknown size counted
   like a full one); the eval pass re-weighs them by the batch's examples.
@@ -173,6 +176,35 @@ def output_loss_trackers(model) -> list:
     _require(tracker, "total", "a Mean's state")
     _require(tracker, "count", "a Mean's state")
   return trackers
+
+
+def compiled_losses(model, y, y_pred, sample_weight) -> list:
+  """[(index, loss, y_true, y_pred)]: each loss of the compiled loss (a
+  keras.losses.Loss) with what the compiled loss hands it for the batch
+  (y, y_pred, sample_weight), in the order it calls them. The calls update
+  the per-output loss trackers: reset the metrics after."""
+  compile_loss = _require(model, "_compile_loss", "its compiled loss")
+  compile_loss(y, y_pred, sample_weight)  # Builds its list of losses.
+  flat = _require(compile_loss, "_flat_losses", "its losses, one per output")
+  original, seen = list(flat), []
+  for i, entry in enumerate(original):
+    def record(y_t, y_p, weights=None, i=i, loss=entry.loss):
+      seen.append((i, loss, y_t, y_p))
+      return loss(y_t, y_p, weights)
+    flat[i] = entry._replace(loss=record)
+  try:
+    compile_loss(y, y_pred, sample_weight)
+  finally:
+    flat[:] = original
+  return seen
+
+
+def wrap_compiled_loss(model, index: int, wrap) -> None:
+  """Has the compiled loss call `wrap(loss)` for its `index`-th loss (what
+  it computes only: model.keras and get_compile_config keep the loss as
+  compiled)."""
+  flat = model._compile_loss._flat_losses  # pylint: disable=protected-access
+  flat[index] = flat[index]._replace(loss=wrap(flat[index].loss))
 
 
 def applied_batches(optimizer):

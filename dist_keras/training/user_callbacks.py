@@ -15,11 +15,14 @@ import keras
 
 from dist_keras.contract import checks, imports
 from dist_keras.errors import UserError
-from dist_keras.training import compiled
+from dist_keras.training import compiled, keras_internals
 
 # Attributes naming the files of Keras' file-writing callbacks
 # (ModelCheckpoint, CSVLogger, TensorBoard).
 _FILE_ATTRIBUTES = ("filepath", "filename", "log_dir")
+# Keras' callbacks that set the optimizer's learning rate.
+_SETS_THE_RATE = (keras.callbacks.ReduceLROnPlateau,
+                  keras.callbacks.LearningRateScheduler)
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end",
                 "on_batch_begin", "on_batch_end")
 
@@ -86,6 +89,22 @@ def check_for_model(callbacks: list, model) -> None:
           f"callbacks[{i}] is keras.callbacks.SwapEMAWeights, but the "
           f"model's optimizer ({type(shown).__name__}) has use_ema="
           "False; compile with use_ema=True, or remove it.")
+    _check_sets_the_rate(i, callback, optimizer)
+
+
+def _check_sets_the_rate(i: int, callback, optimizer) -> None:
+  """A callback that sets the learning rate cannot set a schedule's: Keras
+  raises a TypeError at its first change, an epoch or more into the run."""
+  schedule = keras_internals.rate_schedule(optimizer)
+  if schedule is not None and isinstance(callback, _SETS_THE_RATE):
+    shown = getattr(optimizer, "inner_optimizer", optimizer)
+    raise UserError(
+        f"callbacks[{i}] is keras.callbacks.{type(callback).__name__}, "
+        "which sets the learning rate, but the model's optimizer ("
+        f"{type(shown).__name__}) takes its rate from a "
+        f"LearningRateSchedule ({type(schedule).__name__}), which Keras "
+        "cannot set (fit fails at the callback's first change); compile "
+        "the optimizer with a float learning_rate, or remove the callback.")
 
 
 def for_worker(callbacks: list, chief: bool, scratch: str) -> list:

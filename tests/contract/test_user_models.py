@@ -523,6 +523,84 @@ def test_an_own_step_that_computes_its_loss_by_hand_is_not_told_of_it(
   assert told == {"Counting": True, "Gan": False, "Inherited": True}
 
 
+class _LowerLevel(keras.Model):
+  """Keras' guide "Customizing what happens in fit", going lower-level: a
+  Loss object of its own fed to a loss tracker, in its own train_step and
+  test_step (2 replicas log loss and val_loss halved, as fit's do)."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.loss_tracker = keras.metrics.Mean(name="loss")
+    self.loss_fn = keras.losses.MeanSquaredError()
+
+  @property
+  def metrics(self):
+    return [self.loss_tracker]
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      loss = self.loss_fn(y, self(x, training=True))
+    grads = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply(grads, self.trainable_variables)
+    self.loss_tracker.update_state(loss)
+    return {"loss": self.loss_tracker.result()}
+
+  def test_step(self, data):
+    x, y = data
+    self.loss_tracker.update_state(self.loss_fn(y, self(x, training=False)))
+    return {"loss": self.loss_tracker.result()}
+
+
+class _HandMean(_LowerLevel):
+  """Keras' VAE example's way: a loss taken as a mean by hand, which no
+  one divides by the replicas (2 replicas train on twice the gradient)."""
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      loss = keras.ops.mean(keras.ops.square(y - self(x, training=True)))
+    grads = tape.gradient(loss, self.trainable_variables)
+    self.optimizer.apply(grads, self.trainable_variables)
+    return {"loss": loss}
+
+  test_step = keras.Model.test_step
+
+
+@pytest.mark.parametrize("model_class,said", [
+    (_LowerLevel, [
+        "there is no calibration; the loss its "
+        "self.loss_fn (MeanSquaredError) returns is divided by the 2 "
+        "replicas, as under fit (a tracker fed it reports 1/2 of the loss: "
+        "feed it loss * 2)", "_LowerLevel.test_step is the model's own: the"
+        " loss its self.loss_fn (MeanSquaredError) returns is divided by the "
+        "2 replicas, as under fit (a tracker fed it reports 1/2 of val_loss:"
+        " feed it loss * 2)"]),
+    (_HandMean, [
+        "; if its loss is a mean it takes by hand (it names keras.ops.mean "
+        "or tf.reduce_mean, no keras.losses.Loss), the 2 replicas train on 2"
+        " x one device's gradient, as under fit with MirroredStrategy",
+        "divide it by self.distribute_strategy.num_replicas_in_sync"])])
+def test_an_own_steps_loss_object_or_hand_taken_mean_is_said(
+    mirrored, model_class, said):
+  """Read from the step's code: what Keras divides by the replicas (a
+  Loss attribute of a mean reduction, as compute_loss), in train_step and
+  test_step; a mean taken by hand, which it does not. One device: not."""
+  train_cfg = types.SimpleNamespace(steps_per_loop=0, jit_compile=False)
+  one = tf.distribute.OneDeviceStrategy("/cpu:0")
+  for strategy in (mirrored, one):
+    with strategy.scope():
+      inputs = keras.Input((user_task.FEATURES,))
+      model = model_class(inputs, keras.layers.Dense(1)(inputs))
+      model.compile(optimizer="sgd")
+    notes = " | ".join(compiled.take(model, strategy, train_cfg))
+    for line in said:
+      assert (line in notes) == (strategy is mirrored), notes
+  assert "val_loss" not in notes
+  if model_class is _HandMean:
+    assert "is divided by the" not in notes
+
+
 def _masked_sequence_model():
   """Per-token logits of an Embedding(mask_zero=True): a masked output."""
   tokens = keras.Input((5,), dtype="int32")

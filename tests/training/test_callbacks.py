@@ -580,6 +580,25 @@ def test_callbacks_that_cannot_work_are_refused_before_anything_is_written(
   assert not os.path.exists(tmp_path / "run")
 
 
+@pytest.mark.parametrize("callback", [
+    keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0),
+    keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr * 0.5)],
+                         ids=lambda c: type(c).__name__)
+def test_a_callback_setting_a_schedules_rate_is_refused_at_the_start(
+    tmp_path, callback):
+  """Keras cannot set a LearningRateSchedule's rate: its fit, and the run
+  before this check, failed with a TypeError at the callback's first
+  change of the rate, an epoch or more into training."""
+  with pytest.raises(UserError, match=(
+      rf"^callbacks\[0\] is keras.callbacks.{type(callback).__name__}, "
+      r"which sets the learning rate, but the model's optimizer \(Adam\) "
+      r"takes its rate from a LearningRateSchedule \(ExponentialDecay\), "
+      r"which Keras cannot set .*; compile the optimizer with a float "
+      r"learning_rate, or remove the callback.$")):
+    _ours(tmp_path / "run", [callback], model_fn=parity_task.schedule)
+  assert not os.path.exists(tmp_path / "run")
+
+
 @pytest.mark.parametrize("factory,message", [
     ("parity_task:callbacks_of_an_argument",
      "train.callbacks 'callbacks_of_an_argument' cannot be called as "

@@ -249,6 +249,29 @@ def test_one_loss_or_none_has_no_output_loss_trackers():
   assert keras_internals.output_loss_trackers(gan) == []
 
 
+def test_compiled_losses_are_each_output_loss_with_its_inputs():
+  """`_compile_loss._flat_losses`: each output's loss (a keras Loss) with
+  that output's labels and predictions, in call order; a wrapped one is
+  what the compiled loss computes, and the compile config keeps the loss."""
+  model = _two_output_model(["mse", "mae"])
+  x = np.ones((4, 2), np.float32)
+  y = [np.full((4, 1), 1.0, np.float32), np.full((4, 1), -2.0, np.float32)]
+  y_pred = [tf.constant(p) for p in model.predict_on_batch(x)]
+  found = keras_internals.compiled_losses(model, y, y_pred, None)
+  assert [(i, type(loss).__name__) for i, loss, _, _ in found] == [
+      (0, "LossFunctionWrapper"), (1, "LossFunctionWrapper")]
+  for (_, _, y_t, y_p), want_t, want_p in zip(found, y, y_pred):
+    np.testing.assert_array_equal(y_t, want_t)
+    np.testing.assert_array_equal(y_p, want_p)
+  before = float(model.compute_loss(x, y, y_pred))
+  keras_internals.wrap_compiled_loss(
+      model, 1, lambda loss: lambda *args: 10.0 * loss(*args))
+  mae = float(np.mean(np.abs(y_pred[1].numpy() - y[1])))
+  assert float(model.compute_loss(x, y, y_pred)) == pytest.approx(
+      before + 9.0 * mae, rel=1e-5)
+  assert model.get_compile_config()["loss"] == ["mse", "mae"]
+
+
 def test_a_tracker_without_its_total_is_refused():
   tracker = types.SimpleNamespace(count=1.0)  # A Mean whose state moved.
   model = types.SimpleNamespace(

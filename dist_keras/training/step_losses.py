@@ -1,0 +1,102 @@
+"""What a model's own train_step or test_step takes its loss with, read
+from its code, for the line the run says about it at N > 1 replicas.
+
+Under tf.distribute Keras divides the losses it reduces by the replica
+count (self.compute_loss, a keras.losses.Loss of a mean reduction), so
+that the replicas' summed gradients are the global batch's; a loss tracker
+(a keras.metrics.Mean) fed such a loss then reports 1/N of one device's,
+under fit with MirroredStrategy too. A mean taken by hand (keras.ops.mean,
+tf.reduce_mean) is not divided: the tracker reports one device's value,
+and the replicas train on N times its gradient. Which of the two a tracker
+is fed, dist_keras cannot tell from outside (it would have to know what
+the step differentiates), so neither is changed: the run says which the
+code names.
+"""
+import types
+
+import keras
+
+# The reductions Keras divides by the replicas (keras/src/losses/loss.py).
+_DIVIDED = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+# Names of a hand-taken mean, and of a step that divides its loss itself.
+_MEANS = ("mean", "reduce_mean")
+_DIVIDES = ("num_replicas_in_sync", "compute_average_loss",
+            "scale_loss_for_distribution")
+
+
+def divided_losses(model, method: str) -> list[str]:
+  """What the model's `method` reaches that Keras divides by the replicas:
+  'self.compute_loss', 'self.NAME (LossClass)' for a Loss attribute."""
+  names = reached_names(model, method)
+  found = ["self.compute_loss"] if "compute_loss" in names else []
+  attributes = vars(model)
+  compiled = attributes.get("_compile_loss")  # Said as compute_loss.
+  for name in sorted(names):
+    value = attributes.get(name)
+    if (isinstance(value, keras.losses.Loss) and value is not compiled
+        and getattr(value, "reduction", None) in _DIVIDED):
+      found.append(f"self.{name} ({type(value).__name__})")
+  return found
+
+
+def takes_a_mean_by_hand(model, method: str = "train_step") -> bool:
+  """Whether `method` names a mean (keras.ops.mean, tf.reduce_mean) but
+  no loss Keras divides and no division by the replicas of its own."""
+  names = reached_names(model, method)
+  return (any(n in names for n in _MEANS)
+          and not any(n in names for n in _DIVIDES)
+          and not divided_losses(model, method))
+
+
+def divided_note(model, method: str, replicas: int) -> str:
+  """The clause for a step whose loss Keras divides ('' if none)."""
+  found = divided_losses(model, method)
+  if replicas <= 1 or not found:
+    return ""
+  value = "the loss" if method == "train_step" else "val_loss"
+  return (f"the loss its {' and '.join(found)} returns is divided by the "
+          f"{replicas} replicas, as under fit (a tracker fed it reports "
+          f"1/{replicas} of {value}: feed it loss * {replicas})")
+
+
+def hand_mean_note(model, replicas: int) -> str:
+  """The clause for a train_step that takes its loss as a mean by hand
+  ('' if it does not, as far as its code tells)."""
+  if replicas <= 1 or not takes_a_mean_by_hand(model):
+    return ""
+  return (f"if its loss is a mean it takes by hand (it names keras.ops.mean"
+          f" or tf.reduce_mean, no keras.losses.Loss), the {replicas} "
+          f"replicas train on {replicas} x one device's gradient, as under "
+          "fit with MirroredStrategy (Keras divides only the losses it "
+          "reduces): divide it by self.distribute_strategy."
+          "num_replicas_in_sync, or take it with a keras.losses.Loss")
+
+
+def reached_names(model, method: str, depth: int = 4) -> set[str]:
+  """The names the model's `method` loads, and those of the functions and
+  methods it names, `depth` calls down (super()'s included)."""
+  seen, names, todo = set(), set(), [(getattr(type(model), method), depth)]
+  while todo:
+    fn, left = todo.pop()
+    code = getattr(fn, "__code__", None)
+    if code is None or code in seen or left < 0:
+      continue
+    seen.add(code)
+    own = _names_in(code)
+    names |= own
+    for name in own:  # A method of any class in the MRO (super()'s too).
+      callees = [klass.__dict__[name] for klass in type(model).__mro__
+                 if name in klass.__dict__]
+      callees.append(getattr(fn, "__globals__", {}).get(name))
+      todo.extend((c, left - 1) for c in callees
+                  if isinstance(c, types.FunctionType))
+  return names
+
+
+def _names_in(code) -> set[str]:
+  """The names a code object and the functions nested in it load."""
+  names = set(code.co_names)
+  for const in code.co_consts:
+    if isinstance(const, types.CodeType):
+      names |= _names_in(const)
+  return names
