@@ -185,6 +185,7 @@ def _load_file(spec: str):
         f"--config={spec}: {name} is not a Python file (a config file's name "
         f"ends in .py); name a .py file or a built-in config "
         f"({', '.join(names())}).")
+  _refuse_missing_builtin_file(spec, name)
   try:
     if builtin:
       module = importlib.import_module(f"dist_keras.configs.{name}")
@@ -207,6 +208,20 @@ def _load_file(spec: str):
         "not an ml_collections.ConfigDict; start from "
         "dist_keras.configs.base.get_config() and change its keys.")
   return config
+
+
+def _refuse_missing_builtin_file(spec: str, name: str) -> None:
+  """UserError for a built-in config's path where there is no such file
+  (configs/NAME.py outside a checkout: an installed dist_keras has its
+  configs in the package): the name runs that built-in from any folder."""
+  stem = os.path.basename(name).removesuffix(".py")
+  if (name.endswith(".py") and stem in names()
+      and not os.path.exists(name)):
+    arg = spec.partition(":")[2]
+    raise UserError(
+        f"--config={spec}: there is no file {name} here; pass "
+        f"--config={stem}{':' + arg if arg else ''}, the built-in config's "
+        "name, which works from any folder.")
 
 
 def _check_argument(spec: str, name: str, get_config, arg: str) -> None:

@@ -3,7 +3,7 @@
 Prepare: python -m dist_keras.prepare_data mnist --data_dir DIR
          (on a machine with network, then copy DIR; DIR defaults to
          ~/tensorflow_datasets)
-Run:     python -m dist_keras.train --config=configs/cnn_mnist.py \\
+Run:     python -m dist_keras.train --config=cnn_mnist \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline and a
          few train steps are tested on mock data (tests/data/test_tfds.py).

@@ -7,7 +7,7 @@ data.seq_len words. Eval on the 25,000-review test split.
 Prepare: python -m dist_keras.prepare_data imdb_reviews --data_dir DIR
          (on a machine with network, then copy DIR; DIR defaults to
          ~/tensorflow_datasets)
-Run:     python -m dist_keras.train --config=configs/lstm_imdb.py \\
+Run:     python -m dist_keras.train --config=lstm_imdb \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline and a
          few train steps are tested on mock data (tests/data/test_tfds.py).

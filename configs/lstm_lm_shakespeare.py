@@ -7,7 +7,7 @@ exp(loss). Eval on the validation split (55,770 characters).
 Prepare: python -m dist_keras.prepare_data tiny_shakespeare --data_dir DIR
          (on a machine with network, then copy DIR; DIR defaults to
          ~/tensorflow_datasets)
-Run:     python -m dist_keras.train --config=configs/lstm_lm_shakespeare.py \\
+Run:     python -m dist_keras.train --config=lstm_lm_shakespeare \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network); the pipeline is
          tested on mock data (tests/data/test_tfds.py).

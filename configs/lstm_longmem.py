@@ -1,6 +1,6 @@
 """Default: an LSTM must remember the first of 50 tokens (the `longmem` task).
 
-Run:    python -m dist_keras.train --config=configs/lstm_longmem.py
+Run:    python -m dist_keras.train --config=lstm_longmem
         (or just `python -m dist_keras.train`)
 Result: 2 logical CPU replicas on the 2-core CPU machine, global batch 256:
         800 steps in 35 s (46 s under pytest), eval accuracy 1.000 for seeds

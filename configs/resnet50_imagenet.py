@@ -9,12 +9,12 @@ Prepare: TFDS cannot download ImageNet. Fetch ILSVRC2012_img_train.tar and
          python -m dist_keras.prepare_data imagenet2012 --data_dir DIR \\
              --manual_dir MANUAL
          (~150 GB in DIR; a gs:// DIR works for TPUs)
-Run:     python -m dist_keras.train --config=configs/resnet50_imagenet.py \\
+Run:     python -m dist_keras.train --config=resnet50_imagenet \\
              --config.data.data_dir=DIR
 Result:  not run on the real dataset here (no network, no accelerator); the
          pipeline is tested on mock data (tests/data/test_tfds.py).
 Images/sec without ImageNet (random constant batches: compute + sync only):
-         python -m dist_keras.train --config=configs/resnet50_imagenet.py \\
+         python -m dist_keras.train --config=resnet50_imagenet \\
              --config.data.name=synthetic --config.train.global_batch_size=64 \\
              --config.train.steps=100 --config.eval.every=0 \\
              --config.eval.steps=1

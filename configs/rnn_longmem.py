@@ -1,6 +1,6 @@
 """A vanilla SimpleRNN on the default long-memory task, for contrast.
 
-Run:    python -m dist_keras.train --config=configs/rnn_longmem.py
+Run:    python -m dist_keras.train --config=rnn_longmem
 Result: 2 logical CPU replicas on the 2-core CPU machine: 800 steps in
         17-25 s, eval accuracy 1.000 for seeds 0, 1, 2 (95% at ~100 steps,
         faster than the LSTM at T=50). With --config.data.seq_len=200 it

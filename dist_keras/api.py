@@ -68,7 +68,8 @@ def run(job: Job) -> FitResult:
   interpreters exit (distribute/leaving.py; the command line's leave at
   its end, and Ray Train ends its workers itself)."""
   try:
-    result, role = _trained(job)
+    with validate.workdir_spelled(as_fit_argument=not job.to_exit):
+      result, role = _trained(job)
   except BaseException as e:
     leaving.at_exit(None)  # Its peers may never come to the barrier.
     # This worker's own refusal: the others say its line, not a lost peer.
@@ -77,6 +78,8 @@ def run(job: Job) -> FitResult:
       # An uncaught SystemExit ends the script without a word: its line
       # now, as the command line's (which says it itself) would be.
       terminal.error(str(e))
+    if isinstance(e, errors.Interrupted) and not job.to_exit:
+      preemption.end_as_ctrl_c_if_uncaught(e)  # Its line, if uncaught.
     raise
   cluster = tfconfig.from_env()
   if (not job.to_exit and role.workers > 1
@@ -134,7 +137,7 @@ def build(job: Job) -> loop.Trainer:
   strategy = job.strategy or strategies.get_strategy(config.runtime)
   reports.joined(tfconfig.from_env())  # (For a refusal's report.)
   strategies.own_collective_keys(strategy)
-  role = strategies.Role.of(strategy)  # Asked once: chief? workers?
+  role = strategies.Role.of(strategy, config.data.pipeline_per_replica)
   with contextlib.ExitStack() as undo:
     # SIGTERM's and Ctrl-C's handler from here to the run's last line, set
     # once the strategy exists: a multi-worker one sets TensorFlow's own

@@ -12,6 +12,8 @@ No TensorFlow import here, and the choices' names live here (the built-in
 models' and datasets' in catalog.py): the modules that act on them map
 names to objects.
 """
+import contextlib
+import contextvars
 import math
 import os
 
@@ -103,9 +105,32 @@ def config(c) -> None:
             "0: no all-reduce calibration after training")
 
 
-NO_WORKDIR = ("--workdir={workdir} names no folder (an unset variable?); "
-              "pass the run's folder (a rerun with the same one resumes), "
-              "or leave --workdir out for a new runs/<timestamp>.")
+# Whether the run's lines name its workdir as dist_keras.fit's argument
+# (`workdir='runs/a'`) or as the command line's flag (`--workdir=runs/a`),
+# as a config key is config['KEY'] or --config.KEY: api.run sets it.
+_AS_FIT_ARGUMENT = contextvars.ContextVar("workdir_as_fit_argument",
+                                          default=False)
+
+
+@contextlib.contextmanager
+def workdir_spelled(as_fit_argument: bool):
+  """The run's lines name its workdir as fit's argument, or the flag."""
+  token = _AS_FIT_ARGUMENT.set(as_fit_argument)
+  try:
+    yield
+  finally:
+    _AS_FIT_ARGUMENT.reset(token)
+
+
+def named_workdir(path) -> str:
+  """`--workdir=runs/a` on the command line, `workdir='runs/a'` in fit."""
+  return (f"workdir={path!r}" if _AS_FIT_ARGUMENT.get()
+          else f"--workdir={path or ''}")
+
+
+def workdir_option() -> str:
+  """What to pass another of: "--workdir", or fit's "workdir"."""
+  return "workdir" if _AS_FIT_ARGUMENT.get() else "--workdir"
 
 
 def workdir_named(path) -> None:
@@ -114,7 +139,11 @@ def workdir_named(path) -> None:
   runs/<timestamp> on every run, so that no rerun after a preemption would
   resume. (api.build checks one passed to fit here too.)"""
   if not path:
-    raise UserError(NO_WORKDIR.format(workdir=path or ""))
+    raise UserError(
+        f"{named_workdir(path)} names no folder (an unset variable?); "
+        "pass the run's folder (a rerun with the same one resumes)" + (
+            "." if _AS_FIT_ARGUMENT.get() else
+            ", or leave --workdir out for a new runs/<timestamp>."))
 
 
 def workdir(path: str) -> None:
@@ -132,8 +161,8 @@ def workdir(path: str) -> None:
          "is not writable" if not os.access(existing, os.W_OK | os.X_OK)
          else "")
   if why:
-    raise UserError(f"--workdir={path} is not writable ({existing} {why}); "
-                    "pass a folder you can write to.")
+    raise UserError(f"{named_workdir(path)} is not writable ({existing} "
+                    f"{why}); pass a folder you can write to.")
 
 
 def _runtime(runtime) -> None:

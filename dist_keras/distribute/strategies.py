@@ -139,14 +139,20 @@ def num_workers(strategy) -> int:
 class Role:
   """This process's part in the job, asked of its strategy once (api.build)
   and handed to what needs it: the strategy, whether this process writes
-  the run's files, and how many processes take part in its collectives."""
+  the run's files, how many processes take part in its collectives, and
+  how many input pipelines feed its replicas (one per worker, or one per
+  replica: data.pipeline_per_replica)."""
   strategy: tf.distribute.Strategy
   chief: bool
   workers: int
+  pipelines: int = 1
 
   @classmethod
-  def of(cls, strategy) -> "Role":
-    return cls(strategy, is_chief(strategy), num_workers(strategy))
+  def of(cls, strategy, per_replica_pipelines: bool = False) -> "Role":
+    workers = num_workers(strategy)
+    return cls(strategy, is_chief(strategy), workers,
+               strategy.num_replicas_in_sync if per_replica_pipelines
+               else workers)
 
 
 def worker_id(strategy) -> int:

@@ -14,7 +14,7 @@ import time
 
 import tensorflow as tf
 
-from dist_keras import errors
+from dist_keras import errors, validate
 from dist_keras.distribute import leaving, strategies
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, checkpoint_files, run_files
@@ -78,9 +78,10 @@ def find_resume(workdir: str) -> Resume:
       damaged.append(f"ckpt-{step} is damaged ({problem})")
   if damaged:
     raise errors.NoIntactCheckpoint(
-        f"--workdir={workdir}: no checkpoint reads back: "
+        f"{validate.named_workdir(workdir)}: no checkpoint reads back: "
         f"{'; '.join(damaged)}; retrying may find a copy still arriving, "
-        "else restore checkpoints/ from a backup or pass a new --workdir.")
+        "else restore checkpoints/ from a backup or pass a new "
+        f"{validate.workdir_option()}.")
   return Resume(None, 0, cut_short=tuple(cut))
 
 
@@ -186,14 +187,17 @@ class Checkpoints:
     except (AssertionError, ValueError, tf.errors.OpError) as e:
       # Its tensors read back (find_resume): they are another model's.
       raise UserError(
-          f"--workdir={self.workdir} holds a checkpoint ({name}) made by a "
+          f"{validate.named_workdir(self.workdir)} holds a checkpoint "
+          f"({name}) made by a "
           "different model or optimizer (its variables' names or shapes "
           "differ); resume it with the code and config that made it "
-          "(config.json there names them), or pass a new --workdir.") from e
+          "(config.json there names them), or pass a new "
+          f"{validate.workdir_option()}.") from e
     step = int(self.step.numpy())
     if step != resume.step:
       raise UserError(f"checkpoint {resume.path} holds step {step}, not "
-                      f"{resume.step}; it was renamed: pass a new --workdir.")
+                      f"{resume.step}; it was renamed: pass a new "
+                      f"{validate.workdir_option()}.")
     self.saved_at = step
     said = f"{resume.line() or f'resumed from {name}'} at step {step}"
     if bool(self.stopped.numpy()):
@@ -252,7 +256,8 @@ def restored(workdir: str, model, optimizers, role: strategies.Role,
   repaired = _repair_state(folder, resume) if role.chief else None
   saved = Checkpoints(workdir, model, optimizers, role.chief, max_to_keep)
   try:
-    lines = [repaired, saved.restore(resume)]
+    lines = [repaired, saved.restore(resume),
+             run_record.other_batches(saved.record, role)]
     check_workers_agree(role.strategy, resume.step, role.workers, workdir)
     # After the agreement, a collective every worker reaches only once it
     # has found and restored its checkpoint: no worker still reads what
@@ -284,6 +289,7 @@ def check_workers_agree(strategy, step: int, workers: int,
   if total != step * strategy.num_replicas_in_sync:
     # Every worker sees the same sum.
     raise leaving.refused_together(UserError(
-        f"this worker is at step {step} after restoring --workdir={workdir}, "
+        f"this worker is at step {step} after restoring "
+        f"{validate.named_workdir(workdir)}, "
         f"but the workers disagree (sum of steps {total}); put the workdir "
         "on storage every worker sees (shared disk or gs://)."))

@@ -15,6 +15,7 @@ import zipfile
 import keras
 import tensorflow as tf
 
+from dist_keras import validate
 from dist_keras.training import allreduce, compiled, ray_report, report
 from dist_keras.training import run_files, run_record
 
@@ -64,8 +65,9 @@ def finished_line(step: int, steps: int, stopped: bool) -> str:
   why = ("a callback stopped it" if stopped else
          f"train.steps={steps} is below it" if step > steps else
          "train.steps reached")
-  more = ("pass a new --workdir to train again" if stopped else
-          "raise train.steps to train on, or pass a new --workdir")
+  new = f"pass a new {validate.workdir_option()}"
+  more = (f"{new} to train again" if stopped else
+          f"raise train.steps to train on, or {new}")
   return (f"this workdir already finished at step {step} ({why}): its "
           f"summary.json and model.keras are kept as that run wrote them "
           f"({more})")
@@ -79,7 +81,8 @@ def past_steps_line(step: int | None, steps: int, stopped: bool) -> str:
     return ""
   return (f"this workdir is at step {step} (train.steps={steps} is below "
           f"it): nothing is trained; its results are written for step "
-          f"{step} (pass a new --workdir to train {steps} steps)")
+          f"{step} (pass a new {validate.workdir_option()} to train {steps} "
+          "steps)")
 
 
 def finalize(trainer, run, hooks, logs) -> None:

@@ -20,10 +20,13 @@ while training, at the next step boundary with a checkpoint; after the last
 step's checkpoint it only hurries the results along, and once they are
 written it changes nothing.
 """
+import atexit
 import contextlib
 import os
 import signal
+import sys
 import threading
+import weakref
 
 from dist_keras import errors, terminal
 from dist_keras.training import allreduce
@@ -179,3 +182,50 @@ class StopRequest:
     if self._agree is None:
       self._agree = allreduce.any_worker(self.strategy)
     return self._agree(self.requested)
+
+
+# Interrupted errors a fit call raised, which end a script that does not
+# catch them as Ctrl-C ends one (end_as_ctrl_c_if_uncaught).
+_ENDS_AS_CTRL_C = weakref.WeakSet()
+
+
+def end_as_ctrl_c_if_uncaught(error: errors.Interrupted) -> None:
+  """Makes `error`, raised out of dist_keras.fit, end the script as an
+  uncaught Ctrl-C ends a Python script (its one line, no traceback, killed
+  by SIGINT: 130 to a shell) if nothing catches it. CPython does that for
+  exactly KeyboardInterrupt only (it compares the type), so a subclass
+  exited 1 with a traceback. A script's `except KeyboardInterrupt` (or
+  Interrupted) still catches it; sys.excepthook, which only an uncaught
+  error reaches, handles this object alone and hands any other error to
+  the hook it replaced. Not in IPython (a notebook shows the cell's
+  KeyboardInterrupt), nor under `python -i` (which stays)."""
+  shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)
+  if shell() is not None or sys.flags.interactive:
+    return
+  _ENDS_AS_CTRL_C.add(error)
+  if getattr(sys.excepthook, "ends_as_ctrl_c", False):
+    return
+
+  def hook(kind, value, traceback):
+    if value not in _ENDS_AS_CTRL_C:
+      return previous(kind, value, traceback)
+    terminal.error(str(value))
+    return _exit_as_ctrl_c()
+
+  previous, hook.ends_as_ctrl_c = sys.excepthook, True
+  sys.excepthook = hook
+
+
+def _exit_as_ctrl_c() -> None:
+  """What CPython does after an uncaught KeyboardInterrupt: the exit's
+  own steps (non-daemon threads joined, then the atexit handlers: the
+  script's own, a cluster's leaving.at_exit), then death by SIGINT under
+  its default action. The interpreter's teardown is left out, as the
+  command line's exit leaves it: destroying a stopped input pipeline can
+  wait seconds for tf.data's threads."""
+  threading._shutdown()  # pylint: disable=protected-access
+  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  terminal.flush()
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  signal.raise_signal(signal.SIGINT)
+  os._exit(errors.EXIT_INTERRUPTED)  # SIGINT blocked in this thread.

@@ -56,14 +56,15 @@ def _check(workdir: str) -> None:
         tf.io.gfile.remove(probe)
   except (tf.errors.OpError, OSError) as e:
     raise disk.fault(e, workdir) or UserError(
-        f"--workdir={workdir} is not writable ({type(e).__name__}); pass a "
+        f"{validate.named_workdir(workdir)} is not writable "
+        f"({type(e).__name__}); pass a "
         "folder you can write to.") from e
   for name, folder in [(CHECKPOINTS, True), (CONFIG_JSON, False),
                        (SUMMARY_JSON, False), (MODEL_FILE, False)]:
     path = os.path.join(workdir, name)
     if tf.io.gfile.exists(path) and tf.io.gfile.isdir(path) != folder:
       raise UserError(
-          f"--workdir={workdir} holds {name} as a "
+          f"{validate.named_workdir(workdir)} holds {name} as a "
           f"{'file' if folder else 'folder'}, where the run writes its "
           f"{'checkpoints folder' if folder else name}; move it away.")
 
@@ -109,8 +110,9 @@ def _hold(workdir: str) -> None:
     holder = lock.read().strip() or "unknown"
     lock.close()
     raise UserError(
-        f"--workdir={workdir} is in use by another run (process {holder}); "
-        "wait for it to end, or pass another --workdir.") from None
+        f"{validate.named_workdir(workdir)} is in use by another run "
+        f"(process {holder}); wait for it to end, or pass another "
+        f"{validate.workdir_option()}.") from None
   lock.seek(0)
   lock.truncate()
   lock.write(f"{os.getpid()}\n")
@@ -134,7 +136,8 @@ def check_held(workdir: str, saved: str) -> None:
     same = False
   if not same:
     raise WorkdirRemoved(
-        f"--workdir={workdir} was removed or moved away while the run went "
+        f"{validate.named_workdir(workdir)} was removed or moved away while "
+        "the run went "
         f"(with its {_LOCK_FILE}, config.json and TensorBoard's events): "
         f"stopped after saving {saved} in it anew; rerun the same command "
         "to resume from there, or remove the folder if it was meant to go.")

@@ -93,8 +93,35 @@ class Keep(keras.callbacks.Callback):
             "measured": report.measured_fields(run, meters),
             "totals": segments.kept(run, meters, self.setup, arrays),
             "callbacks": callback_state.states(self.users, arrays),
-            "metrics": self.trainer.train_metrics.kept(run.step, arrays)
-            }, arrays
+            "metrics": self.trainer.train_metrics.kept(run.step, arrays),
+            "stream": _stream(self.trainer.parts.role)}, arrays
+
+
+def _stream(role) -> dict:
+  """What cuts the data into each step's batches, besides the data and
+  the global batch: the input pipelines (each reads its shard) and the
+  replicas (each takes global / replicas examples of its pipeline's)."""
+  return {"input_pipelines": role.pipelines,
+          "replicas": role.strategy.num_replicas_in_sync}
+
+
+def _said(stream: dict) -> str:
+  return (f"{stream['replicas']} replica(s) fed by "
+          f"{stream['input_pipelines']} input pipeline(s)")
+
+
+def other_batches(record: RunRecord, role) -> str | None:
+  """The resume line's clause for a checkpoint saved with other input
+  pipelines or replicas (another number of workers or devices): training
+  goes on, but not with the batches the run would have read."""
+  before = (record.restored or ({}, {}))[0].get("stream")
+  now = _stream(role)
+  if before is None or before == now:
+    return None
+  return (f"on {_said(now)}, where the run had {_said(before)}: the batches "
+          "from here differ from an uninterrupted run's (each pipeline's "
+          "shard of the data and per-replica batch change), so it is no "
+          "longer an exact resume")
 
 
 def complete(summary: dict, trainer, run) -> str:

@@ -13,6 +13,7 @@ import os
 
 import keras
 
+from dist_keras import validate
 from dist_keras.contract import checks, imports
 from dist_keras.errors import UserError
 from dist_keras.training import compiled, keras_internals
@@ -68,7 +69,8 @@ def check(callbacks) -> list:
       raise UserError(
           f"callbacks[{i}] is keras.callbacks.BackupAndRestore, but "
           "dist_keras already resumes from its own checkpoints (rerun with "
-          "the same --workdir; train.checkpoint_every sets how often); "
+          f"the same {validate.workdir_option()}; train.checkpoint_every "
+          "sets how often); "
           "remove it.")
     if not isinstance(callback, keras.callbacks.Callback):
       raise UserError(

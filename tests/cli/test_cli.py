@@ -511,16 +511,26 @@ def test_a_run_that_named_its_own_workdir_says_it_to_resume(tmp_path):
 
 
 def test_fit_refuses_an_empty_workdir(tmp_path, monkeypatch):
-  """(It trained into the current folder.)"""
+  """(It trained into the current folder.) Its lines name fit's argument,
+  workdir=, as its config's name config['KEY']: they said --workdir=, the
+  command line's flag, and to leave it out, which fit cannot."""
   import dist_keras  # pylint: disable=g-import-not-at-top
   import user_task  # pylint: disable=g-import-not-at-top
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(errors.UserError, match="^--workdir= names no folder"):
-    dist_keras.fit(user_task.model_fn, user_task.dataset_fn, workdir="",
-                   config={"train.steps": 2, "log.progress": False,
-                           "train.global_batch_size": user_task.GLOBAL_BATCH},
-                   strategy="one_device")
-  assert not os.listdir(tmp_path)
+  (tmp_path / "blocker").write_text("x")
+  for workdir, line in [
+      ("", "workdir='' names no folder (an unset variable?); pass the run's "
+           "folder (a rerun with the same one resumes)."),
+      ("blocker/run", f"workdir='blocker/run' is not writable "
+                      f"({tmp_path}/blocker is a file); pass a folder you "
+                      "can write to.")]:
+    with pytest.raises(errors.UserError, match=f"^{re.escape(line)}$"):
+      dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                     workdir=workdir,
+                     config={"train.steps": 2, "log.progress": False,
+                             "train.global_batch_size": user_task.GLOBAL_BATCH},
+                     strategy="one_device")
+  assert os.listdir(tmp_path) == ["blocker"]
 
 
 def test_a_stdout_that_fails_does_not_end_the_run(tmp_path):

@@ -58,7 +58,7 @@ def test_config_rejects_wrong_types(name):
 @pytest.mark.parametrize("name", [n for n in CONFIG_FILES if n != "base"])
 def test_experiment_docstring_gives_run_command_and_result(name):
   doc = importlib.import_module(f"dist_keras.configs.{name}").__doc__
-  assert f"python -m dist_keras.train --config=configs/{name}.py" in doc
+  assert f"python -m dist_keras.train --config={name}" in doc
   assert "Result:" in doc
 
 
@@ -231,6 +231,29 @@ def test_a_folder_or_a_non_python_file_does_not_hide_a_built_in(
       "--config=runs could not be loaded (IsADirectoryError: runs is a "
       "folder, not a config file)")):
     configs.from_command_line("runs")
+
+
+def test_a_built_in_configs_path_where_it_is_not_names_the_built_in(
+    tmp_path, monkeypatch):
+  """The configs' own docstring command, --config=configs/cnn_shapes.py,
+  from an installed wheel (no configs/ in the working folder) said 'could
+  not be loaded (FileNotFoundError ...); pass a built-in config (...)'. The
+  path is not quietly read as the name; the line gives the name. A file of
+  that name that is there is still the user's own."""
+  monkeypatch.chdir(tmp_path)
+  for spec, fix in [("configs/cnn_shapes.py", "--config=cnn_shapes"),
+                    ("cnn_shapes.py:x", "--config=cnn_shapes:x")]:
+    with pytest.raises(UserError, match=re.escape(
+        f"--config={spec}: there is no file {spec.partition(':')[0]} here; "
+        f"pass {fix}, the built-in config's name, which works from any "
+        "folder.")):
+      configs.from_command_line(spec)
+  (tmp_path / "cnn_shapes.py").write_text(
+      "from dist_keras.configs import lstm_longmem\n"
+      "def get_config():\n  return lstm_longmem.get_config()\n")
+  assert configs.from_command_line("cnn_shapes.py").model.cell == "lstm"
+  with pytest.raises(UserError, match="could not be loaded"):
+    configs.from_command_line("configs/mine.py")  # No built-in's name.
 
 
 def test_a_key_base_py_does_not_have_is_refused(tmp_path):

@@ -325,7 +325,7 @@ def test_a_stopped_run_is_not_trained_further_when_rerun(tmp_path, capsys):
   assert "nothing left to train" in out
   assert (f"already finished at step {2 * EPOCH} (a callback stopped it): "
           "its summary.json and model.keras are kept as that run wrote them "
-          "(pass a new --workdir to train again)") in out, out
+          "(pass a new workdir to train again)") in out, out
   assert again.summary["steps"] == 2 * EPOCH and again.summary["stopped_early"]
 
 

@@ -277,7 +277,7 @@ def test_a_workdir_removed_mid_run_stops_it_after_the_checkpoint(tmp_path):
     os.rename(workdir, tmp_path / "gone")
     shutil.rmtree(tmp_path / "gone")
   with pytest.raises(errors.WorkdirRemoved, match=(
-      rf"^--workdir={workdir} was removed or moved away while the run went "
+      rf"^workdir='{workdir}' was removed or moved away while the run went "
       r"\(with its \.lock, config\.json and TensorBoard's events\): stopped "
       r"after saving ckpt-8 in it anew; rerun the same command to resume ")):
     _fit(workdir, [_When(workdir / "checkpoints" / "ckpt-4.index", remove)],

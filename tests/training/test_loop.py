@@ -323,8 +323,8 @@ def test_a_workdir_in_use_is_refused_before_anything_reads_it(
   other = helpers.tiny_config()
   other.model.cell = "simple_rnn"  # What the other run's files look like.
   with _held_by_another_run(workdir), pytest.raises(
-      ValueError, match=r"^--workdir=\S+ is in use by another run \(process "
-      r"12345\); wait for it to end, or pass another --workdir.$"):
+      ValueError, match=r"^workdir='\S+' is in use by another run \(process "
+      r"12345\); wait for it to end, or pass another workdir.$"):
     helpers.train(other, str(workdir), mirrored)
   assert listing.read_text() == "half written"
 
@@ -350,7 +350,7 @@ def test_a_workdir_past_train_steps_says_so_and_writes_its_results(
   out = capsys.readouterr().out
   assert ("this workdir is at step 8 (train.steps=4 is below it): nothing "
           "is trained; its results are written for step 8 (pass a new "
-          "--workdir to train 4 steps)") in out
+          "workdir to train 4 steps)") in out
   assert summary["steps"] == 8 and "\ndone: 8 steps," in out
   assert (workdir / run_files.MODEL_FILE).exists()
 

@@ -387,6 +387,83 @@ def test_sigterm_ends_a_fit_script_with_143_and_its_line_and_a_rerun_resumes(
   assert result.summary["steps"] == step + 2
 
 
+# A user's script: dist_keras.fit until Ctrl-C; "caught" catches it (as
+# `except dist_keras.errors.Interrupted`) and then fails on its own.
+_CTRL_C_SCRIPT = """
+import atexit, json, sys
+import dist_keras, user_task
+atexit.register(lambda: print("the script's atexit handler ran"))
+try:
+  dist_keras.fit(user_task.model_fn, user_task.dataset_fn, workdir=sys.argv[1],
+                 strategy="one_device", config=json.loads(sys.argv[2]))
+except dist_keras.errors.Interrupted:
+  if sys.argv[3] != "caught":
+    raise
+  print("the script caught it")
+raise ValueError("the script's own error")
+"""
+
+
+@pytest.mark.parametrize("catches", ["uncaught", "caught"])
+def test_ctrl_c_ends_a_fit_script_as_ctrl_c_ends_python_unless_it_is_caught(
+    tmp_path, catches):
+  """Ctrl-C in a script that calls fit and catches nothing: the step is
+  checkpointed and the script dies by SIGINT (130 to a shell) with fit's
+  one line and its atexit handlers run, as a plain Python script's Ctrl-C
+  ends it (a KeyboardInterrupt subclass made it exit 1 with a 30-line
+  traceback). A script that catches it goes on; its own later error is
+  Python's as ever (a traceback, exit 1)."""
+  script = tmp_path / "train_mine.py"
+  script.write_text(_CTRL_C_SCRIPT)
+  config = {**CONFIG, "train.steps": 100000, "train.log_every": 1,
+            "log.progress": True}
+  proc = subprocess.Popen(
+      [sys.executable, str(script), str(tmp_path / "run"), json.dumps(config),
+       catches], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      # A terminal's foreground job: SIGINT at its default (pytest's own
+      # process may ignore it).
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([helpers.REPO, helpers.TESTS])))
+  for line in proc.stdout:
+    if line.startswith("step"):
+      break
+  proc.send_signal(signal.SIGINT)
+  stdout, stderr = proc.communicate(timeout=120)
+  assert "the script's atexit handler ran" in stdout, stdout[-2000:]
+  if catches == "caught":
+    assert proc.returncode == 1, stderr[-2000:]
+    assert "the script caught it" in stdout
+    assert stderr.strip().splitlines()[-1] == (
+        "ValueError: the script's own error"), stderr[-2000:]
+    return
+  assert proc.returncode == -signal.SIGINT, stderr[-2000:]
+  assert "Traceback" not in stderr, stderr[-2000:]
+  last = stderr.strip().splitlines()[-1]
+  assert re.match(r"dist_keras: error: stopped by Ctrl-C \(SIGINT\) after "
+                  r"step (\d+); checkpoint ckpt-\1 saved in \S+; rerun the "
+                  r"same command to resume from it.$", last), last
+
+
+def test_the_hook_ends_only_fits_interrupted_and_not_in_ipython(monkeypatch):
+  """sys.excepthook hands any other error, a plain KeyboardInterrupt
+  too, to the hook it replaced; in IPython it is not set at all."""
+  seen = []
+  monkeypatch.setattr(sys, "excepthook", lambda *a: seen.append(a[1]))
+  preemption.end_as_ctrl_c_if_uncaught(errors.Interrupted("fit's"))
+  others = [errors.Interrupted("another"), KeyboardInterrupt(), ValueError()]
+  for other in others:
+    sys.excepthook(type(other), other, None)
+  assert seen == others
+  shell = type(sys)("IPython")
+  shell.get_ipython = object
+  monkeypatch.setitem(sys.modules, "IPython", shell)
+  monkeypatch.setattr(sys, "excepthook", seen.append)
+  preemption.end_as_ctrl_c_if_uncaught(errors.Interrupted("in a notebook"))
+  assert sys.excepthook == seen.append
+
+
 def test_the_command_lines_run_keeps_the_handler_to_its_exit(
     tmp_path, mirrored, sigterm_kills, monkeypatch):
   """The command line's process ends with the run: its handler stays (a

@@ -18,6 +18,7 @@ import dist_keras
 import helpers
 import user_task
 from dist_keras import errors
+from dist_keras.distribute import strategies
 from dist_keras.training import run_record
 
 ONE_CPU = tf.distribute.OneDeviceStrategy("/cpu:0")
@@ -208,6 +209,51 @@ def test_a_checkpoint_without_totals_says_what_the_summary_covers(
   assert ("summary.json's measurements cover the steps after 4 only: the "
           "checkpoint keeps none of the run's before it") in (
               capsys.readouterr().out)
+
+
+def test_a_resume_on_other_replicas_or_pipelines_says_its_batches_differ(
+    tmp_path, mirrored, capsys):
+  """2 workers stopped and resumed as 1 process trained on, exit 0, 0.040
+  off the uninterrupted run's weights, and only "config changed ...
+  runtime.num_cpu_devices 2 -> 1" said so. The resume line now says the
+  batches differ, and why; not for a resume on the same replicas and
+  pipelines (exact), as pipeline_per_replica's resume of N one-replica
+  workers on one process is."""
+  config = {"train.global_batch_size": user_task.GLOBAL_BATCH,
+            "train.steps": 8, "train.log_every": 2, "eval.every": 4,
+            "train.checkpoint_every": 4, "log.calibration_steps": 0,
+            "log.peak_tflops": 1.0}
+  stopped = tmp_path / "stopped"
+  with pytest.raises(_Killed):
+    dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                   workdir=str(stopped), config=config, strategy=mirrored,
+                   callbacks=[_KillAtEpoch()])
+  clause = ("resumed from ckpt-4 at step 4; on {}, where the run had 2 "
+            "replica(s) fed by 1 input pipeline(s): the batches from here "
+            "differ from an uninterrupted run's (each pipeline's shard of "
+            "the data and per-replica batch change), so it is no longer an "
+            "exact resume")
+  for name, strategy, changes, now in [
+      ("same", mirrored, {}, None),
+      ("one_device", ONE_CPU, {},
+       "1 replica(s) fed by 1 input pipeline(s)"),
+      ("per_replica", mirrored, {"data.pipeline_per_replica": True},
+       "2 replica(s) fed by 2 input pipeline(s)")]:
+    shutil.copytree(stopped, tmp_path / name)
+    capsys.readouterr()
+    dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                   workdir=str(tmp_path / name), config={**config, **changes},
+                   strategy=strategy)
+    resumed = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("resumed from")]
+    assert resumed == [clause.format(now) if now else
+                       "resumed from ckpt-4 at step 4"], (name, resumed)
+  # 2 one-replica workers, one pipeline each, resumed by one process with
+  # a pipeline per replica: the same batches (multi_worker.md).
+  record = run_record.RunRecord()
+  record.restored = ({"stream": {"input_pipelines": 2, "replicas": 2}}, {})
+  assert run_record.other_batches(record, strategies.Role(
+      mirrored, True, 1, pipelines=2)) is None
 
 
 @pytest.mark.parametrize("jit,synced", [
