@@ -133,7 +133,7 @@ class LogWindow(keras.callbacks.Callback):
   def _log(self, step: int) -> None:
     self._logged_at = step
     schedule = self.run.schedule
-    train = self.trainer.train_values(self.trainer.train_metrics.window(step))
+    train = self.trainer.train_values(step, window=True)
     perf, seconds = self.trainer.meters.close_window()
     if seconds is None:  # Nothing ran since the last line.
       return

@@ -13,23 +13,34 @@ refuses inside a tf.cond and which would wait for a replica that skipped
 it). Keras weighs its per-output loss trackers by a batch's STATIC size,
 unknown for a partial last batch (which then counted like a full one, so
 the per-output losses moved with the replica count); each of their updates
-is re-weighed here by the batch's examples.
+is re-weighed here by the batch's examples. A model's own test_step whose
+logs name values of its own is reported as Keras' evaluate reports it:
+those values at the last step (MetricState.results).
 """
 import time
 
 import keras
 import tensorflow as tf
 
+from dist_keras.contract.checks import overrides
 from dist_keras.errors import UserError
-from dist_keras.training import keras_internals
+from dist_keras.training import keras_internals, metrics, model_step
 
 _SUM = tf.distribute.ReduceOp.SUM
 
 
 def make_eval_pass(strategy, model):
-  """A tf.function `(distributed_dataset) -> [examples, steps]` over one
-  pass of a finite eval dataset; it updates the model's metrics."""
+  """A tf.function `(distributed_dataset) -> ([examples, steps], logs)`
+  over one pass of a finite eval dataset; it updates the model's metrics.
+  `logs` are a model's own test_step's at the pass's last step (Keras'
+  evaluate reports them where they name other things than the model's
+  metrics): each replica's weighed by its examples, so that a mean over
+  the batch is the global batch's; {} where the step is Keras' own (its
+  logs are the metrics)."""
   trackers = keras_internals.output_loss_trackers(model)
+  keeps_logs = any(overrides(model, name) for name in (
+      "test_step", "compute_metrics", "get_metrics_result"))
+  weighs = strategy.num_replicas_in_sync > 1
 
   def replica_step(batch):
     x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
@@ -47,17 +58,27 @@ def make_eval_pass(strategy, model):
       _reweigh(trackers, before, examples)
       restored = tf.cond(examples > 0, tf.no_op, lambda: tf.group(
           [v.assign(value) for v, value in zip(variables, kept)]))
+    logs = model_step.flat_logs(logs) if keeps_logs else {}
     with tf.control_dependencies([restored]):
-      return tf.identity(examples)
+      # A replica's zero example weighs nothing (multiply_no_nan: not
+      # even a NaN of it).
+      return tf.identity(examples), {
+          name: tf.math.multiply_no_nan(value, examples) if weighs else value
+          for name, value in logs.items()}
 
-  def add_batch(totals, batch):
-    examples = strategy.reduce(
-        _SUM, strategy.run(replica_step, args=(batch,)), axis=None)
-    return totals + tf.stack([examples, 1.0])
+  def add_batch(state, batch):
+    totals, _ = state
+    examples, logs = strategy.run(replica_step, args=(batch,))
+    examples = strategy.reduce(_SUM, examples, axis=None)
+    logs = {name: strategy.reduce(_SUM, value, axis=None)
+            for name, value in logs.items()}
+    if weighs:
+      logs = {name: value / examples for name, value in logs.items()}
+    return totals + tf.stack([examples, 1.0]), logs
 
   @tf.function(autograph=False)
   def eval_pass(dataset):
-    return _reduce(dataset, tf.zeros([2]), add_batch)
+    return _reduce(dataset, add_batch, keeps_logs)
 
   # Traced once a run. TensorFlow counts traces by the code's object, not the
   # function's: a process calling fit 5 times or more (a sweep, a notebook)
@@ -120,39 +141,60 @@ def _reweigh(trackers, before, examples) -> None:
     tracker.count.assign(count + updated * examples)
 
 
-def _reduce(dataset, initial_state, reduce_fn):
-  """`reduce_fn` over every element, in a while loop over the dataset's
-  iterator: a distributed dataset's own reduce (what AutoGraph makes of a
-  `for` over it), written out so a plain tf.data.Dataset
-  (input.reads_on_host) runs the step the same way: tf.data.Dataset.reduce
-  would run the model inside tf.data's runtime."""
+def _reduce(dataset, reduce_fn, peel: bool):
+  """The state ([examples, steps], logs) after `reduce_fn` over every
+  element, in a while loop over the dataset's iterator: a distributed
+  dataset's own reduce (what AutoGraph makes of a `for` over it), written
+  out so a plain tf.data.Dataset (input.reads_on_host) runs the step the
+  same way: tf.data.Dataset.reduce would run the model inside tf.data's
+  runtime. With `peel`, the first element is reduced before the loop: the
+  logs a loop carries must exist before it, and only a step traced tells
+  their names and shapes."""
   iterator = iter(dataset)
+  state = (tf.zeros([2]), {})
+  optional = iterator.get_next_as_optional()
+  if peel:
+    traced = []
+
+    def first():
+      traced.append(reduce_fn(state, optional.get_value()))
+      return traced[0]
+
+    def none():  # No element at all (traced after first(): cond_v2's order).
+      return tf.nest.map_structure(
+          lambda t: tf.zeros([d or 0 for d in t.shape], t.dtype), traced[0])
+
+    state = tf.cond(optional.has_value(), first, none)
+    optional = iterator.get_next_as_optional()
 
   def body(optional, state):
     state = reduce_fn(state, optional.get_value())
     return iterator.get_next_as_optional(), state
 
   _, state = tf.while_loop(lambda optional, _: optional.has_value(), body,
-                           [iterator.get_next_as_optional(), initial_state],
-                           parallel_iterations=1)
+                           [optional, state], parallel_iterations=1)
   return state
 
 
 def evaluate(eval_pass, metric_state, dataset) -> dict:
   """One eval pass: {'loss' and every metric as the model reports them
-  (Keras' `evaluate` names), 'examples', 'steps', 'seconds' (its wall
-  time) and 'traced' (whether it traced and compiled the pass: the first
-  one, seconds to minutes for a large model)}; the metrics are reset
+  (Keras' `evaluate` names; a model's own test_step's logs where they name
+  other things: MetricState.results), 'examples', 'steps', 'seconds' (its
+  wall time) and 'traced' (whether it traced and compiled the pass: the
+  first one, seconds to minutes for a large model)}; the metrics are reset
   first."""
   metric_state.model.reset_metrics()
   traces, start = eval_pass.experimental_get_tracing_count(), time.monotonic()
-  examples, steps = eval_pass(dataset).numpy()
+  totals, logs = eval_pass(dataset)
+  examples, steps = totals.numpy()
   if not examples:  # Its loss and metrics would read 0: no eval at all.
     raise UserError(
         "dataset_fn('eval', ...) gave no examples (every replica's batches "
         "were empty): give the eval split examples (built-in data: "
         "data.eval_size >= 1).")
-  result = metric_state.results(metric_state.read())
+  result = metric_state.results(
+      metric_state.read(),
+      {name: metrics.logged(value) for name, value in logs.items()})
   result["examples"] = int(round(examples))
   result["steps"] = int(round(steps))
   result["seconds"] = time.monotonic() - start

@@ -142,7 +142,7 @@ class Trainer:
       self._call(run, call, iterator)
       hooks.on_train_batch_end(run.step - first - 1, self._batch_logs(run))
     self.meters.pause()
-    logs = self.train_values(self.train_metrics.epoch(run.step))
+    logs = self.train_values(run.step)
     run.final_eval = self.evaluate(hooks)
     logs.update({f"val_{k}": v for k, v in run.final_eval.items()
                  if k != "examples"})
@@ -225,17 +225,17 @@ class Trainer:
     them (a read of every metric: a collective under multi-worker)."""
     if not self._batch_logs_wanted:
       return {}
-    return self.train_values(self.train_metrics.epoch(run.step))
+    return self.train_values(run.step)
 
-  def train_values(self, values: dict) -> dict:
-    """The train values as fit reports them: the model's metrics, or a
-    model's own train_step's logs when they name other things (a metric
-    they name still read from its state: averaging replicas' F1 scores
-    is not the global batch's F1)."""
+  def train_values(self, step: int, window: bool = False) -> dict:
+    """The train values up to `step` as fit reports them, of the epoch
+    (or of the log window): the model's metrics, or a model's own
+    train_step's last logs where they name other things
+    (MetricState.results)."""
     logs = self.run_state.step_logs if self.run_state else {}
-    if logs and set(logs) != set(values):
-      return {name: values.get(name, value) for name, value in logs.items()}
-    return values
+    if window:
+      return self.train_metrics.window(step, logs)
+    return self.train_metrics.epoch(step, logs)
 
   def _step_functions(self) -> calls.Calls:
     options = self.settings.step_options

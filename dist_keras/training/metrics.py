@@ -29,6 +29,11 @@ class MetricState:
     self._read = tf.function(
         lambda: [tf.identity(v.value) for v in self.variables],
         autograph=False)
+    place = {id(v): i for i, v in enumerate(self.variables)}
+    # Each metric's variables' places in a state: what tells whether the
+    # steps updated it.
+    self._places = [(m, [place[id(v)] for v in m.variables if id(v) in place])
+                    for m in model.metrics]
 
   def read(self) -> list:
     """The job's metric state now: one array per metric variable."""
@@ -48,19 +53,50 @@ class MetricState:
     name and shape (its path is numbered by the process's other models)."""
     return [[v.name, list(v.shape)] for v in self.variables]
 
-  def results(self, state) -> dict:
+  def results(self, state, step_logs=None) -> dict:
     """{name: value} of `model.get_metrics_result()` for `state`, as `fit`
     logs them: a float, or a numpy array for a metric whose result is one
-    (F1Score(average=None): a value per class)."""
-    mapping = [(v, tf.constant(s, dtype=v.dtype))
-               for v, s in zip(self.variables, state)]
-    with keras.StatelessScope(state_mapping=mapping):
+    (F1Score(average=None): a value per class).
+
+    With `step_logs`, the last logs of a model's own train_step or
+    test_step, these are reported as `fit` and `evaluate` report them
+    (Keras' _get_metrics_result_or_logs): the metrics where the logs name
+    the metrics, else the logs. A name of a metric the steps updated is
+    still read from its state, the job's exact value (the replicas' mean
+    of their own F1 scores is not the global batch's F1); one of a metric
+    they never touched (Keras' own loss tracker, beside a step's own
+    "loss") is the step's value."""
+    values = self._results(state)
+    if not step_logs or set(step_logs) == set(values):
+      return values
+    touched = self._touched(state)
+    return {name: values[name] if touched.get(name, name in values)
+            else value for name, value in step_logs.items()}
+
+  def _mapping(self, state) -> list:
+    return [(v, tf.constant(s, dtype=v.dtype))
+            for v, s in zip(self.variables, state)]
+
+  def _results(self, state) -> dict:
+    with keras.StatelessScope(state_mapping=self._mapping(state)):
       # Converted inside the scope: a result() that returns its variable
       # itself (the Keras guide's CategoricalTruePositives) reads `state`
       # only here; outside, it would read the live (or per-replica) one.
       values = {name: np.asarray(value)
                 for name, value in self.model.get_metrics_result().items()}
     return {name: logged(value) for name, value in values.items()}
+
+  def _touched(self, state) -> dict:
+    """{name in get_metrics_result(): whether `state` holds an update of
+    its metric} (a metric's state reads 0 until updated: reset_metrics)."""
+    touched = {}
+    with keras.StatelessScope(state_mapping=self._mapping(state)):
+      for metric, places in self._places:
+        result = metric.result()
+        hit = not places or any(np.any(state[i]) for i in places)
+        for name in result if isinstance(result, dict) else [metric.name]:
+          touched[name] = hit
+    return touched
 
 
 def logged(value):
@@ -153,18 +189,19 @@ class TrainMetrics:
       self._read = (step, self.state.read())
     return self._read[1]
 
-  def window(self, step: int) -> dict:
-    """The values of the steps since the last window, up to `step` ({} if
-    nothing was measured since: a window that a divergence emptied)."""
+  def window(self, step: int, step_logs=None) -> dict:
+    """The values of the steps since the last window, up to `step` (with
+    a model's own step's `step_logs`: results()); a window that a
+    divergence emptied has nothing measured: {}, or `step_logs`."""
     now = self._state_at(step)
     last = self._last or [np.zeros_like(s) for s in now]
     self._last = now
     window = [n - b for n, b in zip(now, last)]
     if not any(np.any(w) for w in window):
-      return {}
-    return self.state.results(window)
+      return dict(step_logs or {})
+    return self.state.results(window, step_logs)
 
-  def epoch(self, step: int) -> dict:
+  def epoch(self, step: int, step_logs=None) -> dict:
     """The values since the epoch began, up to `step`: `fit`'s epoch logs
     (and its batch logs: the epoch's running values)."""
-    return self.state.results(self._state_at(step))
+    return self.state.results(self._state_at(step), step_logs)
