@@ -85,7 +85,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
   if not _is_strategy(strategy):  # Too late to set up once TF has started.
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)
   from dist_keras import api  # pylint: disable=g-import-not-at-top
-  with quiet.tf_info_lines_off():
+  with quiet.tf_info_lines_off(), validate.workdir_spelled(True):  # workdir=.
     return api.run(api.Job(config, workdir,
                            strategy if _is_strategy(strategy) else None,
                            functions, callbacks))

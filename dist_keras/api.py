@@ -68,8 +68,7 @@ def run(job: Job) -> FitResult:
   interpreters exit (distribute/leaving.py; the command line's leave at
   its end, and Ray Train ends its workers itself)."""
   try:
-    with validate.workdir_spelled(as_fit_argument=not job.to_exit):
-      result, role = _trained(job)
+    result, role = _trained(job)
   except BaseException as e:
     leaving.at_exit(None)  # Its peers may never come to the barrier.
     # This worker's own refusal: the others say its line, not a lost peer.

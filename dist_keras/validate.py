@@ -107,7 +107,7 @@ def config(c) -> None:
 
 # Whether the run's lines name its workdir as dist_keras.fit's argument
 # (`workdir='runs/a'`) or as the command line's flag (`--workdir=runs/a`),
-# as a config key is config['KEY'] or --config.KEY: api.run sets it.
+# as a config key is config['KEY'] or --config.KEY: dist_keras.fit sets it.
 _AS_FIT_ARGUMENT = contextvars.ContextVar("workdir_as_fit_argument",
                                           default=False)
 

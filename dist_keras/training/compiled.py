@@ -37,9 +37,10 @@ def take(model, strategy, train_cfg) -> list[str]:
     train_cfg.jit_compile = True
     notes.append("XLA: the model was compiled with jit_compile=True "
                  "(train.jit_compile=true)")
+  train_clauses, test_line = step_losses.own_steps_notes(model, replicas)
   if overrides(model, "train_step"):
-    notes.append(_own_step_note(model, strategy, train_cfg))
-  notes.append(_own_test_step_note(model, replicas))
+    notes.append(_own_step_note(model, strategy, train_cfg, train_clauses))
+  notes.append(test_line)
   return [note for note in notes if note]
 
 
@@ -94,9 +95,9 @@ def _per_replica_batch_norm(model, replicas: int) -> str | None:
           "True) uses the global batch's statistics, as one device does")
 
 
-def _own_step_note(model, strategy, train_cfg) -> str:
-  """The line a model's own train_step gets; refuses XLA where its update
-  cannot compile."""
+def _own_step_note(model, strategy, train_cfg, losses: list[str]) -> str:
+  """The line a model's own train_step gets, ending with the clauses on
+  its loss (`losses`); refuses XLA where its update cannot compile."""
   if train_cfg.jit_compile and not isinstance(
       strategy, (tf.distribute.OneDeviceStrategy, tf.distribute.TPUStrategy)):
     raise UserError(
@@ -104,25 +105,11 @@ def _own_step_note(model, strategy, train_cfg) -> str:
         "train_step under a multi-device strategy: XLA cannot compile its "
         "optimizer's cross-device update (merge_call); use one device or a "
         "TPU, or set train.jit_compile=false.")
-  replicas = strategy.num_replicas_in_sync
-  losses = [clause for clause in (
-      step_losses.divided_note(model, "train_step", replicas),
-      step_losses.hand_mean_note(model, replicas)) if clause]
   return (f"{type(model).__name__}.train_step is the model's own: it runs "
           "as written on every replica (gradients all-reduced in its "
           "optimizer's apply); the sync breakdown splits its steps into "
           "input wait and model step only, and there is no calibration"
           + "".join(f"; {clause}" for clause in losses))
-
-
-def _own_test_step_note(model, replicas: int) -> str | None:
-  """The line an own test_step whose loss Keras divides gets at N > 1."""
-  if not overrides(model, "test_step"):
-    return None
-  clause = step_losses.divided_note(model, "test_step", replicas)
-  if not clause:
-    return None
-  return f"{type(model).__name__}.test_step is the model's own: {clause}"
 
 
 def keeps_ema(optimizer) -> bool:

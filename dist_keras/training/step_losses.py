@@ -16,6 +16,8 @@ import types
 
 import keras
 
+from dist_keras.contract.checks import overrides
+
 # The reductions Keras divides by the replicas (keras/src/losses/loss.py).
 _DIVIDED = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 # Names of a hand-taken mean, and of a step that divides its loss itself.
@@ -46,6 +48,18 @@ def takes_a_mean_by_hand(model, method: str = "train_step") -> bool:
   return (any(n in names for n in _MEANS)
           and not any(n in names for n in _DIVIDES)
           and not divided_losses(model, method))
+
+
+def own_steps_notes(model, replicas: int) -> tuple[list[str], str | None]:
+  """(the clauses of an own train_step's line, the line of an own
+  test_step whose loss Keras divides, or None), at `replicas`."""
+  train = [clause for clause in (
+      divided_note(model, "train_step", replicas),
+      hand_mean_note(model, replicas)) if clause]
+  test = (divided_note(model, "test_step", replicas)
+          if overrides(model, "test_step") else "")
+  return train, (f"{type(model).__name__}.test_step is the model's own: "
+                 f"{test}" if test else None)
 
 
 def divided_note(model, method: str, replicas: int) -> str:
