@@ -2,7 +2,8 @@
 input_context) -> per-replica batches. checks.py checks what model_fn returns
 and computes the compiled loss the way the contract defines it; saving.py
 whether Keras can save the model as model.keras; batches.py
-checks dataset_fn's batches and names them in messages; imports.py loads
+checks dataset_fn's batches and names them in messages; features.py a dict
+of features against a model's dict of Inputs; imports.py loads
 a user's PKG.MODULE:FN; fit_args.py refuses Keras' fit arguments given to
 dist_keras.fit, naming what does their work. (dist_keras/registry.py turns
 a config's names into these functions.) Nothing here imports the layers

@@ -28,6 +28,7 @@ def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
   if isinstance(spec, tuple) and not 1 <= len(spec) <= 3:
     raise UserError(f"{where} yields tuples of {len(spec)} ({describe(spec)});"
                     " yield (x, y) or (x, y, sample_weight) batches.")
+  _check_known_rank(where, spec)
   cardinality = int(ds.cardinality())
   if split == "train":
     _check_batch_size(where, spec, global_batch_size, replicas)
@@ -91,13 +92,25 @@ def _check_not_auto_sharded(ds, where: str, pipelines: int) -> None:
         " leave the policy at AUTO or OFF.")
 
 
+def _check_known_rank(where: str, spec) -> None:
+  """A tf.py_function or numpy_function returns tensors of unknown rank,
+  which Keras cannot build or call a model on (fit fails on them too)."""
+  unknown = [s for s in _tensors(spec) if s.shape.rank is None]
+  if unknown:
+    raise UserError(
+        f"{where} yields batches of unknown rank ({describe(spec)}), as a "
+        "tf.py_function or tf.numpy_function returns them; give them their "
+        "shapes after it (t.set_shape([batch, ...]) in the mapped function,"
+        " or tf.ensure_shape(t, [batch, ...])), as Keras' fit needs too.")
+
+
 def _check_batch_size(where: str, spec, global_batch_size: int,
                       replicas: int) -> None:
   """Every replica must get global / replicas examples, in static shapes
   (XLA and TPUs need them; Keras' loss scaling by 1 / replicas assumes
   equal shares)."""
   wanted = global_batch_size // replicas
-  parts = tf.nest.flatten(spec)
+  parts = _tensors(spec)
   sizes = {s.shape[0] if s.shape.rank else None for s in parts}
   if any(s.shape.rank == 0 for s in parts) or len(sizes - {None}) > 1:
     # Batched, every part would have a first dimension, the same for all.
@@ -107,10 +120,17 @@ def _check_batch_size(where: str, spec, global_batch_size: int,
         f"input_context.get_per_replica_batch_size({global_batch_size}) and "
         "drop_remainder=True.")
   if None in sizes:
+    # drop_remainder=True cannot make every size static: a generator's
+    # batches, bucket_by_sequence_length(drop_remainder=True) and a
+    # function after batch() keep it unknown; then only the user can say it.
     raise UserError(
-        f"{where} yields batches of unknown size ({describe(spec)}); batch "
-        f"with drop_remainder=True so every replica gets exactly {wanted} "
-        "examples.")
+        f"{where} yields batches of unknown size ({describe(spec)}), but "
+        f"every replica needs exactly {wanted} examples in a static shape; "
+        "batch with drop_remainder=True, or where the batches are whole but "
+        "their size unknown (bucket_by_sequence_length, a generator of "
+        "batches: its output_signature), state it: ds.map(lambda *b: "
+        "tf.nest.map_structure(lambda t: tf.ensure_shape(t, "
+        f"[{wanted}, *t.shape[1:]]), b)).")
   if sizes != {wanted}:
     got = min(sizes)
     raise UserError(
@@ -121,12 +141,19 @@ def _check_batch_size(where: str, spec, global_batch_size: int,
         f"train.global_batch_size={got * replicas}.")
 
 
+def _tensors(spec) -> list:
+  """The specs of a batch's tensors: a None in it ((x, None), as Keras'
+  fit takes) holds none."""
+  return [s for s in tf.nest.flatten(spec)
+          if s is not None and not isinstance(s, tf.NoneTensorSpec)]
+
+
 def check_batched_like(eval_spec, train_spec) -> None:
   """The eval split's x and y must have the train split's structure and
   ranks (its batches may be smaller): an unbatched split loses a rank."""
   for a, b in zip(keras.utils.unpack_x_y_sample_weight(eval_spec)[:2],
                   keras.utils.unpack_x_y_sample_weight(train_spec)[:2]):
-    if a is None or b is None:  # Labels: _probe says whether it needs them.
+    if not _tensors(a) or not _tensors(b):  # Labels: _probe says if needed.
       continue
     try:
       tf.nest.assert_same_structure(a, b)
@@ -158,14 +185,30 @@ def _spec_text(spec) -> str:
                            for k, v in spec.items()) + "}"
   if isinstance(spec, (tuple, list)):
     return "(" + ", ".join(_spec_text(s) for s in spec) + ")"
+  if isinstance(spec, tf.NoneTensorSpec):
+    return "None"
+  if spec.shape.rank is None:
+    return f"{spec.dtype.name}[unknown rank]"
   return f"{spec.dtype.name}{list(spec.shape)}".replace(" ", "").replace(
       "None", "?")
+
+
+def targets(y, y_pred):
+  """The labels a compiled loss and metrics are built from: the batch's;
+  for batches without labels (read only by a model's own step: an
+  autoencoder's, which compares its prediction with its x), zeros shaped
+  like the prediction."""
+  if y is not None:
+    return y
+  return tf.nest.map_structure(tf.zeros_like, y_pred)
 
 
 def zeros(spec):
   """A batch of one example shaped like `spec` (unknown sizes: 1)."""
 
   def zero(s):
+    if isinstance(s, tf.NoneTensorSpec):
+      return None
     shape = [1] + [d if d is not None else 1 for d in s.shape[1:]]
     if isinstance(s, tf.RaggedTensorSpec):
       return tf.RaggedTensor.from_tensor(tf.zeros(shape, s.dtype))

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from dist_keras import validate
 from dist_keras import errors
-from dist_keras.contract import batches, imports, saving
+from dist_keras.contract import batches, features, imports, saving
 from dist_keras.errors import UserError
 
 
@@ -168,7 +168,9 @@ def _adds_losses(model, strategy, batch_spec, training: bool):
 
 def _probe(model, batch_spec, split: str, builtin_data: str | None):
   """The compiled loss (None without one) of a zero batch shaped like
-  `batch_spec`, the metrics updated; UserError if they cannot take it."""
+  `batch_spec`, the metrics updated; UserError if they cannot take it.
+  Batches a model's own step reads are its business, as under fit: only
+  Keras' steps need labels for a compiled loss, and x for the Inputs."""
   where, fix = f"dataset_fn({split!r}, ...)", ""
   if builtin_data:  # A user's model on the config's data: say whose.
     where = f"the built-in data.name={builtin_data!r} ({split} split)"
@@ -176,13 +178,23 @@ def _probe(model, batch_spec, split: str, builtin_data: str | None):
            "(data.name=PKG.MODULE:FN)")
   x, y, weights = keras.utils.unpack_x_y_sample_weight(
       batches.zeros(batch_spec))
-  if y is None and getattr(model, "loss", None) is not None:
+  step = "train_step" if split == "train" else "test_step"
+  if overrides(model, step):
+    fix += "" if y is not None else (
+        f"; {type(model).__name__}.{step} takes batches without labels: "
+        "dist_keras builds the compiled loss and metrics before training (a"
+        " replica cannot create their variables) against targets shaped "
+        "like the model's prediction")
+  elif y is None and getattr(model, "loss", None) is not None:
     raise UserError(
         f"{where} yields batches without labels, but the compiled loss "
         f"{_loss_name(model)} needs them; yield (x, y) or "
         "(x, y, sample_weight) batches.")
+  else:
+    features.check_input_keys(model, x, where)
   try:
     y_pred = zero_prediction(model, x)
+    y = batches.targets(y, y_pred)
     loss = None if model.loss is None else compute_loss(
         model, x, y, y_pred, weights, training=False)
     model.compute_metrics(x, y, y_pred, weights)

@@ -67,7 +67,7 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
       ds = ds.skip(start_step * per_pipeline)
     if split == "eval" and eval_steps:
       ds = ds.take(eval_steps * per_pipeline)
-    return ds
+    return _nones_filled(ds) if split == "eval" else ds
 
   if reads_on_host(strategy):
     # The dataset itself, as Keras' fit reads it with no strategy: a
@@ -90,6 +90,28 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   if split == "eval":
     _check_some_eval_batches(sizes)
   return dataset, specs[0]
+
+
+def _nones_filled(ds):
+  """An eval split's batches with an empty dict in place of each None of
+  theirs ((x, None), as Keras' fit takes them), which with_nones puts back
+  before the model's step reads them: the eval's distributed dataset keeps
+  TensorFlow's partial-batch handling, which makes an empty batch of each
+  part and cannot make one of a None (TF 2.21: "'NoneTensorSpec' object
+  has no attribute 'shape'"); an empty dict has no part to make."""
+  if not isinstance(ds.element_spec, tuple) or not any(
+      isinstance(s, tf.NoneTensorSpec) for s in ds.element_spec):
+    return ds
+  return ds.map(lambda *batch: tuple({} if p is None else p for p in batch))
+
+
+def with_nones(batch):
+  """A batch of an eval split as its dataset_fn made it (_nones_filled;
+  an empty dict of its own, which no step of Keras' reads, comes as None
+  too)."""
+  if not isinstance(batch, tuple):
+    return batch
+  return tuple(None if isinstance(p, dict) and not p else p for p in batch)
 
 
 def _check_some_eval_batches(sizes: list) -> None:

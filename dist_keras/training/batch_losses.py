@@ -44,8 +44,9 @@ def take(model, strategy, batch_spec) -> str | None:
   x, y, weights = keras.utils.unpack_x_y_sample_weight(
       batches.zeros(batch_spec))
   with strategy.scope():
+    y_pred = checks.zero_prediction(model, x)
     found = keras_internals.compiled_losses(
-        model, y, checks.zero_prediction(model, x), weights)
+        model, batches.targets(y, y_pred), y_pred, weights)
     model.reset_metrics()  # The calls above moved the loss trackers.
   means, unknown = [], []
   for index, loss, y_true, y_pred in found:

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras.contract.checks import overrides
+from dist_keras.distribute import pipelines
 from dist_keras.errors import UserError
 from dist_keras.training import keras_internals, metrics, model_step
 
@@ -43,6 +44,7 @@ def make_eval_pass(strategy, model):
   weighs = strategy.num_replicas_in_sync > 1
 
   def replica_step(batch):
+    batch = pipelines.with_nones(batch)
     x, _, _ = keras.utils.unpack_x_y_sample_weight(batch)
     examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
     variables = list(model.metrics_variables)

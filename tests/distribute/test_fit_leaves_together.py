@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import helpers
 from dist_keras import api, errors
-from dist_keras.distribute import leaving
+from dist_keras.distribute import leaving, strategies
 
 _TWO_WORKERS = {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
                 "task": {"type": "worker", "index": 1}}
@@ -64,9 +64,11 @@ def _run(monkeypatch, num_workers=2, fails=None, to_exit=False):
       raise fails
     return {"steps": 1}
 
+  strategy = _strategy(num_workers)
   trainer = types.SimpleNamespace(
       run=train, model=None, history=types.SimpleNamespace(history={}),
-      strategy=_strategy(num_workers))
+      strategy=strategy, parts=types.SimpleNamespace(role=strategies.Role(
+          strategy, chief=True, workers=num_workers)))
 
   class Built:
 

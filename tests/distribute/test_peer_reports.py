@@ -64,7 +64,7 @@ except dist_keras.UserError as e:
 
 
 @pytest.mark.parametrize("worker_1_lacks, start", [
-    ("RUN_DIR", "--workdir="),  # Refused in the run, before it joined.
+    ("RUN_DIR", "workdir=None"),  # Refused in the run, before it joined.
     ("STEPS", "train.steps=0")])  # Refused at fit's door.
 def test_a_refusal_before_the_run_joined_stops_the_peer_with_its_line(
     tmp_path, worker_1_lacks, start):

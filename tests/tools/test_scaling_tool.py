@@ -91,7 +91,8 @@ def test_strong_scaling_fixes_the_global_batch(tmp_path):
     (["--replicas=", "--workers="], "are both empty"),
     (["--config=nope"], "--config=nope could not be loaded"),
     (["--config=/tmp/lstm_longmem.py"],
-     "--config=/tmp/lstm_longmem.py could not be loaded (FileNotFoundError"),
+     "--config=/tmp/lstm_longmem.py: there is no file /tmp/lstm_longmem.py "
+     "here; pass --config=lstm_longmem"),
     (["--steps=30"], "--steps=30 would time only 5 step(s)"),
     (["--mode=fast"], "argument --mode: invalid choice: 'fast'"),
     (["--mode=strong", "--global_batch=250"],

@@ -445,10 +445,16 @@ def test_calibration_adds_the_ideal_step_and_the_allreduce_model(
   assert summary["ideal_step_ms"] > 0
   assert summary["ideal_speedup"] == pytest.approx(
       summary["call_step_ms"] / summary["ideal_step_ms"])
+  out = capsys.readouterr().out
+  assert "with free communication" in out
+  if summary["allreduce_predicted_ms"] is None:
+    # A loaded host's sweep that fits no line (CI beside other work saw
+    # one): said, and the run finished.
+    assert summary["allreduce_fit_error"]
+    return
   assert summary["allreduce_predicted_ms"] > 0
   assert summary["allreduce_bandwidth_GBps"] > 0
-  out = capsys.readouterr().out
-  assert "with free communication" in out and "alpha-beta model" in out
+  assert "alpha-beta model" in out
 
 
 def test_calibration_compares_calls_not_what_runs_between_them(
