@@ -168,7 +168,7 @@ def build(job: Job) -> loop.Trainer:
     no_eval = checks.build_state(  # Loss and metrics, from both splits.
         model, strategy, batch_spec, eval_spec,
         builtin_data=getattr(dataset_fn, "builtin_data", None))
-    divided = batch_losses.take(model, strategy, batch_spec)
+    divided = batch_losses.divide_means(model, strategy, batch_spec)
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).
     rate = lr.apply(model.optimizer, config.train)

@@ -30,7 +30,7 @@ _FIX = ("return one value per example (e.g. tf.reduce_mean(..., axis=-1)) "
         "and let Keras reduce the batch")
 
 
-def take(model, strategy, batch_spec) -> str | None:
+def divide_means(model, strategy, batch_spec) -> str | None:
   """Divides each compiled loss that returns a mean per batch by the
   replicas (N > 1); returns the line the run says for them, or None.
 

@@ -102,7 +102,7 @@ def test_losses_keras_divides_or_need_no_division_are_left_as_compiled(
   with mirrored.scope():
     model.compute_loss(x, y, model(x))  # Builds the compiled loss.
   before = [entry.loss for entry in model._compile_loss._flat_losses]  # pylint: disable=protected-access
-  assert batch_losses.take(model, mirrored, spec) is None
+  assert batch_losses.divide_means(model, mirrored, spec) is None
   assert [entry.loss for entry in model._compile_loss._flat_losses] == before  # pylint: disable=protected-access
 
 
