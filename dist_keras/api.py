@@ -17,6 +17,7 @@ from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, batch_losses, checkpoints, compiled
 from dist_keras.training import loop, lr, preemption, ray_report, run_files
 from dist_keras.training import same_model, settings, user_callbacks
+from dist_keras.training import varying_slices
 
 
 @dataclasses.dataclass
@@ -85,6 +86,22 @@ def run(job: Job) -> FitResult:
       and tfconfig.is_multi_worker(cluster) and ray_report.session() is None):
     leaving.at_exit(cluster)
   return result
+
+
+def _met_its_batches(model, strategy, dataset_fn, batch_spec, eval_spec,
+                     train_cfg) -> tuple[bool, list]:
+  """(whether the eval has a loss, the lines to say): the model against
+  the batches of both splits. Its loss and metrics' state built from them
+  (contract/checks.py), a compiled loss of one mean per batch divided by
+  the replicas (batch_losses.py), one step per call where the gathered
+  gradient slices change shape (varying_slices.py)."""
+  no_eval = checks.build_state(
+      model, strategy, batch_spec, eval_spec,
+      builtin_data=getattr(dataset_fn, "builtin_data", None))
+  return no_eval is None, [
+      no_eval, batch_losses.divide_means(model, strategy, batch_spec),
+      varying_slices.one_step_per_call(model, strategy, batch_spec,
+                                       train_cfg)]
 
 
 def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
@@ -165,21 +182,18 @@ def build(job: Job) -> loop.Trainer:
         strategy, dataset_fn, "train", feed, start_step=resume.step)
     eval_ds, eval_spec = pipelines.distribute(
         strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
-    no_eval = checks.build_state(  # Loss and metrics, from both splits.
-        model, strategy, batch_spec, eval_spec,
-        builtin_data=getattr(dataset_fn, "builtin_data", None))
-    divided = batch_losses.divide_means(model, strategy, batch_spec)
+    evaluates, said = _met_its_batches(model, strategy, dataset_fn,
+                                       batch_spec, eval_spec, config.train)
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).
     rate = lr.apply(model.optimizer, config.train)
     optimizers = compiled.prepare_optimizers(model, strategy)
     saved, resumed = checkpoints.restored(
-        workdir, model, optimizers, role, config.train.max_checkpoints,
-        resume)
+        workdir, model, optimizers, role, config.train.max_checkpoints, resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate, stop,
-                       callbacks, no_eval is None, batch_spec)
-    notes += [no_eval, divided, note, *settings.notes(config, on_tpu), resumed]
+                       callbacks, evaluates, batch_spec)
+    notes += [*said, note, *settings.notes(config, on_tpu), resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,
         config.to_dict(), notes=[n for n in notes if n])

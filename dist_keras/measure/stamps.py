@@ -32,8 +32,11 @@ def stamp_after(tensors, clock=None):
   """A tf.timestamp() taken once every tensor in `tensors` exists.
 
   With `clock` (replica context), the stamp is ordered per replica only.
+  A ragged or sparse tensor (a batch's feature, an IndexedSlices gradient)
+  counts as its component tensors, which have a device and an element.
   """
-  deps = [t for t in tf.nest.flatten(tensors) if t is not None]
+  deps = [t for t in tf.nest.flatten(tensors, expand_composites=True)
+          if t is not None]
   if clock is None:
     with tf.control_dependencies([_available(t) for t in deps]):
       return tf.timestamp()
@@ -63,7 +66,8 @@ def after_stamp(stamp, tensors):
   """`tensors`, made to wait for `stamp` (so the next phase starts later)."""
   with tf.control_dependencies([stamp]):
     return tf.nest.map_structure(
-        lambda t: None if t is None else tf.identity(t), tensors)
+        lambda t: None if t is None else tf.identity(t), tensors,
+        expand_composites=True)
 
 
 # Per-replica stamps, in this order: inputs in hand, gradients computed,

@@ -5,8 +5,8 @@ Each replica runs the model's `test_step` on its batches (Keras' own, or the
 model's override), as Keras' `evaluate` does. Replicas that run out of data
 before the others get empty batches from TensorFlow, which never reach the
 model: such a replica runs it on one zero example instead (a padded
-sequence's length taken from a replica with examples) and puts its
-metrics back, so the example counts nowhere. Every replica must run the
+sequence's length, a ragged one's longest row, taken from a replica with
+examples) and puts its metrics back, so the example counts nowhere. Every replica must run the
 model at every step: a layer updating a variable of aggregation "mean" or
 "sum" synchronises the replicas there (a merge_call, which TensorFlow
 refuses inside a tf.cond and which would wait for a replica that skipped
@@ -90,29 +90,53 @@ def make_eval_pass(strategy, model):
 
 
 def _never_empty(batch, has_examples):
-  """`batch`, or one zero example in place of an empty one: each dense
-  tensor's zeros ("" for strings), of its shape but for the batch size.
+  """`batch`, or one zero example in place of an empty one: each tensor's
+  zeros ("" for strings), of its shape but for the batch size; a ragged
+  one's a row of its longest row's length, a sparse one's no values.
 
   TensorFlow makes an empty batch's unknown dimensions 0 (a padded batch's
-  time length: a GRU fails on a sequence of none), so a tensor with one
-  takes the shape a replica with examples has at this step."""
+  time length, every ragged row: a GRU fails on a sequence of none), so a
+  tensor with one takes the shape a replica with examples has at this
+  step."""
   leaves = tf.nest.flatten(batch)
-  # Ragged and sparse ones reach the model as they are.
-  dense = [i for i, t in enumerate(leaves)
-           if isinstance(t, tf.Tensor) and t.shape.rank != 0]
-  shapes = [tf.shape(leaves[i]) for i in dense]
-  if any(not leaves[i].shape[1:].is_fully_defined() for i in dense):
+  kept = [i for i, t in enumerate(leaves) if isinstance(
+      t, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)) and t.shape.rank != 0]
+  shapes = [_dense_shape(leaves[i]) for i in kept]
+  if any(not leaves[i].shape[1:].is_fully_defined() for i in kept):
     shapes = _shapes_with_examples(shapes, has_examples)
-  for i, shape in zip(dense, shapes):
+  for i, shape in zip(kept, shapes):
     leaves[i] = _or_one_zero(leaves[i], shape, has_examples)
   return tf.nest.pack_sequence_as(batch, leaves)
 
 
+def _dense_shape(t):
+  """The int32 shape of `t`, a ragged tensor's bounding one (its longest
+  rows)."""
+  if isinstance(t, tf.RaggedTensor):
+    return tf.cast(t.bounding_shape(), tf.int32)
+  if isinstance(t, tf.SparseTensor):
+    return tf.cast(t.dense_shape, tf.int32)
+  return tf.shape(t)
+
+
 def _or_one_zero(t, shape, has_examples):
   """`t`, or one example of zeros of `shape` but for the batch size."""
-  zeros = lambda: tf.zeros(tf.concat([[1], shape[1:]], 0), t.dtype)
+  one = tf.concat([[1], shape[1:]], 0)
+  if isinstance(t, tf.RaggedTensor):
+    zeros = lambda: tf.RaggedTensor.from_tensor(
+        tf.zeros(one, t.dtype), ragged_rank=t.ragged_rank,
+        row_splits_dtype=t.row_splits.dtype)
+  elif isinstance(t, tf.SparseTensor):  # No values: all zeros.
+    static = t.shape[1:].is_fully_defined()
+    zeros = lambda: tf.SparseTensor(
+        tf.zeros([0, tf.size(one)], tf.int64), tf.zeros([0], t.dtype),
+        tf.constant([1, *t.shape[1:]], tf.int64) if static
+        else tf.cast(one, tf.int64))
+  else:
+    zeros = lambda: tf.zeros(one, t.dtype)
   padded = tf.cond(has_examples, lambda: t, zeros)
-  padded.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+  if isinstance(padded, tf.Tensor):
+    padded.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
   return padded
 
 

@@ -1,0 +1,98 @@
+"""Gathered gradient slices whose count changes from step to step: one step
+per call.
+
+An Embedding's gradient is a tf.IndexedSlices, a slice per looked-up token,
+and N replicas' slices are gathered (allreduce.py). Their count is the
+replica's batch's number of tokens: where the batch's shape leaves a size
+open (a padded or bucketed sequence's length, a ragged or sparse feature),
+it changes from step to step and from replica to replica. TensorFlow 2.21
+gathers them with collectives whose instances are set when the step is
+traced; in a loop of several steps in one call (calls.py) every iteration
+reuses them, and a shape that changed between iterations fails the call
+("Shape mismatch in the collective instance ... expected shape [608,8] but
+another member ... [928,8]", pure TensorFlow too, at any
+parallel_iterations). One step a call trains them (= fit). Padding the
+slices to a fixed count would need a maximum that such a batch's shape
+does not give.
+
+Found at the start, from the train batches' spec: the model's gradients
+traced on it (in each replica, not run; only where the spec leaves a size
+open: about a second for a small GRU at 2 replicas). Not for a model's own
+train_step, whose gradients are its own.
+"""
+import keras
+import tensorflow as tf
+
+from dist_keras.contract import batches, checks
+from dist_keras.errors import UserError
+
+def one_step_per_call(model, strategy, batch_spec, train_cfg) -> str | None:
+  """Runs one step per call (train.steps_per_loop=0 -> 1) where the model's
+  step gathers slices of a count the batches leave open; the line saying
+  so, or None.
+
+  Raises:
+    UserError: train.steps_per_loop (or the model's steps_per_execution)
+      > 1 for such a model.
+  """
+  if (train_cfg.steps_per_loop == 1 or strategy.num_replicas_in_sync == 1
+      or isinstance(strategy, tf.distribute.TPUStrategy)  # Densified there.
+      or checks.overrides(model, "train_step")
+      or _fixed_shapes(batch_spec)):
+    return None
+  varying = _open_slices(model, strategy, batch_spec)
+  if not varying:
+    return None
+  why = (f"the gradient of {varying[0]} is gathered as slices whose number "
+         f"changes from batch to batch ({batches.describe(batch_spec)}), "
+         "which TensorFlow cannot gather in a loop of several steps in one "
+         "call")
+  if train_cfg.steps_per_loop:
+    per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+    setting, fix = (f"train.steps_per_loop={train_cfg.steps_per_loop}",
+                    "set train.steps_per_loop=1")
+    if per_execution > 1:  # (compiled.take made it steps_per_loop.)
+      setting = (f"model {model.name!r} was compiled with "
+                 f"steps_per_execution={per_execution}")
+      fix = "compile it with steps_per_execution=1"
+    raise UserError(
+        f"{setting}, but {why}; {fix}, or give the batches static shapes "
+        "(padded_batch(..., padded_shapes=...), tf.ensure_shape).")
+  train_cfg.steps_per_loop = 1
+  return f"steps per call: 1 ({why})"
+
+
+def _fixed_shapes(batch_spec) -> bool:
+  """Whether every part of the batches is a dense tensor of static shape."""
+  return all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined()
+             for s in tf.nest.flatten(batch_spec))
+
+
+def _open_slices(model, strategy, batch_spec) -> list[str]:
+  """The paths of the trainable variables whose gradient, traced on a
+  batch of `batch_spec` in each replica (a mirrored variable is read there
+  only), is an IndexedSlices of a count not known before the step runs
+  (nothing runs; the trace is dropped)."""
+  variables = model.trainable_variables
+  found = {}
+
+  def gradients(batch):
+    # The step's loss and gradients (steps.forward_backward) without the
+    # optimizer, not yet built (a loss scale's variable with it).
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+    with tf.GradientTape() as tape:
+      y_pred = checks.forward(model, x, training=True)
+      loss = checks.compute_loss(model, x, y, y_pred, sample_weight,
+                                 training=True)
+    grads = tape.gradient(loss, variables)
+    found.update((v.path, None) for v, g in zip(variables, grads)
+                 if isinstance(g, tf.IndexedSlices)
+                 and g.indices.shape[0] is None)
+    return tf.constant(0)
+
+  def step(batch):
+    return strategy.run(gradients, args=(batch,))
+
+  with strategy.scope():
+    tf.function(step, autograph=False).get_concrete_function(batch_spec)
+  return list(found)

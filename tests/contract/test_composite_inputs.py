@@ -1,0 +1,188 @@
+"""Batches whose shapes change from step to step (padded or bucketed
+sequences, ragged and sparse features) at 2 replicas, against Keras' fit
+and evaluate on one device on the same batches."""
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dist_keras
+from dist_keras.errors import UserError
+
+GLOBAL, STEPS, TOKENS = 8, 12, 12
+SIZES = {"train": GLOBAL * STEPS, "eval": 20}  # 20: the last batch partial.
+# Multi-step calls after the first log window (steps_per_loop=0: automatic).
+CONFIG = {"train.global_batch_size": GLOBAL, "train.steps": STEPS,
+          "train.log_every": 4, "eval.every": 0, "log.calibration_steps": 0,
+          "log.tensorboard": False, "log.progress": True}
+
+
+def _sequences(split):
+  """Token sequences of 1 to 20 tokens: a per-replica batch of 4 pads to
+  its own longest, which differs between the replicas at most steps."""
+  rng = np.random.default_rng({"train": 0, "eval": 1}[split])
+  sequences = [rng.integers(1, TOKENS, n).astype("int32")
+               for n in rng.integers(1, 21, SIZES[split])]
+  labels = np.array([[s[0] / TOKENS] for s in sequences], "float32")
+  return sequences, labels
+
+
+def _padded_dataset_fn(split, ctx):
+  """x int32[b, None], padded per batch; the batches sharded, so at 2
+  replicas a step's two batches are one device's batch."""
+  sequences, labels = _sequences(split)
+  ds = tf.data.Dataset.from_generator(
+      lambda: iter(zip(sequences, labels)),
+      output_signature=(tf.TensorSpec((None,), tf.int32),
+                        tf.TensorSpec((1,), tf.float32)))
+  batch = ctx.get_per_replica_batch_size(GLOBAL)
+  ds = (ds.repeat().padded_batch(batch, drop_remainder=True)
+        if split == "train" else ds.padded_batch(batch))
+  return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+
+def _ragged_dataset_fn(split, ctx):
+  """The same sequences as ragged features."""
+  sequences, labels = _sequences(split)
+  ds = tf.data.Dataset.from_tensor_slices(
+      (tf.ragged.constant(sequences, dtype=tf.int32), labels))
+  batch = ctx.get_per_replica_batch_size(GLOBAL)
+  ds = (ds.repeat().ragged_batch(batch, drop_remainder=True)
+        if split == "train" else ds.ragged_batch(batch))
+  return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+
+def _sparse_dataset_fn(split, ctx):
+  """Bags of words: SparseTensor x float32[b, TOKENS]."""
+  sequences, labels = _sequences(split)
+  counts = np.stack([np.bincount(s, minlength=TOKENS) for s in sequences])
+  ds = tf.data.Dataset.from_tensor_slices(
+      (tf.sparse.from_dense(counts.astype("float32")), labels))
+  batch = ctx.get_per_replica_batch_size(GLOBAL)
+  ds = (ds.repeat().batch(batch, drop_remainder=True)
+        if split == "train" else ds.batch(batch))
+  return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+
+class _Densify(keras.layers.Layer):
+  def call(self, x):
+    return x.to_tensor() if isinstance(x, tf.RaggedTensor) else x
+
+
+def _model_fn(kind="padded", recurrent=False):
+  """Embedding(mask_zero) and a masked mean (or a GRU): the padding
+  changes nothing; Adam squares each of the Embedding's slices."""
+  keras.utils.set_random_seed(0)
+  if kind == "sparse":
+    inputs = keras.Input((TOKENS,), sparse=True)
+    x = keras.layers.Dense(4, activation="tanh", name="bag")(inputs)
+  else:
+    inputs = keras.Input((None,), dtype="int32", ragged=kind == "ragged")
+    x = keras.layers.Embedding(TOKENS, 4, mask_zero=True,
+                               name="tokens")(_Densify()(inputs))
+    x = (keras.layers.GRU(4) if recurrent
+         else keras.layers.GlobalAveragePooling1D())(x)
+  model = keras.Model(inputs, keras.layers.Dense(1)(x), name="tokens_model")
+  # A sparse input's Dense kernel gets a slice per distinct column of the
+  # batch, which Adam would square per replica (not one device's): SGD.
+  model.compile(optimizer=keras.optimizers.SGD(0.1) if kind == "sparse"
+                else keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+  return model
+
+
+def _fit_weights(model_fn, dataset_fn):
+  """Keras' fit on one device, on the batches 2 replicas share a step."""
+  model = model_fn()
+  model.fit(dataset_fn("train", tf.distribute.InputContext()), epochs=1,
+            steps_per_epoch=STEPS, verbose=0, shuffle=False)
+  return model.get_weights()
+
+
+@pytest.mark.parametrize("kind,variable", [("padded", "tokens/embeddings"),
+                                           ("sparse", "bag/kernel")])
+def test_slices_of_a_changing_count_train_one_step_a_call_as_fit_trains(
+    tmp_path, mirrored, capsys, kind, variable):
+  """Each replica's gradient slices, an Embedding's one per padded token
+  (a sparse input's Dense kernel's one per column present), change in
+  number every step: gathered in a call of several steps they failed the
+  call ("Shape mismatch in the collective instance"), a TensorFlow limit.
+  The automatic call size runs one step a call, said at the start; the
+  weights are fit's."""
+  model_fn = lambda: _model_fn(kind)
+  dataset_fn = {"padded": _padded_dataset_fn,
+                "sparse": _sparse_dataset_fn}[kind]
+  result = dist_keras.fit(model_fn, dataset_fn, workdir=str(tmp_path),
+                          config=CONFIG, strategy=mirrored)
+  assert (f"steps per call: 1 (the gradient of {variable} is gathered as "
+          "slices whose number changes") in capsys.readouterr().out
+  initial = model_fn().get_weights()
+  for got, want, before in zip(result.model.get_weights(),
+                               _fit_weights(model_fn, dataset_fn), initial):
+    assert np.abs(want - before).max() > 1e-3
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("config,setting", [
+    ({"train.steps_per_loop": 3}, "train.steps_per_loop=3"),
+    ({}, "model 'tokens_model' was compiled with steps_per_execution=2")])
+def test_several_steps_a_call_over_slices_of_a_changing_count_are_refused(
+    tmp_path, mirrored, config, setting):
+  def model_fn():
+    model = _model_fn()
+    if not config:
+      model.compile(optimizer="adam", loss="mse", steps_per_execution=2)
+    return model
+
+  with pytest.raises(UserError, match=(
+      f"^{setting}, but the gradient of tokens/embeddings is gathered as "
+      r"slices whose number changes from batch to batch \(x int32\[4,\?\]"
+      ".*; (set train.steps_per_loop=1|compile it with steps_per_execution=1)"
+      r", or give the batches static shapes")):
+    dist_keras.fit(model_fn, _padded_dataset_fn,
+                   workdir=str(tmp_path / "w"), config={**CONFIG, **config},
+                   strategy=mirrored)
+  assert not os.path.exists(tmp_path / "w")
+
+
+@pytest.mark.parametrize("kind", ["ragged", "sparse"])
+def test_ragged_and_sparse_features_train_timed_as_fit_trains(
+    tmp_path, mirrored, kind):
+  """The timed steps (log.sync_timing, on by default) stamp a batch's
+  ragged or sparse features by their component tensors (a RaggedTensor
+  has no device: the first step failed); the weights are fit's."""
+  model_fn = lambda: _model_fn(kind)
+  dataset_fn = {"ragged": _ragged_dataset_fn,
+                "sparse": _sparse_dataset_fn}[kind]
+  result = dist_keras.fit(model_fn, dataset_fn, workdir=str(tmp_path),
+                          config={**CONFIG, "train.steps_per_loop": 1},
+                          strategy=mirrored)
+  assert "input_wait_ms" in result.summary
+  for got, want in zip(result.model.get_weights(),
+                       _fit_weights(model_fn, dataset_fn)):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["ragged", "sparse"])
+def test_an_eval_of_ragged_or_sparse_features_is_keras_evaluate(
+    tmp_path, mirrored, kind):
+  """20 eval examples in per-replica batches of 4: the last step leaves
+  replica 1 none. Its one zero example is a ragged row as long as replica
+  0's longest (an empty ragged batch reached a GRU, which failed: "Tried to
+  stack list which only contains uninitialized tensors"), or a sparse row
+  of no values, and counts nowhere: Keras' evaluate on one device."""
+  model_fn = lambda: _model_fn(kind, recurrent=True)
+  dataset_fn = {"ragged": _ragged_dataset_fn,
+                "sparse": _sparse_dataset_fn}[kind]
+  result = dist_keras.fit(model_fn, dataset_fn, workdir=str(tmp_path),
+                          config={**CONFIG, "train.steps": 2,
+                                  "log.sync_timing": False},
+                          strategy=mirrored)
+  one_device = model_fn()  # (Keras' evaluate fails under Mirrored here.)
+  one_device.set_weights(result.model.get_weights())
+  loss, mae = one_device.evaluate(
+      dataset_fn("eval", tf.distribute.InputContext()), verbose=0)
+  assert result.summary["eval_examples"] == SIZES["eval"]
+  assert result.summary["eval_loss"] == pytest.approx(loss, rel=1e-5)
+  assert result.summary["eval_mae"] == pytest.approx(mae, rel=1e-5)
