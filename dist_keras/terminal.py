@@ -40,7 +40,9 @@ def say(line: str, err: bool = False, end: str = "\n") -> None:
   if stream is None:
     return
   try:
-    print(line, file=stream, end=end, flush=True)
+    # One write of line and end: print writes them apart, and a TF thread's
+    # log line (fd 2) landed between them, on the end of this one.
+    print(line + end, file=stream, end="", flush=True)
   except ValueError:  # Closed (the stream object, not its descriptor).
     return
   except OSError as e:

@@ -4,6 +4,7 @@ where a notebook kernel's root logger would show them, unless the user set
 TensorFlow's logger level."""
 import logging
 import os
+import sys
 
 import pytest
 
@@ -52,3 +53,22 @@ def test_a_fit_in_a_kernel_like_logger_shows_no_tf_distribute_info(
              if r.name == "tensorflow" and r.levelno < logging.WARNING]
   assert not tf_info, tf_info[:3]
   assert logging.getLogger("tensorflow").level == logging.INFO
+
+
+def test_a_line_is_one_write_with_its_end(monkeypatch):
+  """A TensorFlow thread's log line (fd 2) landed between an error line
+  and its newline when print wrote them apart: one write holds both."""
+  from dist_keras import terminal  # pylint: disable=g-import-not-at-top
+  writes = []
+
+  class Stream:
+    def write(self, text):
+      if text:
+        writes.append(text)
+
+    def flush(self):
+      pass
+
+  monkeypatch.setattr(sys, "stderr", Stream())
+  terminal.error("worker:1 stopped the job: refused.")
+  assert writes == ["dist_keras: error: worker:1 stopped the job: refused.\n"]
