@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import disk, errors, registry, terminal, validate
-from dist_keras.contract import checks
+from dist_keras.contract import batches, checks
 from dist_keras.distribute import leaving, peers, pipelines, reports
 from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, batch_losses, checkpoints, compiled
@@ -129,12 +129,12 @@ def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
 
 
 def _translated_run(trainer) -> dict:
-  """trainer.run(), a batch value the model cannot take, and a peer's
-  refusal (reports.stopped), said as such."""
+  """trainer.run(), a batch value the model cannot take, a cache file two
+  pipelines write, and a peer's refusal (reports.stopped), said as such."""
   try:
     return trainer.run()
   except tf.errors.OpError as e:
-    bad = reports.stopped(e) or (
+    bad = reports.stopped(e) or batches.cache_in_use(e) or (
         errors.bad_data_value(e)
         if isinstance(e, tf.errors.InvalidArgumentError) else None)
     if bad is None:

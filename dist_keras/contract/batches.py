@@ -7,10 +7,18 @@ per-replica batches (x, y) or (x, y, sample_weight); split is "train"
 the last batch may be partial). Every check raises UserError with one line
 naming the bad value and the fix, before anything is written.
 """
+import re
+
 import keras
 import tensorflow as tf
 
 from dist_keras.errors import UserError
+
+# tf.data's text when a second iterator writes a cache file another one is
+# writing: "... cache lockfile already exists ('PATH.lockfile'). ..."
+# (tf.data adds "_<shard>" to the name the dataset gave.)
+_CACHE_LOCKED = re.compile(
+    r"cache lockfile already exists \('(.*?)(?:_\d+)?\.lockfile'")
 
 
 def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
@@ -47,6 +55,23 @@ def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
     raise UserError(f"{where} never ends; make the eval split finite (no "
                     "repeat()), or set eval.steps to evaluate that many "
                     "batches.")
+
+
+def cache_in_use(error: Exception) -> UserError | None:
+  """The UserError for a file `ds.cache(FILENAME)` another input pipeline
+  writes (every pipeline of the job on one host, or on one shared disk,
+  given the same name), else None. One name per pipeline and pipeline
+  count also keeps a later run from reading a file cached for another
+  sharding (tf.data reads a whole cache file as it is)."""
+  found = _CACHE_LOCKED.search(str(error))
+  if not isinstance(error, tf.errors.AlreadyExistsError) or found is None:
+    return None
+  return UserError(
+      f"dataset_fn caches to ds.cache({found[1]!r}), which another input "
+      "pipeline is writing (the pipelines' caches share one name); name it "
+      "per pipeline: ds.cache(f\"...-{input_context.input_pipeline_id}-of-"
+      "{input_context.num_input_pipelines}\"), or cache in memory "
+      "(ds.cache()).")
 
 
 def no_eval_examples(what: str) -> str:

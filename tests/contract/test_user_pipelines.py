@@ -125,6 +125,41 @@ def test_an_eval_split_found_empty_in_every_pipeline_stops_the_run(
   assert not (tmp_path / "run" / "summary.json").exists()
 
 
+def _cached_in(path, per_pipeline: bool):
+  """user_task's data, sharded, cached to a file under `path`: one name
+  for every pipeline, or (`per_pipeline`) a name for each."""
+
+  def dataset_fn(split, ctx):
+    name = f"{path}/{split}"
+    if per_pipeline:
+      name += f"-{ctx.input_pipeline_id}-of-{ctx.num_input_pipelines}"
+    ds = tf.data.Dataset.from_tensor_slices(user_task._examples(split))  # pylint: disable=protected-access
+    ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id).cache(name)
+    batch = ctx.get_per_replica_batch_size(user_task.GLOBAL_BATCH)
+    return (ds.repeat().batch(batch, drop_remainder=True) if split == "train"
+            else ds.batch(batch))
+
+  return dataset_fn
+
+
+def test_a_cache_file_two_pipelines_write_is_one_line(tmp_path, mirrored):
+  """tf.data refuses a second writer of a cache file (AlreadyExistsError,
+  said as unexpected, the workdir left behind): the fix is a name per
+  pipeline."""
+  with pytest.raises(UserError) as e:
+    _fit(tmp_path, _cached_in(tmp_path, per_pipeline=False), mirrored)
+  assert str(e.value) == (
+      f"dataset_fn caches to ds.cache({str(tmp_path / 'train')!r}), which "
+      "another input pipeline is writing (the pipelines' caches share one "
+      "name); name it per pipeline: ds.cache(f\"...-"
+      "{input_context.input_pipeline_id}-of-"
+      "{input_context.num_input_pipelines}\"), or cache in memory "
+      "(ds.cache()).")
+  assert not (tmp_path / "run").exists()
+  result = _fit(tmp_path, _cached_in(tmp_path, per_pipeline=True), mirrored)
+  assert result.summary["eval_examples"] == len(user_task._examples("eval")[0])  # pylint: disable=protected-access
+
+
 def _small_train(filtered: bool):
   """A train split of 5 examples, sharded (3 and 2), batched before
   repeat(): no pipeline makes a batch of 24 (`filtered`: of a size
