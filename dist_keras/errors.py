@@ -193,8 +193,9 @@ def first_line(error: BaseException, limit: int | None = 240) -> str:
   line = (f"in {wrapped.group(1)}: {lines[1]}" if wrapped and len(lines) > 1
           else lines[0])
   line = _EAGER_OP.sub(r"\1", line)
-  return line if limit is None or len(line) <= limit else (
-      line[:limit - 3] + "...")
+  if limit is None or len(line) <= limit:
+    return line
+  return line[:limit - 3].rsplit(" ", 1)[0] + "..."  # Not mid-word.
 
 
 def cause(text: str) -> str:

@@ -34,7 +34,7 @@ import inspect
 import keras
 import tensorflow as tf
 
-from dist_keras import quiet
+from dist_keras import errors, quiet
 from dist_keras.measure import flop_rules
 
 rnn_flops = flop_rules.rnn_flops
@@ -249,8 +249,7 @@ def _dims(x) -> tuple | None:
 
 
 def _short(error: Exception) -> str:
-  text = str(error).strip().splitlines()
-  return f"{type(error).__name__}: {text[0][:120] if text else ''}"
+  return f"{type(error).__name__}: {errors.first_line(error, 160)}"
 
 
 def profiler_forward_flops(model: keras.Model) -> int:

@@ -156,6 +156,37 @@ def test_a_subclassed_model_is_counted_on_the_batches():
   assert not flops.count(model).known  # No batches to trace it on.
 
 
+class _NoCall(keras.Model):
+  """keras.io's GAN shape: sub-models and a train_step, no call()."""
+
+  def __init__(self):
+    super().__init__()
+    self.generator = keras.Sequential([keras.Input((3,)),
+                                       keras.layers.Dense(5)])
+
+
+def test_a_model_the_count_cannot_call_says_why_in_whole_words():
+  """Keras' long message was cut mid-word ("... the `X.call()` method i)")."""
+  model = _NoCall()
+  (line,) = flops.count(model, tf.TensorSpec((4, 5), tf.float32)).uncounted
+  head = (f"{model.name} (_NoCall): its output shape could not be worked out"
+          " (NotImplementedError: Could not automatically infer the output "
+          "shape / dtype of")
+  assert line.startswith(head) and line.endswith("...)")
+  said = line[len(head) - len("Could not automatically infer the output "
+                              "shape / dtype of"):-len("...)")]
+  keras_text = " ".join(_no_call_message(model).split())
+  assert keras_text.startswith(said) and keras_text[len(said)] == " "
+
+
+def _no_call_message(model) -> str:
+  try:
+    model.compute_output_spec(keras.KerasTensor((4, 5)))
+  except NotImplementedError as e:
+    return str(e)
+  raise AssertionError("a model without call() had an output")
+
+
 def test_an_uncountable_call_makes_the_flops_unknown_not_partial():
   """A layer the count cannot size made the rest pass for the model."""
   x = keras.Input((6,))
