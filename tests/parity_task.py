@@ -1,8 +1,8 @@
 """Models a Keras user trains with `model.fit`, each using one feature fit
 honours: the model's own train_step, gradient accumulation, EMA, clipping,
 a LossScaleOptimizer, a schedule, weight-decay exclusions, two outputs, a
-GAN's two optimizers, an Embedding's sparse gradient; and callbacks
-factories. Nothing here imports dist_keras: tests train these with Keras'
+GAN's two optimizers, an Embedding's and a sparse input's sparse
+gradients; and callbacks factories. Nothing here imports dist_keras: tests train these with Keras'
 fit and with dist_keras alike.
 """
 import os
@@ -58,12 +58,31 @@ def images_dataset_fn(split, input_context):
 VOCAB, TOKENS = 12, 5  # 240 lookups of 12 tokens a global batch.
 
 
+def _tokens(split: str):
+  rng = np.random.default_rng({"train": 0, "eval": 1}[split])
+  return rng.integers(0, VOCAB, (SIZES[split], TOKENS)).astype("int32")
+
+
 def tokens_dataset_fn(split, input_context):
   """(token ids, class) batches, every token repeated within each batch;
   batched and sharded as dataset_fn's."""
-  rng = np.random.default_rng({"train": 0, "eval": 1}[split])
-  x = rng.integers(0, VOCAB, (SIZES[split], TOKENS)).astype("int32")
-  ds = tf.data.Dataset.from_tensor_slices((x, x[:, 0] % 3))
+  x = _tokens(split)
+  return _batched(tf.data.Dataset.from_tensor_slices((x, x[:, 0] % 3)),
+                  split, input_context)
+
+
+def bags_dataset_fn(split, input_context):
+  """The tokens as bags of words (tf.SparseTensor x float32[b, VOCAB]: a
+  token's count) and the same class: every column present in each
+  replica's batch."""
+  x = _tokens(split)
+  counts = np.stack([np.bincount(row, minlength=VOCAB) for row in x])
+  return _batched(tf.data.Dataset.from_tensor_slices(
+      (tf.sparse.from_dense(counts.astype("float32")), x[:, 0] % 3)),
+                  split, input_context)
+
+
+def _batched(ds, split, input_context):
   batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
   if split == "train":
     ds = ds.repeat().batch(batch, drop_remainder=True)
@@ -77,6 +96,34 @@ def embedding_adam():
   """An Embedding under Adam: its gradient is a tf.IndexedSlices, one slice
   per looked-up token, which Adam squares slice by slice."""
   return _embedding(keras.optimizers.Adam(0.01))
+
+
+def sparse_adam():
+  """A bag of words (a sparse input) into Dense layers under Adam: Keras
+  multiplies it by the kernel with tf.nn.embedding_lookup_sparse, whose
+  gradient is a slice per distinct column of the batch, summed over its
+  examples, which Adam squares slice by slice."""
+  return _bags(keras.Model)
+
+
+def sparse_own_step():
+  """sparse_adam with Keras' guide's own train_step."""
+  return _bags(GuideStep)
+
+
+class GuideStep(keras.Model):
+  def train_step(self, data):
+    return guide_train_step(self, data)[0]
+
+
+def _bags(model_class):
+  inputs = keras.Input((VOCAB,), sparse=True)
+  hidden = keras.layers.Dense(4, activation="tanh")(inputs)
+  model = model_class(inputs, keras.layers.Dense(3)(hidden))
+  model.compile(optimizer=keras.optimizers.Adam(0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  return model
 
 
 def embedding_global_clipnorm():

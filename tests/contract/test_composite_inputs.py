@@ -71,9 +71,10 @@ class _Densify(keras.layers.Layer):
     return x.to_tensor() if isinstance(x, tf.RaggedTensor) else x
 
 
-def _model_fn(kind="padded", recurrent=False):
+def _model_fn(kind="padded", recurrent=False, optimizer=None):
   """Embedding(mask_zero) and a masked mean (or a GRU): the padding
-  changes nothing; Adam squares each of the Embedding's slices."""
+  changes nothing; Adam squares each of the Embedding's slices (a sparse
+  input's Dense kernel's: one per distinct column of the batch)."""
   keras.utils.set_random_seed(0)
   if kind == "sparse":
     inputs = keras.Input((TOKENS,), sparse=True)
@@ -85,10 +86,8 @@ def _model_fn(kind="padded", recurrent=False):
     x = (keras.layers.GRU(4) if recurrent
          else keras.layers.GlobalAveragePooling1D())(x)
   model = keras.Model(inputs, keras.layers.Dense(1)(x), name="tokens_model")
-  # A sparse input's Dense kernel gets a slice per distinct column of the
-  # batch, which Adam would square per replica (not one device's): SGD.
-  model.compile(optimizer=keras.optimizers.SGD(0.1) if kind == "sparse"
-                else keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+  model.compile(optimizer=optimizer or keras.optimizers.Adam(0.01),
+                loss="mse", metrics=["mae"])
   return model
 
 
@@ -122,6 +121,41 @@ def test_slices_of_a_changing_count_train_one_step_a_call_as_fit_trains(
                                _fit_weights(model_fn, dataset_fn), initial):
     assert np.abs(want - before).max() > 1e-3
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,optimizer", [
+    ("sparse", "Adam"), ("sparse", "RMSprop"), ("sparse", "Adagrad"),
+    ("sparse", "clipnorm"), ("sparse", "global_clipnorm"),
+    ("padded", "Adam")])
+def test_gathered_slices_train_under_adaptive_optimizers_as_one_device(
+    tmp_path, mirrored, kind, optimizer):
+  """A sparse input's Dense kernel gets a slice per distinct column of the
+  batch, summed over its examples (tf.nn.embedding_lookup_sparse's
+  tf.unique), which Adam, RMSprop and Adagrad square: a column present in
+  both replicas' batches was gathered twice, its halves squared apart
+  (0.029 from one device after 12 Adam steps; clipped: 0.025 by
+  clipnorm, 0.003 by global_clipnorm). Summed by column after the gather,
+  the weights are one device's. An Embedding's slices (one per token,
+  repeats kept, as one device's) stay as gathered: summed too, its
+  weights ended 0.13 from one device's."""
+  def model_fn():
+    make = {"clipnorm": lambda: keras.optimizers.Adam(0.01, clipnorm=0.05),
+            "global_clipnorm": lambda: keras.optimizers.Adam(
+                0.01, global_clipnorm=0.05)}.get(
+                    optimizer, lambda: getattr(keras.optimizers, optimizer)(
+                        0.01))
+    return _model_fn(kind, optimizer=make())
+
+  dataset_fn = {"padded": _padded_dataset_fn,
+                "sparse": _sparse_dataset_fn}[kind]
+  trained = [dist_keras.fit(
+      model_fn, dataset_fn, workdir=str(tmp_path / name),
+      config={**CONFIG, "log.progress": False}, strategy=strategy
+  ).model.get_weights() for name, strategy in (
+      ("one", tf.distribute.OneDeviceStrategy("/cpu:0")), ("m2", mirrored))]
+  for one, two, before in zip(*trained, model_fn().get_weights()):
+    assert np.abs(one - before).max() > 1e-3
+    np.testing.assert_allclose(two, one, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("config,setting", [

@@ -33,6 +33,7 @@ MODELS = {
     "embedding_adam": "tokens_dataset_fn",
     "embedding_global_clipnorm": "tokens_dataset_fn",
     "embeddings_mixed": "tokens_dataset_fn",
+    "sparse_adam": "bags_dataset_fn", "sparse_own_step": "bags_dataset_fn",
 }
 # callbacks_model trains with parity_task.callbacks_fn (EarlyStopping,
 # ReduceLROnPlateau, ModelCheckpoint to $PARITY_BEST) in epochs of 4 steps,

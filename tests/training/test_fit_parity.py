@@ -33,15 +33,17 @@ MODELS = list(parity_weights.MODELS)
 # the other models only vary options of the same update (the slow set's 4
 # replicas train them all).
 DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
-               "loss_scale,two_output,gan,callbacks_model,embedding_adam")
+               "loss_scale,two_output,gan,callbacks_model,embedding_adam,"
+               "sparse_adam,sparse_own_step")
 # Across workers (2 processes a model): the acceptance's five, the GAN's
 # two optimizers, the callbacks that must stop every worker alike and an
 # Embedding's sparse gradient (gathered by the collective runtime; under a
 # global-norm clip, its table all-reduced; a large one's gathered beside a
-# small one's table).
+# small one's table; a sparse input's slices of distinct columns, summed
+# by column after the gather).
 WORKERS = ("custom_step,accumulate,ema,global_clipnorm,two_output,gan,"
            "callbacks_model,embedding_adam,embedding_global_clipnorm,"
-           "embeddings_mixed")
+           "embeddings_mixed,sparse_adam")
 # The acceptance's five and the GAN (its two optimizers' state): stopped
 # after step 7, then resumed from ckpt-4 by a new fit call.
 RESUMED = "custom_step,accumulate,ema,global_clipnorm,two_output,gan"
