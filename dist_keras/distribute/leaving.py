@@ -37,8 +37,6 @@ uses the same `context.context()` calls.
 """
 import atexit
 import dataclasses
-import errno
-import socket
 import sys
 import time
 
@@ -89,7 +87,7 @@ def together(cluster: tfconfig.ClusterSpec) -> None:
   answers = dict.fromkeys(others, True)
   while answers and time.monotonic() < deadline:
     answers = {task: answer for task in answers
-               if (answer := listening(others[task])) is not False}
+               if (answer := peers.listening(others[task])) is not False}
     if answers:
       time.sleep(_PROBE_SECONDS)
   for task, answer in answers.items():
@@ -138,26 +136,6 @@ def met_to_stop() -> None:
         f"dist_keras: {who} did not meet this worker as it stopped "
         f"({type(e).__name__}: {errors.cause(str(e))}); it stops alone.",
         err=True)
-
-
-# A connect's errors that say nothing listens there any more: refused, or
-# its host gone (a pod deleted after it left).
-_GONE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
-         errno.EHOSTDOWN)
-
-
-def listening(address: str) -> bool | None:
-  """Whether a process still listens at "host:port": True, False, or None
-  when one cannot tell (no answer within a second: a firewall dropping the
-  probe)."""
-  host, _, port = address.rpartition(":")
-  try:
-    with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
-      return True
-  except socket.gaierror:  # The host's name is gone.
-    return False
-  except OSError as e:
-    return False if e.errno in _GONE else None
 
 
 @dataclasses.dataclass

@@ -3,9 +3,13 @@ when one dies or stops answering: a PeerLost naming the task, retryable
 (exit 200), for the command line and dist_keras.fit alike; and a peer's
 own one-line error, which it reported to the cluster (reports.report) and
 TensorFlow's collectives here fail with: a StoppedByPeer with its line
-and exit code (a UserError's, or an error a user's function raised). No TensorFlow import: the errors are told apart by their
-type's name and text."""
+and exit code (a UserError's, or an error a user's function raised); and
+whether a peer's process still listens at its address (`listening`). No
+TensorFlow import: the errors are told apart by their type's name and
+text."""
+import errno
 import re
+import socket
 
 from dist_keras import errors
 from dist_keras.distribute import tfconfig
@@ -86,3 +90,23 @@ def who(error: Exception, cluster) -> str:
     return f"task {others[0].group(1)}:{others[0].group(2)}"
   return ("remote storage" if _REMOTE_STORAGE.search(str(error))
           else "a peer task")
+
+
+# A connect's errors that say nothing listens there any more: refused, or
+# its host gone (a pod deleted after it left).
+_GONE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH,
+         errno.EHOSTDOWN)
+
+
+def listening(address: str) -> bool | None:
+  """Whether a process still listens at "host:port": True, False, or None
+  when one cannot tell (no answer within a second: a firewall dropping the
+  probe)."""
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+      return True
+  except socket.gaierror:  # The host's name is gone.
+    return False
+  except OSError as e:
+    return False if e.errno in _GONE else None

@@ -16,7 +16,7 @@ import types
 import pytest
 import tensorflow as tf
 
-from dist_keras.distribute import leaving, reports, tfconfig
+from dist_keras.distribute import leaving, peers, reports, tfconfig
 
 
 class _Service:
@@ -51,7 +51,7 @@ def test_a_worker_leaves_once_every_worker_has_finished(
     service, monkeypatch, task_type, index):
   """At once, without waiting for anyone (worker 0 is no chief beside a
   chief)."""
-  monkeypatch.setattr(leaving, "listening", pytest.fail)
+  monkeypatch.setattr(peers, "listening", pytest.fail)
   cluster = {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
   leaving.together(tfconfig.ClusterSpec(cluster, task_type, index))
   assert service.calls == _BARRIER
@@ -92,8 +92,8 @@ def test_the_chief_waits_for_a_task_still_answering_only_so_long(
 def test_a_task_is_gone_once_nothing_listens_at_its_address():
   server, address = _listener()
   with server:
-    assert leaving.listening(address) is True
-  assert leaving.listening(address) is False
+    assert peers.listening(address) is True
+  assert peers.listening(address) is False
 
 
 @pytest.mark.parametrize("error,answer", [
@@ -107,9 +107,9 @@ def test_an_unreachable_task_is_gone_and_a_silent_one_not_said_to_answer(
   "still answers"."""
   def connect(*args, **kwargs):
     raise error
-  monkeypatch.setattr(leaving.socket, "create_connection", connect)
+  monkeypatch.setattr(peers.socket, "create_connection", connect)
   monkeypatch.setattr(leaving, "LEAVE_SECONDS", 0.3)
-  assert leaving.listening("w1:2222") is answer
+  assert peers.listening("w1:2222") is answer
   started = time.monotonic()
   leaving.together(tfconfig.ClusterSpec(
       {"chief": ["c:1"], "worker": ["w1:2222"]}, "chief", 0))
@@ -509,3 +509,90 @@ def test_a_worker_that_never_joined_reports_nothing_and_waits_not(
   reports.report(errors.UserError("bad data"), _WORKER_1)
   assert not service.reported
   assert ("probed", "dist_keras/joined/worker:1") not in service.keys
+
+
+# --- A chief that reported waits for the others to have its line ------------
+
+class _Waiting(_Reporting):
+  """The service as a chief that reported looks for the others' keys: a
+  missing key's read waits its deadline, as TensorFlow's does."""
+
+  def get_config_key_value(self, key, timeout_ms):
+    if key not in self.keys:
+      time.sleep(timeout_ms / 1000)
+    return super().get_config_key_value(key, timeout_ms)
+
+
+def _chief_reports(monkeypatch, peer_address) -> tuple[float, _Waiting]:
+  """(seconds the chief of a 2-worker cluster, worker 1 at `peer_address`,
+  took to report its own refusal, the service)."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  service = _Waiting()
+  monkeypatch.setattr(reports.context, "context", lambda: service)
+  monkeypatch.setattr(reports, "_JOINED_HERE", set())
+  chief = tfconfig.ClusterSpec({"worker": ["127.0.0.1:1", peer_address]},
+                               "worker", 0)
+  reports.joined(chief)
+  started = time.monotonic()
+  reports.report(errors.UserError("bad data on the chief."), chief)
+  assert service.reported  # (Reported before it waits.)
+  assert service.keys["dist_keras/told/worker:0"] == "1"
+  return time.monotonic() - started, service
+
+
+def test_a_chief_that_reported_waits_until_the_others_have_its_line(
+    monkeypatch):
+  """The service, and the report's text in it, ends with the chief's
+  process: a peer that came to a barrier after the chief had exited said
+  'lost contact with a peer task' (exit 200, retryable). Worker 1 puts
+  its key once it has the line (reports.stopped)."""
+  server, address = _listener()
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["127.0.0.1:1", address]},
+      "task": {"type": "worker", "index": 1}}))
+  not_connected = tf.errors.FailedPreconditionError(
+      None, None, "Agent must be in CONNECTED state. It is currently in ERROR.")
+  read = []
+  reading = threading.Timer(0.3, lambda: read.append(
+      reports.stopped(not_connected)))  # Worker 1, at its barrier.
+  with server:
+    reading.start()
+    waited, _ = _chief_reports(monkeypatch, address)
+    reading.join()
+  assert str(read[0]) == (
+      "worker:0 stopped the job: bad data on the chief.")
+  assert 0.3 <= waited < reports.TOLD_SECONDS
+
+
+def test_a_chief_that_reported_waits_not_for_a_peer_that_has_ended(
+    monkeypatch):
+  """Nothing listens at its address (it died, or has left): at once."""
+  server, address = _listener()
+  closing = threading.Timer(0.3, server.close)
+  closing.start()
+  waited, _ = _chief_reports(monkeypatch, address)
+  closing.join()
+  assert 0.3 <= waited < reports.TOLD_SECONDS
+
+
+def test_a_chief_that_reported_waits_for_a_silent_peer_only_so_long(
+    monkeypatch):
+  """A peer that is alive but never reads the report (hung, or busy past
+  the wait: it then says it lost contact, as before) holds it no longer."""
+  monkeypatch.setattr(reports, "TOLD_SECONDS", 0.5)
+  server, address = _listener()
+  with server:
+    waited, service = _chief_reports(monkeypatch, address)
+  assert 0.5 <= waited < 2.5
+  assert "dist_keras/told/worker:1" not in service.keys
+
+
+def test_a_worker_that_reported_puts_its_key_and_waits_not(monkeypatch):
+  """The service is not in its process: it leaves at once."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  service = _reporting(monkeypatch)
+  monkeypatch.setattr(reports, "TOLD_SECONDS", 60)
+  started = time.monotonic()
+  reports.report(errors.UserError("bad data"), _WORKER_1)
+  assert time.monotonic() - started < 1
+  assert service.keys["dist_keras/told/worker:1"] == "1"

@@ -120,14 +120,16 @@ train.run()
 """
 
 
-@pytest.mark.parametrize("refuser, late", [(0, 0), (1, 0), (1, 4)])
+@pytest.mark.parametrize("refuser, late", [(0, 0), (1, 0), (1, 4), (0, 3)])
 def test_a_peer_at_the_final_barrier_says_the_refusers_line(
     tmp_path, refuser, late):
   """The other worker said 'lost contact with task worker:N as the run
   ended' (exit 200, retryable), or '... a peer task' when it came to the
   barrier after the report (TensorFlow's 'Agent must be in CONNECTED
-  state'). (A chief that refused and has exited before the other comes
-  is lost: the report's text was kept in its service.)"""
+  state'). A chief that refused and had exited before the other came (3
+  s late) took the report's text with it (its service): the other said
+  '... a peer task', exit 200; the chief now waits (reports.TOLD_SECONDS)
+  until the other has its line."""
   args = ["--config.model.name=user_task:model_fn",
           "--config.data.name=user_task:dataset_fn",
           "--config.train.global_batch_size=48", "--config.train.steps=4",
