@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import disk, errors, registry, terminal, validate
-from dist_keras.contract import batches, checks
+from dist_keras.contract import batches, checks, probe
 from dist_keras.distribute import leaving, peers, pipelines, reports
 from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, batch_losses, checkpoints, compiled
@@ -91,17 +91,16 @@ def run(job: Job) -> FitResult:
 def _met_its_batches(model, strategy, dataset_fn, batch_spec, eval_spec,
                      train_cfg) -> tuple[bool, list]:
   """(whether the eval has a loss, the lines to say): the model against
-  the batches of both splits. Its loss and metrics' state built from them
-  (contract/checks.py), a compiled loss of one mean per batch divided by
-  the replicas (batch_losses.py), one step per call where the gathered
-  gradient slices change shape (varying_slices.py)."""
-  no_eval = checks.build_state(
-      model, strategy, batch_spec, eval_spec,
-      builtin_data=getattr(dataset_fn, "builtin_data", None))
-  return no_eval is None, [
-      no_eval, batch_losses.divide_means(model, strategy, batch_spec),
-      varying_slices.one_step_per_call(model, strategy, batch_spec,
-                                       train_cfg)]
+  the batches of both splits, met once (contract/probe.py: its loss and
+  metrics' state built from them); from what it made of them, a compiled
+  loss of one mean per batch divided by the replicas (batch_losses.py),
+  one step per call where the gathered gradient slices change shape
+  (varying_slices.py)."""
+  met = probe.meet(model, strategy, batch_spec, eval_spec,
+                   builtin_data=getattr(dataset_fn, "builtin_data", None))
+  return met.evaluates, [
+      met.no_eval, batch_losses.divide_means(model, strategy, met),
+      varying_slices.one_step_per_call(model, strategy, met, train_cfg)]
 
 
 def _trained(job: Job) -> tuple[FitResult, strategies.Role]:

@@ -218,16 +218,6 @@ def _spec_text(spec) -> str:
       "None", "?")
 
 
-def targets(y, y_pred):
-  """The labels a compiled loss and metrics are built from: the batch's;
-  for batches without labels (read only by a model's own step: an
-  autoencoder's, which compares its prediction with its x), zeros shaped
-  like the prediction."""
-  if y is not None:
-    return y
-  return tf.nest.map_structure(tf.zeros_like, y_pred)
-
-
 def zeros(spec):
   """A batch of one example shaped like `spec` (unknown sizes: 1)."""
 

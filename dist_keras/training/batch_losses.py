@@ -14,11 +14,9 @@ batch repeated twice) is divided by the replicas here, said at the start;
 a sum over it (twice as much) needs no division; a value that is neither
 is refused at N > 1, since no division makes it one device's.
 """
-import keras
 import numpy as np
 import tensorflow as tf
 
-from dist_keras.contract import batches, checks
 from dist_keras.errors import UserError
 from dist_keras.training import keras_internals
 
@@ -30,27 +28,27 @@ _FIX = ("return one value per example (e.g. tf.reduce_mean(..., axis=-1)) "
         "and let Keras reduce the batch")
 
 
-def divide_means(model, strategy, batch_spec) -> str | None:
+def divide_means(model, strategy, met) -> str | None:
   """Divides each compiled loss that returns a mean per batch by the
   replicas (N > 1); returns the line the run says for them, or None.
+  `met`: what the model made of a zero batch of the train split
+  (contract/probe.py), on which the compiled loss's own losses are called.
 
   Raises:
     UserError: at N > 1, a loss of one number per batch that is neither a
       mean nor a sum over the batch's examples.
   """
   replicas = strategy.num_replicas_in_sync
-  if replicas == 1 or model.loss is None:
+  # Not probed: built, compiled with no loss (nor metrics) to divide.
+  if replicas == 1 or model.loss is None or met.y_pred is None:
     return None
-  x, y, weights = keras.utils.unpack_x_y_sample_weight(
-      batches.zeros(batch_spec))
   with strategy.scope():
-    y_pred = checks.zero_prediction(model, x)
     found = keras_internals.compiled_losses(
-        model, batches.targets(y, y_pred), y_pred, weights)
+        model, met.y, met.y_pred, met.sample_weight)
     model.reset_metrics()  # The calls above moved the loss trackers.
-  means, unknown = [], []
-  for index, loss, y_true, y_pred in found:
-    kind = _kind(loss, y_true, y_pred)
+  kinds = [(index, loss, _kind(loss, y_true, y_pred))
+           for index, loss, y_true, y_pred in found]
+  for _, loss, kind in kinds:
     if kind is None:
       raise UserError(
           f"the compiled loss {_named(loss)} returns one number per batch, "
@@ -59,12 +57,14 @@ def divide_means(model, strategy, batch_spec) -> str | None:
           "batch repeated twice it is neither the same nor twice as much), "
           f"so {replicas} replicas cannot train what one device trains; "
           f"{_FIX}.")
+  said = _lines([_named(loss) for _, loss, kind in kinds if kind == "mean"],
+                [_named(loss) for _, loss, kind in kinds
+                 if kind == "unknown"],  # Neither divided nor refused: said.
+                replicas)
+  for index, _, kind in kinds:
     if kind == "mean":
       keras_internals.wrap_compiled_loss(model, index, DividedByReplicas)
-      means.append(_named(loss))
-    if kind == "unknown":  # Neither divided nor refused: said.
-      unknown.append(_named(loss))
-  return "; ".join(_lines(means, unknown, replicas)) or None
+  return "; ".join(said) or None
 
 
 def _lines(means: list, unknown: list, replicas: int) -> list[str]:

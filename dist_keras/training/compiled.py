@@ -37,10 +37,9 @@ def take(model, strategy, train_cfg) -> list[str]:
     train_cfg.jit_compile = True
     notes.append("XLA: the model was compiled with jit_compile=True "
                  "(train.jit_compile=true)")
-  train_clauses, test_line = step_losses.own_steps_notes(model, replicas)
   if overrides(model, "train_step"):
-    notes.append(_own_step_note(model, strategy, train_cfg, train_clauses))
-  notes.append(test_line)
+    _refuse_xla_of_own_step(model, strategy, train_cfg)
+  notes += step_losses.own_steps_notes(model, replicas)
   return [note for note in notes if note]
 
 
@@ -95,9 +94,8 @@ def _per_replica_batch_norm(model, replicas: int) -> str | None:
           "True) uses the global batch's statistics, as one device does")
 
 
-def _own_step_note(model, strategy, train_cfg, losses: list[str]) -> str:
-  """The line a model's own train_step gets, ending with the clauses on
-  its loss (`losses`); refuses XLA where its update cannot compile."""
+def _refuse_xla_of_own_step(model, strategy, train_cfg) -> None:
+  """XLA cannot compile a model's own train_step's update across devices."""
   if train_cfg.jit_compile and not isinstance(
       strategy, (tf.distribute.OneDeviceStrategy, tf.distribute.TPUStrategy)):
     raise UserError(
@@ -105,11 +103,6 @@ def _own_step_note(model, strategy, train_cfg, losses: list[str]) -> str:
         "train_step under a multi-device strategy: XLA cannot compile its "
         "optimizer's cross-device update (merge_call); use one device or a "
         "TPU, or set train.jit_compile=false.")
-  return (f"{type(model).__name__}.train_step is the model's own: it runs "
-          "as written on every replica (gradients all-reduced in its "
-          "optimizer's apply); the sync breakdown splits its steps into "
-          "input wait and model step only, and there is no calibration"
-          + "".join(f"; {clause}" for clause in losses))
 
 
 def keeps_ema(optimizer) -> bool:

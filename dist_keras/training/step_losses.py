@@ -1,5 +1,5 @@
-"""What a model's own train_step or test_step takes its loss with, read
-from its code, for the line the run says about it at N > 1 replicas.
+"""The lines the run says about a model's own train_step and test_step,
+with what each takes its loss with, read from its code, at N > 1 replicas.
 
 Under tf.distribute Keras divides the losses it reduces by the replica
 count (self.compute_loss, a keras.losses.Loss of a mean reduction), so
@@ -50,16 +50,24 @@ def takes_a_mean_by_hand(model, method: str = "train_step") -> bool:
           and not divided_losses(model, method))
 
 
-def own_steps_notes(model, replicas: int) -> tuple[list[str], str | None]:
-  """(the clauses of an own train_step's line, the line of an own
-  test_step whose loss Keras divides, or None), at `replicas`."""
-  train = [clause for clause in (
-      divided_note(model, "train_step", replicas),
-      hand_mean_note(model, replicas)) if clause]
-  test = (divided_note(model, "test_step", replicas)
+def own_steps_notes(model, replicas: int) -> list[str | None]:
+  """[the line of an own train_step, the line of an own test_step whose
+  loss Keras divides] at `replicas`, None for each the model has not."""
+  train = test = None
+  if overrides(model, "train_step"):
+    clauses = [clause for clause in (
+        divided_note(model, "train_step", replicas),
+        hand_mean_note(model, replicas)) if clause]
+    train = (f"{type(model).__name__}.train_step is the model's own: it runs"
+             " as written on every replica (gradients all-reduced in its "
+             "optimizer's apply); the sync breakdown splits its steps into "
+             "input wait and model step only, and there is no calibration"
+             + "".join(f"; {clause}" for clause in clauses))
+  said = (divided_note(model, "test_step", replicas)
           if overrides(model, "test_step") else "")
-  return train, (f"{type(model).__name__}.test_step is the model's own: "
-                 f"{test}" if test else None)
+  if said:
+    test = f"{type(model).__name__}.test_step is the model's own: {said}"
+  return [train, test]
 
 
 def divided_note(model, method: str, replicas: int) -> str:

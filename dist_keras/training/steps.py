@@ -14,7 +14,7 @@ import enum
 import keras
 import tensorflow as tf
 
-from dist_keras.contract import checks
+from dist_keras.contract import probe
 from dist_keras.measure import stamps
 from dist_keras.training import allreduce, keras_internals, sparse_grads
 
@@ -75,9 +75,9 @@ def forward_backward(model, optimizer, batch, update_metrics: bool = True):
   """
   x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
   with tf.GradientTape() as tape:
-    y_pred = checks.forward(model, x, training=True)
-    loss = checks.compute_loss(model, x, y, y_pred, sample_weight,
-                               training=True)
+    y_pred = probe.forward(model, x, training=True)
+    loss = probe.compute_loss(model, x, y, y_pred, sample_weight,
+                              training=True)
     scaled = optimizer.scale_loss(loss)
   grads = tape.gradient(scaled, model.trainable_variables)
   if update_metrics:

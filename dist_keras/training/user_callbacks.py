@@ -81,32 +81,31 @@ def check(callbacks) -> list:
 
 def check_for_model(callbacks: list, model) -> None:
   """Raises UserError for a callback the model cannot serve, which Keras
-  would find only at the first eval, an epoch into the run."""
+  would find only at the first eval, an epoch into the run: a
+  SwapEMAWeights without the optimizer's averages, a callback that sets
+  the learning rate of a LearningRateSchedule (Keras raises a TypeError at
+  its first change, an epoch or more into the run)."""
+  if not callbacks:
+    return
   optimizer = model.optimizer
+  shown = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
+  keeps_ema = compiled.keeps_ema(optimizer)
+  schedule = keras_internals.rate_schedule(optimizer)
   for i, callback in enumerate(callbacks):
     if (isinstance(callback, keras.callbacks.SwapEMAWeights)
-        and not compiled.keeps_ema(optimizer)):
-      shown = getattr(optimizer, "inner_optimizer", optimizer)
+        and not keeps_ema):
       raise UserError(
           f"callbacks[{i}] is keras.callbacks.SwapEMAWeights, but the "
-          f"model's optimizer ({type(shown).__name__}) has use_ema="
+          f"model's optimizer ({shown}) has use_ema="
           "False; compile with use_ema=True, or remove it.")
-    _check_sets_the_rate(i, callback, optimizer)
-
-
-def _check_sets_the_rate(i: int, callback, optimizer) -> None:
-  """A callback that sets the learning rate cannot set a schedule's: Keras
-  raises a TypeError at its first change, an epoch or more into the run."""
-  schedule = keras_internals.rate_schedule(optimizer)
-  if schedule is not None and isinstance(callback, _SETS_THE_RATE):
-    shown = getattr(optimizer, "inner_optimizer", optimizer)
-    raise UserError(
-        f"callbacks[{i}] is keras.callbacks.{type(callback).__name__}, "
-        "which sets the learning rate, but the model's optimizer ("
-        f"{type(shown).__name__}) takes its rate from a "
-        f"LearningRateSchedule ({type(schedule).__name__}), which Keras "
-        "cannot set (fit fails at the callback's first change); compile "
-        "the optimizer with a float learning_rate, or remove the callback.")
+    if schedule is not None and isinstance(callback, _SETS_THE_RATE):
+      raise UserError(
+          f"callbacks[{i}] is keras.callbacks.{type(callback).__name__}, "
+          "which sets the learning rate, but the model's optimizer ("
+          f"{shown}) takes its rate from a "
+          f"LearningRateSchedule ({type(schedule).__name__}), which Keras "
+          "cannot set (fit fails at the callback's first change); compile "
+          "the optimizer with a float learning_rate, or remove the callback.")
 
 
 def for_worker(callbacks: list, chief: bool, scratch: str) -> list:

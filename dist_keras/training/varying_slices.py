@@ -23,13 +23,13 @@ train_step, whose gradients are its own.
 import keras
 import tensorflow as tf
 
-from dist_keras.contract import batches, checks
+from dist_keras.contract import batches, checks, probe
 from dist_keras.errors import UserError
 
-def one_step_per_call(model, strategy, batch_spec, train_cfg) -> str | None:
+def one_step_per_call(model, strategy, met, train_cfg) -> str | None:
   """Runs one step per call (train.steps_per_loop=0 -> 1) where the model's
-  step gathers slices of a count the batches leave open; the line saying
-  so, or None.
+  step gathers slices of a count the train batches (`met.spec`,
+  contract/probe.py) leave open; the line saying so, or None.
 
   Raises:
     UserError: train.steps_per_loop (or the model's steps_per_execution)
@@ -38,13 +38,13 @@ def one_step_per_call(model, strategy, batch_spec, train_cfg) -> str | None:
   if (train_cfg.steps_per_loop == 1 or strategy.num_replicas_in_sync == 1
       or isinstance(strategy, tf.distribute.TPUStrategy)  # Densified there.
       or checks.overrides(model, "train_step")
-      or _fixed_shapes(batch_spec)):
+      or _fixed_shapes(met.spec)):
     return None
-  varying = _open_slices(model, strategy, batch_spec)
+  varying = _open_slices(model, strategy, met.spec)
   if not varying:
     return None
   why = (f"the gradient of {varying[0]} is gathered as slices whose number "
-         f"changes from batch to batch ({batches.describe(batch_spec)}), "
+         f"changes from batch to batch ({batches.describe(met.spec)}), "
          "which TensorFlow cannot gather in a loop of several steps in one "
          "call")
   if train_cfg.steps_per_loop:
@@ -81,9 +81,9 @@ def _open_slices(model, strategy, batch_spec) -> list[str]:
     # optimizer, not yet built (a loss scale's variable with it).
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     with tf.GradientTape() as tape:
-      y_pred = checks.forward(model, x, training=True)
-      loss = checks.compute_loss(model, x, y, y_pred, sample_weight,
-                                 training=True)
+      y_pred = probe.forward(model, x, training=True)
+      loss = probe.compute_loss(model, x, y, y_pred, sample_weight,
+                                training=True)
     grads = tape.gradient(loss, variables)
     found.update((v.path, None) for v, g in zip(variables, grads)
                  if isinstance(g, tf.IndexedSlices)

@@ -1,0 +1,288 @@
+"""The model against its batches: called as Keras' train_step and
+test_step call it (forward, compute_loss: the steps call it so too), and
+met once, before training: a zero batch of each split through the model,
+its compiled loss and metrics (which builds their state, and a subclassed
+model's weights, in scope), checked as Keras' fit would find them at its
+first step or eval. What the model made of the train split's zero batch
+is kept as a `Probe`, which the training's own checks of the model against
+its batches read (training/batch_losses.py, training/varying_slices.py)
+instead of calling the model again.
+
+Every check here raises UserError with one line naming the bad value and
+the fix, before anything is written to the workdir.
+"""
+import dataclasses
+import inspect
+
+import keras
+import tensorflow as tf
+
+from dist_keras import errors
+from dist_keras.contract import batches, checks, features, saving
+from dist_keras.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+  """What the model made of its batches (meet()).
+
+  Attributes:
+    spec: the train split's element spec (its batches' structure and
+      shapes, sizes it leaves open as None).
+    x, y, sample_weight: a zero batch shaped like `spec`, as the compiled
+      loss takes it (y: zeros shaped like the prediction where the batches
+      have no labels); None where the model was not probed (built, with no
+      compiled loss or metrics to build from a batch).
+    y_pred: the model's prediction of `x` (zeros of its shapes), or None.
+    no_eval: None where the eval has a loss to report, else the line that
+      says there is none.
+  """
+  spec: object
+  x: object = None
+  y: object = None
+  sample_weight: object = None
+  y_pred: object = None
+  no_eval: str | None = None
+
+  @property
+  def evaluates(self) -> bool:
+    """Whether the eval has a loss to report."""
+    return self.no_eval is None
+
+
+def meet(model, strategy, batch_spec, eval_spec=None,
+         builtin_data: str | None = None) -> Probe:
+  """Creates the model's variables and its compiled loss's and metrics'
+  state, in scope, from a zero batch shaped like `batch_spec`; then checks
+  that the variables are mirrored and that model.keras can be saved.
+  Returns the Probe: what the model made of the train split's zero batch,
+  and whether the eval has a loss to report.
+
+  Keras creates metric variables on their first update; inside a replica
+  function that is not allowed, so they are made here (as Keras' own fit
+  does symbolically), and so are a subclassed model's weights. It also
+  checks that the model, its loss and metrics accept the dataset's batches:
+  the train split's, and the eval split's (`eval_spec`) where Keras'
+  test_step will read them (else found only at the first eval).
+  `builtin_data` names the built-in data the batches come from, if they do.
+  """
+  # Built, no compiled loss or metrics: nothing to build from a batch (a
+  # GAN, whose batches need not be its call's inputs), as under Keras' fit.
+  probed = not _built(model) or _compiled_from_data(model)
+  met = Probe(batch_spec)
+  if probed:
+    with strategy.scope():
+      met, loss = _probe(model, batch_spec, "train", builtin_data)
+  has_eval_loss = evaluates(model, strategy, batch_spec, eval_spec)
+  if probed:
+    if (eval_spec is not None and has_eval_loss
+        and not checks.overrides(model, "test_step")):
+      batches.check_batched_like(eval_spec, batch_spec)
+      with strategy.scope():
+        _probe(model, eval_spec, "eval", builtin_data)
+    _check_scalar(model, loss)
+    model.reset_metrics()
+  _check_in_scope(model, strategy)
+  no_eval = None if has_eval_loss else _no_eval_note(model)
+  saving.check_savable(model)
+  return dataclasses.replace(met, no_eval=no_eval)
+
+
+def _no_eval_note(model) -> str:
+  """Keras' evaluate() would fail on such a model: there is no eval."""
+  return (f"no eval: {type(model).__name__} has no compiled loss, no "
+          "test_step of its own and no loss of its own (add_loss, "
+          "regularisers) in a call on the eval batches, so Keras' evaluate()"
+          " would have none to report")
+
+
+def evaluates(model, strategy, batch_spec, eval_spec=None) -> bool:
+  """Whether the eval has a loss to report, as Keras' evaluate() finds
+  one: its own test_step's, or Keras' test_step's compiled loss or the
+  model's own losses (add_loss terms, regularisers) on the eval batches.
+  A GAN (its own train_step, no loss; its call does not take the batches)
+  has none: evaluate() would fail on it.
+
+  Raises:
+    UserError: a model trained by Keras' train_step that has no loss at
+      all (its first step would fail: "No loss to compute").
+  """
+  if (checks.overrides(model, "test_step")
+      or checks.overrides(model, "compute_loss") or model.loss is not None):
+    return True
+  eval_spec = batch_spec if eval_spec is None else eval_spec
+  if checks.overrides(model, "train_step"):
+    return bool(_adds_losses(model, strategy, eval_spec, training=False))
+  if _adds_losses(model, strategy, batch_spec, training=True) is False:
+    raise UserError(
+        f"model {model.name!r} has no loss to train on: it was compiled "
+        "without a loss and adds none of its own (add_loss() in its call, "
+        "weight regularisers); compile the model with a loss= or add_loss()"
+        " in its call (or give it a train_step of its own).")
+  # A call that fails on the eval batches (None) is said by their probe.
+  return _adds_losses(model, strategy, eval_spec, training=False) is not False
+
+
+def _adds_losses(model, strategy, batch_spec, training: bool):
+  """Whether model.losses holds any loss after the model's call on batches
+  like `batch_spec`, where Keras' train_step and test_step find add_loss
+  terms and regularisers; None if the call cannot take the batches' x (a
+  GAN's real samples). The call is traced, not run: no state moves."""
+  x, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
+  found = []
+
+  def call(x):
+    forward(model, x, training=training)
+    found.append(len(model.losses))
+
+  with strategy.scope():
+    try:
+      tf.function(call, autograph=False).get_concrete_function(x)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError):
+      return None
+  return bool(found[-1])
+
+
+def _probe(model, batch_spec, split: str, builtin_data: str | None):
+  """(the Probe, the compiled loss (None without one)) of a zero batch
+  shaped like `batch_spec`, the metrics updated; UserError if they cannot
+  take it. Batches a model's own step reads are its business, as under
+  fit: only Keras' steps need labels for a compiled loss, and x for the
+  Inputs."""
+  where, fix = f"dataset_fn({split!r}, ...)", ""
+  if builtin_data:  # A user's model on the config's data: say whose.
+    where = f"the built-in data.name={builtin_data!r} ({split} split)"
+    fix = ("; build the model for these batches, or give it your own data "
+           "(data.name=PKG.MODULE:FN)")
+  x, y, weights = keras.utils.unpack_x_y_sample_weight(
+      batches.zeros(batch_spec))
+  step = "train_step" if split == "train" else "test_step"
+  if checks.overrides(model, step):
+    fix += "" if y is not None else (
+        f"; {type(model).__name__}.{step} takes batches without labels: "
+        "dist_keras builds the compiled loss and metrics before training (a"
+        " replica cannot create their variables) against targets shaped "
+        "like the model's prediction")
+  elif y is None and getattr(model, "loss", None) is not None:
+    raise UserError(
+        f"{where} yields batches without labels, but the compiled loss "
+        f"{_loss_name(model)} needs them; yield (x, y) or "
+        "(x, y, sample_weight) batches.")
+  else:
+    features.check_input_keys(model, x, where)
+  try:
+    y_pred = zero_prediction(model, x)
+    y = targets(y, y_pred)
+    loss = None if model.loss is None else compute_loss(
+        model, x, y, y_pred, weights, training=False)
+    model.compute_metrics(x, y, y_pred, weights)
+  # Unimplemented: a cast the loss cannot make (string labels to float).
+  except (ValueError, TypeError, tf.errors.InvalidArgumentError,
+          tf.errors.UnimplementedError) as e:
+    raise UserError(
+        f"the model or its compiled loss/metrics cannot take the batches "
+        f"of {where} ({batches.describe(batch_spec)}): "
+        f"{errors.first_line(e)}{fix}") from e
+  return Probe(batch_spec, x, y, weights, y_pred), loss
+
+
+def targets(y, y_pred):
+  """The labels a compiled loss and metrics are built from: the batch's;
+  for batches without labels (read only by a model's own step: an
+  autoencoder's, which compares its prediction with its x), zeros shaped
+  like the prediction."""
+  if y is not None:
+    return y
+  return tf.nest.map_structure(tf.zeros_like, y_pred)
+
+
+def _check_scalar(model, loss) -> None:
+  """The loss must be one number: a vector's gradient is its sum's, which
+  scales with the examples per replica (N replicas would not train what
+  one device trains) and is rarely what was meant."""
+  rank = len(getattr(loss, "shape", ()))
+  if rank:
+    raise UserError(
+        f"the compiled loss {_loss_name(model)} gives a tensor of rank {rank}"
+        " per batch, not one number (reduction=None?); compile a loss that "
+        "reduces to a scalar (Keras' default reduction, or 'sum').")
+
+
+def _compiled_from_data(model) -> bool:
+  """Whether compile() was given a loss or metrics (built from a batch)."""
+  compiled = model.get_compile_config() or {}
+  return any(compiled.get(key) is not None
+             for key in ("loss", "metrics", "weighted_metrics"))
+
+
+def _built(model) -> bool:
+  """Whether the model and every layer in it is built, as Keras' fit asks
+  before it builds a model (a subclassed model's build(shape) leaves the
+  layers its call creates weights in unbuilt)."""
+  layers = model._flatten_layers()  # pylint: disable=protected-access
+  return all(layer.built for layer in layers)  # The model's own included.
+
+
+def zero_prediction(model, x):
+  """What the model returns for `x`, as zeros of its shapes.
+
+  The shapes come from Keras' shape inference, symbolically, as Keras' fit
+  builds a model: the call runs on no values, so state it updates (a
+  counter, a running mean) moves only in the steps, as under fit. A model
+  not yet built is called on symbolic inputs, which creates its weights
+  (running it eagerly also cost the default LSTM 0.3 s before the first
+  step). A model whose inference fails is called, to raise the real error.
+  """
+  symbolic = tf.nest.map_structure(
+      lambda t: keras.KerasTensor(t.shape, t.dtype), x)
+  try:
+    if model.built:  # Inference also builds the layers its call builds.
+      spec = model.compute_output_spec(symbolic)
+    else:
+      spec = forward(model, symbolic, training=False)
+    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
+  except Exception:  # pylint: disable=broad-except
+    pass  # The call below says what is wrong, or works.
+  return forward(model, x, training=False)
+
+
+def forward(model, x, training: bool):
+  """`model(x)` as Keras' train_step and test_step call it: `training`
+  passed only to a call that takes it (a call without it runs as written;
+  forcing training=True turned its Dropout on where fit's was off)."""
+  if getattr(model, "_call_has_training_arg", True):
+    return model(x, training=training)
+  return model(x)
+
+
+def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
+  """`model.compute_loss`: the compiled loss plus the model's own losses
+  (regularisers), scaled by Keras for `tf.distribute` so that a SUM
+  all-reduce of the replicas' gradients is the one-device gradient.
+
+  Overrides written before Keras 3.3 take no `training` argument.
+  """
+  if "training" in inspect.signature(model.compute_loss).parameters:
+    return model.compute_loss(x=x, y=y, y_pred=y_pred,
+                              sample_weight=sample_weight, training=training)
+  return model.compute_loss(x=x, y=y, y_pred=y_pred,
+                            sample_weight=sample_weight)
+
+
+def _check_in_scope(model, strategy) -> None:
+  """Refuses variables created outside `strategy.scope()`: they would not
+  be mirrored, so replicas would update different copies (or fail)."""
+  owners = [("model", v) for v in model.variables] + [
+      ("optimizer", v) for v in model.optimizer.variables]
+  outside = [f"{owner} variable {v.path!r}" for owner, v in owners
+             if not strategy.extended.variable_created_in_scope(v.value)]
+  if outside:
+    raise UserError(
+        f"{outside[0]} was created outside the strategy's scope (it is not "
+        "mirrored); create the model, its optimizer and compile() inside "
+        "model_fn, not at import time or before dist_keras calls it.")
+
+
+def _loss_name(model) -> str:
+  loss = model.loss
+  return repr(loss) if isinstance(loss, str) else type(loss).__name__
