@@ -6,6 +6,7 @@ a built-in and a user's model take the same path.
 """
 import contextlib
 import dataclasses
+import os
 
 import keras
 import tensorflow as tf
@@ -25,18 +26,22 @@ class FitResult:
   """What `fit` returns.
 
   Attributes:
-    model: the trained Keras model (also saved as workdir/model.keras).
+    model: the trained Keras model (also saved in `model_file`).
     summary: summary.json's fields: the strategy, replicas and steps, the
       final train and eval loss and every compiled metric (`train_NAME`,
       `eval_NAME`), throughput, the sync breakdown and MFU.
     workdir: where the run wrote its files.
     history: {name: [value per epoch]}, as `model.fit(...).history` (an
       epoch is one eval interval; this run's epochs only).
+    model_file: the file the model is saved in: workdir/model.keras, or
+      workdir/model.weights.h5 (its weights: `model.load_weights(path)`)
+      for a model Keras cannot save whole (no get_config()).
   """
   model: keras.Model
   summary: dict
   workdir: str
   history: dict = dataclasses.field(default_factory=dict)
+  model_file: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +128,9 @@ def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
     if lost is None:
       raise
     raise lost from e
-  return FitResult(trainer.model, summary, job.workdir,
-                   dict(trainer.history.history)), trainer.parts.role
+  return FitResult(
+      trainer.model, summary, job.workdir, dict(trainer.history.history),
+      os.path.join(job.workdir, trainer.parts.model_file)), trainer.parts.role
 
 
 def _translated_run(trainer) -> dict:
@@ -183,6 +189,7 @@ def build(job: Job) -> loop.Trainer:
         strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
     evaluates, said = _met_its_batches(model, strategy, dataset_fn,
                                        batch_spec, eval_spec, config.train)
+    model_file, weights_only = run_files.model_file(model)
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).
     rate = lr.apply(model.optimizer, config.train)
@@ -191,8 +198,9 @@ def build(job: Job) -> loop.Trainer:
         workdir, model, optimizers, role, config.train.max_checkpoints, resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate, stop,
-                       callbacks, evaluates, batch_spec)
-    notes += [*said, note, *settings.notes(config, on_tpu), resumed]
+                       callbacks, evaluates, batch_spec, model_file)
+    notes += [*said, weights_only, note, *settings.notes(config, on_tpu),
+              resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,
         config.to_dict(), notes=[n for n in notes if n])

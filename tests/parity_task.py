@@ -360,15 +360,11 @@ class Gan(keras.Model):
   """Keras' GAN guide, in small: two networks, two optimizers, a train_step
   of its own, loss trackers as its metrics, no compiled loss."""
 
-  def __init__(self):
+  def __init__(self, networks=None, rates=(1e-3, 1e-3)):
     super().__init__()
-    self.generator = keras.Sequential([keras.Input((2,)),
-                                       keras.layers.Dense(FEATURES)])
-    self.discriminator = keras.Sequential([keras.Input((FEATURES,)),
-                                           keras.layers.Dense(8, "tanh"),
-                                           keras.layers.Dense(1)])
-    self.d_optimizer = keras.optimizers.Adam(1e-3)
-    self.g_optimizer = keras.optimizers.Adam(1e-3)
+    self.generator, self.discriminator = networks or _gan_networks()
+    self.d_optimizer = keras.optimizers.Adam(rates[0])
+    self.g_optimizer = keras.optimizers.Adam(rates[1])
     self.d_loss = keras.metrics.Mean(name="d_loss")
     self.g_loss = keras.metrics.Mean(name="g_loss")
     self.bce = keras.losses.BinaryCrossentropy(
@@ -404,8 +400,37 @@ class Gan(keras.Model):
     return {"d_loss": self.d_loss.result(), "g_loss": self.g_loss.result()}
 
 
+def _gan_networks():
+  return (keras.Sequential([keras.Input((2,)), keras.layers.Dense(FEATURES)]),
+          keras.Sequential([keras.Input((FEATURES,)),
+                            keras.layers.Dense(8, "tanh"),
+                            keras.layers.Dense(1)]))
+
+
 def gan():
   model = Gan()
+  model.build((None, 2))
+  model.d_optimizer.build(model.discriminator.trainable_variables)
+  model.g_optimizer.build(model.generator.trainable_variables)
+  model.compile()
+  return model
+
+
+class GanOfNetworks(Gan):
+  """keras.io's form: __init__ takes its networks, no get_config(), so
+  Keras cannot save it whole. (Keras' automatic config of a subclassed
+  Model sees none of the arguments given: Gan(networks) would be saved as
+  Gan(), its defaults.)"""
+
+  def __init__(self, generator, discriminator, rates):
+    super().__init__((generator, discriminator), rates)
+
+
+def gan_of_networks():
+  """GanOfNetworks, compiled as keras.io compiles it: compile() gives it
+  Keras' default RMSprop(0.001) as the compiled optimizer, which its
+  train_step never steps (its own step at 3e-3 and 2e-3)."""
+  model = GanOfNetworks(*_gan_networks(), rates=(3e-3, 2e-3))
   model.build((None, 2))
   model.d_optimizer.build(model.discriminator.trainable_variables)
   model.g_optimizer.build(model.generator.trainable_variables)

@@ -107,8 +107,9 @@ def run(args, name: str, plan) -> chaos_run.Result:
 
 
 def compare(reference: str, chaos: str) -> tuple[bool, str]:
-  """Whether the final model.keras weights and the final checkpoint's model
-  and optimizer variables of two workdirs are bitwise equal; one line."""
+  """Whether the final model.keras (or model.weights.h5) weights and the
+  final checkpoint's model and optimizer variables of two workdirs are
+  bitwise equal; one line."""
   # pylint: disable=g-import-not-at-top
   import numpy as np
 
@@ -116,9 +117,7 @@ def compare(reference: str, chaos: str) -> tuple[bool, str]:
   with quiet.startup_lines_filtered():
     import keras
     import tensorflow as tf
-  pairs = list(zip(*(keras.models.load_model(
-      os.path.join(d, "model.keras"), compile=False).get_weights()
-                     for d in (reference, chaos))))
+  pairs = list(zip(*(_final_weights(d, keras) for d in (reference, chaos))))
   readers = [tf.train.load_checkpoint(os.path.join(d, "checkpoints"))
              for d in (reference, chaos)]
   names = sorted(n for n in readers[0].get_variable_to_shape_map()
@@ -130,10 +129,31 @@ def compare(reference: str, chaos: str) -> tuple[bool, str]:
            for a, b in pairs + tensors]
   equal = all(a.tobytes() == b.tobytes() for a, b in pairs + tensors)
   return equal, (
-      f"max|diff| {max(diffs[:len(pairs)]):g} over {len(pairs)} model.keras "
-      f"weights, {max(diffs[len(pairs):]):g} over {len(tensors)} final "
+      f"max|diff| {max(diffs[:len(pairs)]):g} over {len(pairs)} "
+      f"{_saved_name(reference)} weights, {max(diffs[len(pairs):]):g} over {len(tensors)} final "
       "checkpoint tensors (optimizer state included): "
       + ("bitwise equal" if equal else "NOT bitwise equal"))
+
+
+def _saved_name(workdir: str) -> str:
+  """The file the run saved its model in: model.keras, or model.weights.h5
+  for a model Keras cannot save whole."""
+  whole = os.path.exists(os.path.join(workdir, "model.keras"))
+  return "model.keras" if whole else "model.weights.h5"
+
+
+def _final_weights(workdir: str, keras) -> list:
+  """The saved model's weights: model.keras's, or every array of
+  model.weights.h5 in the order of their paths."""
+  path = os.path.join(workdir, _saved_name(workdir))
+  if path.endswith(".keras"):
+    return keras.models.load_model(path, compile=False).get_weights()
+  import h5py  # pylint: disable=g-import-not-at-top
+  arrays = []
+  with h5py.File(path, "r") as saved:
+    saved.visititems(lambda _, item: arrays.append(item[()]) if isinstance(
+        item, h5py.Dataset) else None)
+  return arrays
 
 
 def failure(args, plan, result) -> str | None:

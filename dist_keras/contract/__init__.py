@@ -3,7 +3,7 @@ input_context) -> per-replica batches. checks.py checks what model_fn
 returns; probe.py calls the model and computes the compiled loss the way
 the contract defines it, and has the model meet its batches once before
 training (a Probe of what it made of them); saving.py
-whether Keras can save the model as model.keras; batches.py
+whether Keras can save the model as model.keras (else its weights); batches.py
 checks dataset_fn's batches and names them in messages; features.py a dict
 of features against a model's dict of Inputs; imports.py loads
 a user's PKG.MODULE:FN; fit_args.py refuses Keras' fit arguments given to

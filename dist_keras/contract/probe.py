@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import errors
-from dist_keras.contract import batches, checks, features, saving
+from dist_keras.contract import batches, checks, features
 from dist_keras.errors import UserError
 
 
@@ -54,7 +54,7 @@ def meet(model, strategy, batch_spec, eval_spec=None,
          builtin_data: str | None = None) -> Probe:
   """Creates the model's variables and its compiled loss's and metrics'
   state, in scope, from a zero batch shaped like `batch_spec`; then checks
-  that the variables are mirrored and that model.keras can be saved.
+  that the variables are mirrored.
   Returns the Probe: what the model made of the train split's zero batch,
   and whether the eval has a loss to report.
 
@@ -84,7 +84,6 @@ def meet(model, strategy, batch_spec, eval_spec=None,
     model.reset_metrics()
   _check_in_scope(model, strategy)
   no_eval = None if has_eval_loss else _no_eval_note(model)
-  saving.check_savable(model)
   return dataclasses.replace(met, no_eval=no_eval)
 
 

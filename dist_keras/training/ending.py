@@ -1,9 +1,10 @@
 """How a run ends with the model it saves: the weights training ends with
 (a callback may restore others, as EarlyStopping(restore_best_weights=True)
-does), its results (summary.json, model.keras), and a rerun of a workdir
-whose training has ended.
+does), its results (summary.json, model.keras, or model.weights.h5 for a
+model Keras cannot save whole: run_files.model_file), and a rerun of a
+workdir whose training has ended.
 
-summary.json's eval is of the model saved as model.keras, and a rerun
+summary.json's eval is of the model saved there, and a rerun
 of a finished workdir keeps what its run wrote (the checkpoint holds the
 last step's weights, which may not be the ones saved; a callback's files,
 as a CSVLogger's, would be rewritten by a run of no epochs).
@@ -12,6 +13,7 @@ import hashlib
 import os
 import zipfile
 
+import h5py
 import keras
 import tensorflow as tf
 
@@ -50,18 +52,31 @@ def finished_summary(workdir: str, step: int) -> dict | None:
   return summary
 
 
-def readable_zip(path: str) -> bool:
-  """Whether `path` is a whole zip file (what model.keras is), every
-  member's checksum right."""
+def readable(path: str) -> bool:
+  """Whether `path` reads back whole: model.keras a zip file, every
+  member's checksum right; model.weights.h5 an HDF5 file, every array
+  read."""
   try:
-    with tf.io.gfile.GFile(path, "rb") as f, zipfile.ZipFile(f) as saved:
-      return saved.testzip() is None
+    with tf.io.gfile.GFile(path, "rb") as f:
+      if not path.endswith(".h5"):
+        with zipfile.ZipFile(f) as saved:
+          return saved.testzip() is None
+      with h5py.File(f, "r") as saved:
+        saved.visititems(_read_array)
+      return True
   except (tf.errors.OpError, OSError, zipfile.BadZipFile, EOFError,
-          ValueError):
+          ValueError, KeyError, RuntimeError):
     return False
 
 
-def finished_line(step: int, steps: int, stopped: bool) -> str:
+def _read_array(_, item) -> None:
+  """Reads an HDF5 dataset whole (visititems stops at a non-None return)."""
+  if isinstance(item, h5py.Dataset):
+    item[()]  # pylint: disable=pointless-statement
+
+
+def finished_line(step: int, steps: int, stopped: bool,
+                  saved: str = run_files.MODEL_FILE) -> str:
   why = ("a callback stopped it" if stopped else
          f"train.steps={steps} is below it" if step > steps else
          "train.steps reached")
@@ -69,7 +84,7 @@ def finished_line(step: int, steps: int, stopped: bool) -> str:
   more = (f"{new} to train again" if stopped else
           f"raise train.steps to train on, or {new}")
   return (f"this workdir already finished at step {step} ({why}): its "
-          f"summary.json and model.keras are kept as that run wrote them "
+          f"summary.json and {saved} are kept as that run wrote them "
           f"({more})")
 
 
@@ -107,8 +122,8 @@ def finalize(trainer, run, hooks, logs) -> None:
 
 
 def finish(trainer, run) -> dict:
-  """summary.json and model.keras, once the callbacks are done; from then
-  on a stop request changes nothing."""
+  """summary.json and the model's file, once the callbacks are done; from
+  then on a stop request changes nothing."""
   meters = trainer.meters
   eps = meters.throughput.examples_per_sec
   if eps:
@@ -122,16 +137,17 @@ def finish(trainer, run) -> dict:
     trainer.say(meters.utilisation.line(eps))
   trainer.tensorboard.flush()
   if trainer.chief:
-    run_files.save_model(trainer.workdir, trainer.model)
+    run_files.save_model(trainer.workdir, trainer.model,
+                         trainer.parts.model_file)
     run_files.write_json(trainer.workdir, run_files.SUMMARY_JSON, summary)
   trainer.stop.ended = True
   return summary
 
 
-def load_saved(workdir: str, model) -> None:
-  """The weights of the workdir's model.keras into `model` (what the
-  rerun returns is what its run saved)."""
-  model.load_weights(os.path.join(workdir, run_files.MODEL_FILE))
+def load_saved(workdir: str, model, name: str = run_files.MODEL_FILE) -> None:
+  """The weights of the workdir's model.keras (or model.weights.h5: `name`)
+  into `model` (what the rerun returns is what its run saved)."""
+  model.load_weights(os.path.join(workdir, name))
 
 
 def finished_before(trainer) -> dict | None:
@@ -143,12 +159,13 @@ def finished_before(trainer) -> dict | None:
   step, stopped = checkpoints.saved_at, bool(checkpoints.stopped.numpy())
   if step is None or not (stopped or step >= steps):
     return None
-  saved = os.path.join(trainer.workdir, run_files.MODEL_FILE)
-  model_reads = readable_zip(saved)  # Missing or damaged: written again.
+  name = trainer.parts.model_file
+  saved = os.path.join(trainer.workdir, name)
+  model_reads = readable(saved)  # Missing or damaged: written again.
   kept = finished_summary(trainer.workdir, step) if model_reads else None
   if not agreed(trainer.strategy, trainer.workers, kept is not None):
     if not model_reads and tf.io.gfile.exists(saved):
-      trainer.say(f"{run_files.MODEL_FILE} does not read back (a damaged "
+      trainer.say(f"{name} does not read back (a damaged "
                   "file): this rerun evaluates the last checkpoint and "
                   "writes it again")
     return None
@@ -157,8 +174,8 @@ def finished_before(trainer) -> dict | None:
   for note in [*trainer.notes, changed]:
     if note:
       trainer.say(note)
-  trainer.say(finished_line(step, steps, stopped))
-  load_saved(trainer.workdir, trainer.model)
+  trainer.say(finished_line(step, steps, stopped, name))
+  load_saved(trainer.workdir, trainer.model, name)
   trainer.history = keras.callbacks.History()
   ray_report.report_kept(kept, checkpoints, trainer.chief)
   return kept

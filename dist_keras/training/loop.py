@@ -40,12 +40,12 @@ class Parts:
   eval_ds: object
   checkpoints: Checkpoints
   rate: lr.Rate
-  # The run's SIGTERM/Ctrl-C handler, installed since the strategy exists;
-  # the Trainer's close lets go of it.
+  # SIGTERM/Ctrl-C's handler, set once the strategy exists; close() ends it.
   stop: preemption.StopRequest
   callbacks: list = dataclasses.field(default_factory=list)  # The users'.
   evaluates: bool = True  # Has a loss to evaluate (checks.evaluates).
   batch_spec: object = None  # The train batches' (for the FLOPs).
+  model_file: str = run_files.MODEL_FILE  # Or WEIGHTS_FILE: model_file().
 
 
 class Trainer:

@@ -102,3 +102,19 @@ def last_applied(optimizer) -> float:
     return float(keras.ops.convert_to_numpy(schedule(max(applied - 1, 0))))
   optimizer = getattr(optimizer, "inner_optimizer", optimizer)
   return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def logged_rates(optimizers: dict) -> dict:
+  """TensorBoard's learning-rate scalars of the model's optimizers
+  ({attribute: optimizer}, compiled.optimizers_of): `learning_rate`, the
+  compiled optimizer's, as long as no other has applied a batch; else
+  each that has, by its attribute, `learning_rate/d_optimizer`, and the
+  compiled one as `learning_rate` only if it has too. keras.io's GANs
+  compile with no optimizer (Keras' default RMSprop) and step their own:
+  the compiled one's rate is then no rate the run used."""
+  stepped = {name: optimizer for name, optimizer in optimizers.items()
+             if int(keras_internals.applied_batches(optimizer).numpy())}
+  if set(stepped) <= {"optimizer"}:
+    return {"learning_rate": last_applied(optimizers["optimizer"])}
+  return {"learning_rate" + ("" if name == "optimizer" else f"/{name}"):
+          last_applied(optimizer) for name, optimizer in stepped.items()}

@@ -183,7 +183,8 @@ def measured_fields(run, meters) -> dict:
 
 def run_fields(trainer, run) -> dict:
   """summary.json's fields that say what ran: strategy, replicas, steps,
-  batch, precision, rates, the step function, callbacks, how it ended."""
+  batch, precision, rates, the step function, callbacks, how it ended,
+  the file the model is saved in."""
   strategy = trainer.strategy
   return {"strategy": strategies.display_name(strategy),
           "device_kind": mfu.device_kind(strategy),
@@ -194,4 +195,5 @@ def run_fields(trainer, run) -> dict:
           "peak_learning_rate": trainer.parts.rate.peak,
           "train_step": "model" if trainer.custom_step else "dist_keras",
           "callbacks": [type(c).__name__ for c in trainer.parts.callbacks],
-          "stopped_early": run.stopping}
+          "stopped_early": run.stopping,
+          "model_file": trainer.parts.model_file}

@@ -12,11 +12,13 @@ import os
 import tensorflow as tf
 
 from dist_keras import disk, validate
+from dist_keras.contract import saving
 from dist_keras.errors import UserError, WorkdirRemoved
 
 CONFIG_JSON = disk.CONFIG_JSON
 SUMMARY_JSON = "summary.json"
-MODEL_FILE = "model.keras"
+MODEL_FILE = saving.WHOLE  # model.keras
+WEIGHTS_FILE = saving.WEIGHTS  # Its weights, where Keras cannot save it.
 CHECKPOINTS = disk.CHECKPOINTS
 
 
@@ -60,7 +62,8 @@ def _check(workdir: str) -> None:
         f"({type(e).__name__}); pass a "
         "folder you can write to.") from e
   for name, folder in [(CHECKPOINTS, True), (CONFIG_JSON, False),
-                       (SUMMARY_JSON, False), (MODEL_FILE, False)]:
+                       (SUMMARY_JSON, False), (MODEL_FILE, False),
+                       (WEIGHTS_FILE, False)]:
     path = os.path.join(workdir, name)
     if tf.io.gfile.exists(path) and tf.io.gfile.isdir(path) != folder:
       raise UserError(
@@ -252,12 +255,33 @@ def _flat(tree: dict, prefix: str = "") -> dict:
   return flat
 
 
-def save_model(workdir: str, model) -> str:
-  """Saves `model` as `workdir/model.keras`, atomically; returns the path."""
-  path = os.path.join(workdir, MODEL_FILE)
-  tmp = os.path.join(workdir, "model.tmp.keras")  # Keras wants .keras.
+def model_file(model) -> tuple[str, str | None]:
+  """The file the run's end saves `model` as: MODEL_FILE, or WEIGHTS_FILE
+  where Keras cannot serialize the model (contract/saving.py); and the
+  line that says so at the run's start (None for model.keras)."""
+  why = saving.unsavable(model)
+  if why is None:
+    return MODEL_FILE, None
+  return WEIGHTS_FILE, saving.weights_only_line(model, why)
+
+
+def save_model(workdir: str, model, name: str = MODEL_FILE) -> str:
+  """Saves `model` as `workdir/name`, atomically: MODEL_FILE whole
+  (model.save), WEIGHTS_FILE its weights only (model.save_weights). Then
+  removes the other file, which an earlier run of another model class in
+  this workdir left (not this model's). Returns the path."""
+  path = os.path.join(workdir, name)
+  # Keras wants the suffix: .keras, or .weights.h5.
+  tmp = os.path.join(workdir, "model.tmp." + name.split(".", 1)[1])
   with _replacing(tmp, path):
-    model.save(tmp)
+    if name == WEIGHTS_FILE:
+      model.save_weights(tmp)
+    else:
+      model.save(tmp)
+  other = os.path.join(workdir, MODEL_FILE if name == WEIGHTS_FILE
+                       else WEIGHTS_FILE)
+  if tf.io.gfile.exists(other):
+    tf.io.gfile.remove(other)
   return path
 
 

@@ -1,6 +1,6 @@
 """What dist_keras checks and builds of a user's model before its first
-step (contract/checks.py, contract/saving.py), against Keras' fit: a model
-Keras cannot save is refused before anything is written, a model is built
+step (contract/checks.py, contract/saving.py), against Keras' fit: the
+models Keras saves are found savable, a model is built
 as fit builds it (symbolically: its call runs no extra time), and a model
 with no compiled loss trains and evaluates on its own losses as under fit
 (and one with no loss at all is refused, as fit fails on it).
@@ -39,44 +39,7 @@ def _fit(model_fn, dataset_fn, validate=True):
   return model, history.history
 
 
-# --- A model Keras cannot save ---------------------------------------------
-
-class Apply(keras.layers.Layer):
-  """Takes a function in __init__ and has no get_config(): Keras' fit
-  trains it, model.save cannot serialize it."""
-
-  def __init__(self, fn):
-    super().__init__()
-    self.fn = fn
-
-  def call(self, x):
-    return self.fn(x)
-
-
-def _unsavable():
-  inputs = keras.Input((parity_task.FEATURES,))
-  model = keras.Model(inputs, keras.layers.Dense(1)(
-      Apply(lambda t: 2.0 * t)(inputs)), name="unsavable")
-  model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-  return model
-
-
-def test_a_model_keras_cannot_save_is_refused_before_anything_is_written(
-    tmp_path):
-  """It had trained every step and written checkpoints, then failed to save
-  model.keras with a cut-off NotImplementedError (and so did every rerun)."""
-  with pytest.raises(dist_keras.UserError) as e:
-    helpers.fit_fns(_unsavable, parity_task.dataset_fn, tmp_path / "run",
-                    CONFIG)
-  message = str(e.value)
-  assert message.startswith(
-      "model 'unsavable' cannot be saved as model.keras (Object Apply was "
-      "created by passing non-serializable argument values in `__init__()`,"
-      " and therefore the object must override `get_config()`"), message
-  assert "give each custom layer, loss or metric a get_config()" in message
-  assert "\n" not in message
-  assert not (tmp_path / "run").exists()
-
+# --- Models Keras saves (one it cannot: test_unsavable_models.py) ---------
 
 @pytest.mark.parametrize("model_fn", [
     parity_task.plain, parity_task.ema, parity_task.loss_scale,
@@ -87,7 +50,7 @@ def test_a_model_keras_cannot_save_is_refused_before_anything_is_written(
     user_task.subclassed_model_fn, user_task.binary_model_fn],
                          ids=lambda fn: fn.__name__)
 def test_the_models_keras_saves_pass_the_save_check(model_fn):
-  saving.check_savable(model_fn())
+  assert saving.unsavable(model_fn()) is None
 
 
 # --- No compiled loss: the model's own losses ------------------------------

@@ -114,6 +114,37 @@ def test_a_failed_model_save_leaves_the_old_model(tmp_path, monkeypatch):
   assert sorted(os.listdir(tmp_path)) == [run_files.MODEL_FILE]
 
 
+def test_a_failed_weights_save_leaves_the_old_weights(tmp_path,
+                                                     monkeypatch):
+  """model.weights.h5 (a model Keras cannot save whole) is written as
+  model.keras is: whole or not at all."""
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  name = run_files.WEIGHTS_FILE
+  run_files.save_model(str(tmp_path), model, name)
+  before = (tmp_path / name).read_bytes()
+
+  def dies(self, filepath, *args, **kwargs):
+    with open(filepath, "wb") as f:
+      f.write(b"\x89HDF\r\nhalf a file")
+    raise _Died()
+  monkeypatch.setattr(keras.Model, "save_weights", dies)
+  with pytest.raises(_Died):
+    run_files.save_model(str(tmp_path), model, name)
+  assert (tmp_path / name).read_bytes() == before
+  assert sorted(os.listdir(tmp_path)) == [name]
+
+
+def test_the_saved_file_replaces_the_other_kind(tmp_path):
+  """A rerun whose model now saves whole (or no longer does) leaves one
+  file, this run's: not an earlier run's of another model class."""
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  run_files.save_model(str(tmp_path), model, run_files.WEIGHTS_FILE)
+  run_files.save_model(str(tmp_path), model)
+  assert sorted(os.listdir(tmp_path)) == [run_files.MODEL_FILE]
+  run_files.save_model(str(tmp_path), model, run_files.WEIGHTS_FILE)
+  assert sorted(os.listdir(tmp_path)) == [run_files.WEIGHTS_FILE]
+
+
 def test_config_changes_name_each_changed_key_once(tmp_path):
   workdir = str(tmp_path)
   assert run_files.config_changes(workdir, {"a": 1}) == ""  # No file yet.
