@@ -446,6 +446,54 @@ def gan_unbuilt():
   return model
 
 
+def gan_unflagged():
+  """The GAN as keras.io writes it: never built itself (its call takes the
+  latent vector, its batches are real samples), every network inside
+  built; Keras' fit on one device trains it."""
+  model = Gan()
+  model.d_optimizer.build(model.discriminator.trainable_variables)
+  model.g_optimizer.build(model.generator.trainable_variables)
+  model.compile()
+  return model
+
+
+class Vae(keras.Model):
+  """keras.io's VAE shape: an encoder and a decoder, a train_step of its
+  own, no call() at all (deterministic here: z is the encoder's mean)."""
+
+  def __init__(self):
+    super().__init__()
+    self.encoder = keras.Sequential([keras.Input((FEATURES,)),
+                                     keras.layers.Dense(4, "tanh"),
+                                     keras.layers.Dense(2)])
+    self.decoder = keras.Sequential([keras.Input((2,)),
+                                     keras.layers.Dense(FEATURES)])
+    self.total = keras.metrics.Mean(name="loss")
+
+  @property
+  def metrics(self):
+    return [self.total]
+
+  def train_step(self, data):
+    # Sums over the replica's batch divided by the global batch, as a loop
+    # under tf.distribute writes them (any replica count trains alike).
+    with tf.GradientTape() as tape:
+      z = self.encoder(data)
+      reconstruction = tf.reduce_sum(tf.square(data - self.decoder(z)))
+      total = (reconstruction + 0.5 * tf.reduce_sum(tf.square(z))) / (
+          GLOBAL_BATCH)
+    weights = self.trainable_weights
+    self.optimizer.apply(tape.gradient(total, weights), weights)
+    self.total.update_state(total)
+    return {"loss": self.total.result()}
+
+
+def vae():
+  model = Vae()
+  model.compile(optimizer=keras.optimizers.Adam(1e-2))
+  return model
+
+
 # --- Callbacks -------------------------------------------------------------
 
 class Recorder(keras.callbacks.Callback):

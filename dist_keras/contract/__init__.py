@@ -1,8 +1,8 @@
 """The user contract: model_fn() -> a compiled Keras model, dataset_fn(split,
 input_context) -> per-replica batches. checks.py checks what model_fn
-returns; probe.py calls the model and computes the compiled loss the way
-the contract defines it, and has the model meet its batches once before
-training (a Probe of what it made of them); saving.py
+returns; model_calls.py calls the model and computes the compiled loss
+the way the contract defines it; probe.py has the model meet its batches
+once before training (a Probe of what it made of them); saving.py
 whether Keras can save the model as model.keras (else its weights); batches.py
 checks dataset_fn's batches and names them in messages; features.py a dict
 of features against a model's dict of Inputs; imports.py loads

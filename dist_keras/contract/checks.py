@@ -49,23 +49,39 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
         "scope, so its variables are mirrored.")
   check_signature(model_fn, "model_fn")
   previous = keras.config.dtype_policy()
+  policy = validate.PRECISIONS[precision]
   if precision != "float32":
-    keras.config.set_dtype_policy(validate.PRECISIONS[precision])
+    keras.config.set_dtype_policy(policy)
   try:
     with strategy.scope(), errors.raised_in(
         f"model_fn {imports.name_of(model_fn)}"):
       model = model_fn()
   finally:
-    keras.config.set_dtype_policy(previous)
+    if precision != "float32":  # A policy model_fn set stays, as for fit.
+      keras.config.set_dtype_policy(previous)
   if not isinstance(model, keras.Model):
     raise UserError(f"model_fn returned a {type(model).__name__}, not a "
                     "keras.Model; return the compiled model it builds.")
+  _check_policy(model, precision, policy)
   if not model.compiled or model.optimizer is None:
     raise UserError(
         f"model_fn returned model {model.name!r} uncompiled; call "
         "model.compile(optimizer=..., loss=..., metrics=[...]) inside "
         "model_fn, as for Keras' fit.")
   return model
+
+
+def _check_policy(model, precision: str, policy: str) -> None:
+  """A 16-bit train.precision that the model does not compute in (model_fn
+  set its own Keras policy) would be said, logged and counted for MFU while
+  another trains: refused."""
+  built_under = getattr(model.dtype_policy, "name", policy)
+  if precision != "float32" and built_under != policy:
+    raise UserError(
+        f"train.precision={precision} builds the model under Keras' "
+        f"{policy!r} policy, but model {model.name!r} was built under "
+        f"{built_under!r} (set in model_fn?); leave train.precision at "
+        "float32 to train under your own policy, or drop it from model_fn.")
 
 
 def overrides(model, method: str) -> bool:

@@ -1,5 +1,4 @@
-"""The model against its batches: called as Keras' train_step and
-test_step call it (forward, compute_loss: the steps call it so too), and
+"""The model against its batches (called as model_calls.py calls it),
 met once, before training: a zero batch of each split through the model,
 its compiled loss and metrics (which builds their state, and a subclassed
 model's weights, in scope), checked as Keras' fit would find them at its
@@ -12,13 +11,12 @@ Every check here raises UserError with one line naming the bad value and
 the fix, before anything is written to the workdir.
 """
 import dataclasses
-import inspect
 
 import keras
 import tensorflow as tf
 
 from dist_keras import errors
-from dist_keras.contract import batches, checks, features
+from dist_keras.contract import batches, checks, features, model_calls
 from dist_keras.errors import UserError
 
 
@@ -131,13 +129,15 @@ def _adds_losses(model, strategy, batch_spec, training: bool):
   found = []
 
   def call(x):
-    forward(model, x, training=training)
+    model_calls.forward(model, x, training=training)
     found.append(len(model.losses))
 
   with strategy.scope():
     try:
       tf.function(call, autograph=False).get_concrete_function(x)
-    except (ValueError, TypeError, tf.errors.InvalidArgumentError):
+    # NotImplementedError: a model without call() (keras.io's VAE).
+    except (ValueError, TypeError, NotImplementedError,
+            tf.errors.InvalidArgumentError):
       return None
   return bool(found[-1])
 
@@ -164,25 +164,39 @@ def _probe(model, batch_spec, split: str, builtin_data: str | None):
         "like the model's prediction")
   elif y is None and getattr(model, "loss", None) is not None:
     raise UserError(
-        f"{where} yields batches without labels, but the compiled loss "
+        f"{where} yields batches without labels "
+        f"({batches.describe(batch_spec)}), but the compiled loss "
         f"{_loss_name(model)} needs them; yield (x, y) or "
-        "(x, y, sample_weight) batches.")
+        f"(x, y, sample_weight) batches{_split_dict(x)}.")
   else:
     features.check_input_keys(model, x, where)
   try:
     y_pred = zero_prediction(model, x)
     y = targets(y, y_pred)
-    loss = None if model.loss is None else compute_loss(
+    loss = None if model.loss is None else model_calls.compute_loss(
         model, x, y, y_pred, weights, training=False)
     model.compute_metrics(x, y, y_pred, weights)
   # Unimplemented: a cast the loss cannot make (string labels to float).
-  except (ValueError, TypeError, tf.errors.InvalidArgumentError,
+  except (ValueError, TypeError, NotImplementedError,
+          tf.errors.InvalidArgumentError,
           tf.errors.UnimplementedError) as e:
     raise UserError(
         f"the model or its compiled loss/metrics cannot take the batches "
         f"of {where} ({batches.describe(batch_spec)}): "
         f"{errors.first_line(e)}{fix}") from e
   return Probe(batch_spec, x, y, weights, y_pred), loss
+
+
+def _split_dict(x) -> str:
+  """How to split a dict of features and label (TFDS' and CSV readers'
+  habit) into (x, y); '' for other batches."""
+  keys = sorted(x) if isinstance(x, dict) else []
+  if len(keys) < 2:
+    return ""
+  label = next((k for k in keys if k in ("label", "labels", "target", "y")),
+               "LABEL")
+  feature = next(k for k in keys if k != label)
+  return f", e.g. ds.map(lambda d: (d[{feature!r}], d[{label!r}]))"
 
 
 def targets(y, y_pred):
@@ -217,9 +231,16 @@ def _compiled_from_data(model) -> bool:
 def _built(model) -> bool:
   """Whether the model and every layer in it is built, as Keras' fit asks
   before it builds a model (a subclassed model's build(shape) leaves the
-  layers its call creates weights in unbuilt)."""
-  layers = model._flatten_layers()  # pylint: disable=protected-access
-  return all(layer.built for layer in layers)  # The model's own included.
+  layers its call creates weights in unbuilt). A model with a train_step
+  of its own and no build() of its own, every layer inside built, has
+  every variable it will have, its own flag unset or not: keras.io's GANs
+  and VAE, whose call (if any) does not take the batches, as Keras' fit on
+  one device trains them (calling them on a batch failed, or crashed)."""
+  inside = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  if not all(layer.built for layer in inside):
+    return False
+  return model.built or (checks.overrides(model, "train_step")
+                         and not checks.overrides(model, "build"))
 
 
 def zero_prediction(model, x):
@@ -238,34 +259,11 @@ def zero_prediction(model, x):
     if model.built:  # Inference also builds the layers its call builds.
       spec = model.compute_output_spec(symbolic)
     else:
-      spec = forward(model, symbolic, training=False)
+      spec = model_calls.forward(model, symbolic, training=False)
     return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
   except Exception:  # pylint: disable=broad-except
     pass  # The call below says what is wrong, or works.
-  return forward(model, x, training=False)
-
-
-def forward(model, x, training: bool):
-  """`model(x)` as Keras' train_step and test_step call it: `training`
-  passed only to a call that takes it (a call without it runs as written;
-  forcing training=True turned its Dropout on where fit's was off)."""
-  if getattr(model, "_call_has_training_arg", True):
-    return model(x, training=training)
-  return model(x)
-
-
-def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
-  """`model.compute_loss`: the compiled loss plus the model's own losses
-  (regularisers), scaled by Keras for `tf.distribute` so that a SUM
-  all-reduce of the replicas' gradients is the one-device gradient.
-
-  Overrides written before Keras 3.3 take no `training` argument.
-  """
-  if "training" in inspect.signature(model.compute_loss).parameters:
-    return model.compute_loss(x=x, y=y, y_pred=y_pred,
-                              sample_weight=sample_weight, training=training)
-  return model.compute_loss(x=x, y=y, y_pred=y_pred,
-                            sample_weight=sample_weight)
+  return model_calls.forward(model, x, training=False)
 
 
 def _check_in_scope(model, strategy) -> None:

@@ -14,7 +14,7 @@ import enum
 import keras
 import tensorflow as tf
 
-from dist_keras.contract import probe
+from dist_keras.contract import model_calls
 from dist_keras.measure import stamps
 from dist_keras.training import allreduce, keras_internals, sparse_grads
 
@@ -75,8 +75,8 @@ def forward_backward(model, optimizer, batch, update_metrics: bool = True):
   """
   x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
   with tf.GradientTape() as tape:
-    y_pred = probe.forward(model, x, training=True)
-    loss = probe.compute_loss(model, x, y, y_pred, sample_weight,
+    y_pred = model_calls.forward(model, x, training=True)
+    loss = model_calls.compute_loss(model, x, y, y_pred, sample_weight,
                               training=True)
     scaled = optimizer.scale_loss(loss)
   grads = tape.gradient(scaled, model.trainable_variables)

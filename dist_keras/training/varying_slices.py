@@ -23,7 +23,7 @@ train_step, whose gradients are its own.
 import keras
 import tensorflow as tf
 
-from dist_keras.contract import batches, checks, probe
+from dist_keras.contract import batches, checks, model_calls
 from dist_keras.errors import UserError
 
 def one_step_per_call(model, strategy, met, train_cfg) -> str | None:
@@ -81,8 +81,8 @@ def _open_slices(model, strategy, batch_spec) -> list[str]:
     # optimizer, not yet built (a loss scale's variable with it).
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     with tf.GradientTape() as tape:
-      y_pred = probe.forward(model, x, training=True)
-      loss = probe.compute_loss(model, x, y, y_pred, sample_weight,
+      y_pred = model_calls.forward(model, x, training=True)
+      loss = model_calls.compute_loss(model, x, y, y_pred, sample_weight,
                                 training=True)
     grads = tape.gradient(loss, variables)
     found.update((v.path, None) for v, g in zip(variables, grads)

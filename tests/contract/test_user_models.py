@@ -149,7 +149,9 @@ BAD = [
      "input_context.get_per_replica_batch_size(48), or set "
      "train.global_batch_size=96."),
     ("model_fn", "no_labels_dataset_fn",
-     "yields batches without labels, but the compiled loss 'mse' needs"),
+     "yields batches without labels (x float32[24,6]), but the compiled "
+     "loss 'mse' needs them; yield (x, y) or (x, y, sample_weight) "
+     "batches."),
     ("model_fn", "four_tuple_dataset_fn", "yields tuples of 4"),
     ("model_fn", "finite_train_dataset_fn",
      "dataset_fn('train', ...) ends after 3 batches; repeat it"),
@@ -175,8 +177,8 @@ BAD = [
      " batched? batch with input_context.get_per_replica_batch_size(48) and "
      "drop_remainder=True."),
     ("model_fn", "unlabelled_eval_dataset_fn",
-     "dataset_fn('eval', ...) yields batches without labels, but the "
-     "compiled loss 'mse' needs them"),
+     "dataset_fn('eval', ...) yields batches without labels (x "
+     "float32[?,6]), but the compiled loss 'mse' needs them"),
     ("model_fn", "unbatched_eval_dataset_fn",
      "dataset_fn('eval', ...) yields x float32[6], y float32[1], "
      "sample_weight float32[], unlike the train split's batches (x "
@@ -464,6 +466,63 @@ def test_compiled_settings_are_honoured_or_refused(tmp_path, model_fn, config,
     dist_keras.fit(model_fn, user_task.dataset_fn, workdir=str(tmp_path / "w"),
                    config=dict(CONFIG, **config), strategy="one_device")
   assert not os.path.exists(tmp_path / "w")
+
+
+def _under_policy(policy):
+  """user_task's model built under a Keras policy model_fn sets itself."""
+  def model_fn():
+    keras.config.set_dtype_policy(policy)
+    return user_task.model_fn()
+  return model_fn
+
+
+def test_a_precision_the_model_is_not_built_under_is_refused(tmp_path):
+  """train.precision=float16 was said and logged while model_fn's own
+  bfloat16 policy trained (no loss scaling either)."""
+  previous = keras.config.dtype_policy()
+  try:
+    with pytest.raises(UserError) as e:
+      dist_keras.fit(_under_policy("mixed_bfloat16"), user_task.dataset_fn,
+                     workdir=str(tmp_path / "w"), strategy="one_device",
+                     config=dict(CONFIG, **{"train.precision": "float16"}))
+  finally:
+    keras.config.set_dtype_policy(previous)
+  assert str(e.value).startswith(
+      "train.precision=float16 builds the model under Keras' "
+      "'mixed_float16' policy, but model 'functional")
+  assert str(e.value).endswith(
+      "was built under 'mixed_bfloat16' (set in model_fn?); leave "
+      "train.precision at float32 to train under your own policy, or drop "
+      "it from model_fn.")
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_a_policy_model_fn_sets_stays_set_as_after_fit(tmp_path):
+  """Keras' fit leaves the global policy as the user set it; dist_keras
+  put float32 back after model_fn."""
+  previous = keras.config.dtype_policy()
+  try:
+    dist_keras.fit(_under_policy("mixed_bfloat16"), user_task.dataset_fn,
+                   workdir=str(tmp_path / "w"), strategy="one_device",
+                   config=dict(CONFIG, **{"train.steps": 2,
+                                          "eval.every": 0}))
+    assert keras.config.dtype_policy().name == "mixed_bfloat16"
+  finally:
+    keras.config.set_dtype_policy(previous)
+
+
+def test_dict_batches_of_features_and_label_say_how_to_split_them(tmp_path):
+  def dataset_fn(split, ctx):
+    return user_task.dataset_fn(split, ctx).map(
+        lambda x, y, w: {"features": x, "label": y})
+  with pytest.raises(UserError) as e:
+    dist_keras.fit(user_task.model_fn, dataset_fn, workdir=str(tmp_path),
+                   config=CONFIG, strategy="one_device")
+  assert str(e.value) == (
+      "dataset_fn('train', ...) yields batches without labels (x "
+      "{features: float32[48,6], label: float32[48,1]}), but the compiled "
+      "loss 'mse' needs them; yield (x, y) or (x, y, sample_weight) "
+      "batches, e.g. ds.map(lambda d: (d['features'], d['label'])).")
 
 
 def test_compiled_steps_per_execution_and_jit_compile_are_honoured(tmp_path):
