@@ -25,7 +25,8 @@ import tensorflow as tf
 from dist_keras.contract.checks import overrides
 from dist_keras.distribute import pipelines
 from dist_keras.errors import UserError
-from dist_keras.training import keras_internals, metrics, model_step
+from dist_keras.training import (keras_internals, metrics, model_step,
+                                 replica_seeds)
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -67,6 +68,9 @@ def make_eval_pass(strategy, model):
       return tf.identity(examples), {
           name: tf.math.multiply_no_nan(value, examples) if weighs else value
           for name, value in logs.items()}
+
+  # A model drawing in inference (a VAE's sampling) draws per replica too.
+  replica_step = replica_seeds.per_replica(replica_step)
 
   def add_batch(state, batch):
     totals, _ = state

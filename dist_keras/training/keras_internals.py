@@ -38,6 +38,9 @@ catch.
   the norm Keras takes from its slices (sparse_grads.py), the optimizer's
   own clip is the identity meanwhile (clipping_done); an optimizer class
   that clips its own way keeps Keras' (clips_as_keras).
+
+`keras.random.SeedGenerator.next` (public, but replaced while a replica's
+step traces, so each replica draws its own numbers) is replica_seeds.py's.
 """
 import contextlib
 import threading

@@ -12,7 +12,7 @@ and the model's step only (its all-reduce cannot be timed apart).
 import tensorflow as tf
 
 from dist_keras.measure import stamps
-from dist_keras.training import steps
+from dist_keras.training import replica_seeds, steps
 
 _MEAN = tf.distribute.ReduceOp.MEAN
 
@@ -39,6 +39,7 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
 
   if jit:
     replica_step = tf.function(replica_step, jit_compile=True)
+  replica_step = replica_seeds.per_replica(replica_step)
 
   def one_step(iterator):
     out, batch, kwargs = steps.read_batch(strategy, iterator, timed)

@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from dist_keras.contract import model_calls
 from dist_keras.measure import stamps
-from dist_keras.training import allreduce, keras_internals, sparse_grads
+from dist_keras.training import (allreduce, keras_internals, replica_seeds,
+                                 sparse_grads)
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -114,7 +115,7 @@ def make_compute_only(model, allreduce_dtype: str = "float32"):
     return tf.add_n([tf.reduce_sum(getattr(g, "values", g))
                      for g in grads if g is not None])
 
-  return replica_compute
+  return replica_seeds.per_replica(replica_compute)
 
 
 def loss_scale_of(optimizer):
@@ -250,6 +251,7 @@ def _distributed_step(strategy, replica_step, optimizer, timed):
   """The tf.function that reads a batch and runs `replica_step` on every
   replica (make_train_step), with the stamps around the input read."""
   scale = loss_scale_of(optimizer)
+  replica_step = replica_seeds.per_replica(replica_step)
 
   def one_step(iterator):
     out, batch, kwargs = read_batch(strategy, iterator, timed)
