@@ -10,7 +10,6 @@ command line, every tool): a built-in name or a file, then overrides
 key the user set that the chosen built-in model or data does not read.
 """
 import copy
-import difflib
 import importlib
 import importlib.util
 import inspect
@@ -24,8 +23,8 @@ import ml_collections
 from dist_keras import catalog, errors
 from dist_keras.configs import base
 # (check_types: this package's too, as it was.)
-from dist_keras.configs._values import (KEYS_ARE_IN, check_types, is_bool,
-                                        set_value)
+from dist_keras.configs._values import (KEYS_ARE_IN, check_types,
+                                        did_you_mean, is_bool, set_value)
 from dist_keras.errors import UserError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -198,10 +197,13 @@ def _load_file(spec: str):
   except Exception as e:  # pylint: disable=broad-except
     if not builtin and os.path.isfile(name):
       raise _file_failed(spec, name, e) from e
+    # No such file and no built-in of that name: likely a built-in's typo.
+    close = (did_you_mean(name, names())
+             if isinstance(e, FileNotFoundError) else "")
     raise UserError(
         f"--config={spec} could not be loaded ({type(e).__name__}: "
-        f"{errors.first_line(e)}); pass a built-in config ({', '.join(names())}) "
-        "or a config file's path.") from e
+        f"{errors.first_line(e)}){close}; pass a built-in config "
+        f"({', '.join(names())}) or a config file's path.") from e
   if not isinstance(config, ml_collections.ConfigDict):
     raise UserError(
         f"--config={spec}: get_config() returned a {type(config).__name__}, "
@@ -250,21 +252,16 @@ def _file_failed(spec: str, file: str, error: Exception) -> UserError:
   if missing:
     key = missing.group(1)
     fields = sorted({f for fs in base.get_config().values() for f in fs})
-    close = difflib.get_close_matches(key, fields, n=1)
-    return UserError(
-        f"{where}: {key!r} names no config key"
-        + (f" (did you mean {close[0]!r}?)" if close else "")
-        + f"; {KEYS_ARE_IN}.")
+    return UserError(f"{where}: {key!r} names no config key"
+                     f"{did_you_mean(key, fields)}; {KEYS_ARE_IN}.")
   # ml_collections' for a section the ConfigDict lacks: AttributeError('x').
   section = re.fullmatch(r"'(\w+)'", errors.first_line(error))
   if isinstance(error, AttributeError) and section:
     sections = list(base.get_config())
-    close = difflib.get_close_matches(section.group(1), sections, n=1)
     return UserError(
         f"{where}: {section.group(1)!r} names no config section"
-        + (f" (did you mean {close[0]!r}?)" if close else "")
-        + f"; the sections are {', '.join(sections)} "
-        "(dist_keras.configs.base).")
+        f"{did_you_mean(section.group(1), sections)}; the sections are "
+        f"{', '.join(sections)} (dist_keras.configs.base).")
   fix = _import_fix(error) or (
       f"fix the file ({KEYS_ARE_IN})")
   return UserError(f"{where}: the config file raised {type(error).__name__}:"

@@ -55,6 +55,13 @@ def _check_known(config, defaults) -> None:
             + f"; {KEYS_ARE_IN}.")
 
 
+def did_you_mean(word: str, known) -> str:
+  """' (did you mean 'X'?)' for the one of `known` nearest `word`'s
+  spelling, as difflib finds it; '' if none is near."""
+  close = difflib.get_close_matches(word, list(known), n=1)
+  return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _nearest(key: str, known: list) -> list:
   """[the known key `key` most likely meant]: its field under another
   section first (train.seed -> runtime.seed), else the closest spelling."""
@@ -82,11 +89,8 @@ def set_value(config, key: str, value, spelled: str = "",
   section, field = key.split(".")
   for part, known in ((section, config), (field, config.get(section))):
     if known is None or part not in known:
-      close = difflib.get_close_matches(part, list(known or ()), n=1)
-      raise UserError(
-          f"{spelled} names no config key"
-          + (f" (did you mean {close[0]!r}?)" if close else "")
-          + f"; {KEYS_ARE_IN}.")
+      raise UserError(f"{spelled} names no config key"
+                      f"{did_you_mean(part, known or ())}; {KEYS_ARE_IN}.")
   current = config[section][field]
   try:
     setattr(config[section], field,

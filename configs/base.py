@@ -148,7 +148,10 @@ def _eval() -> ml_collections.ConfigDict:
 def _log() -> ml_collections.ConfigDict:
   s = ml_collections.ConfigDict()
   s.tensorboard = True
-  s.progress = True  # One line per train.log_every steps on the chief.
+  # Every line of the run on the chief's stdout: the start, one per
+  # train.log_every steps, evals, calibration, MFU and `done:`. False
+  # prints none of them (warnings and errors still go to stderr).
+  s.progress = True
   # Also a line (step, s/step, ETA) whenever this many seconds pass without
   # one: a slow model's train.log_every steps can take minutes. 0: never.
   s.progress_seconds = 30.0
@@ -160,9 +163,9 @@ def _log() -> ml_collections.ConfigDict:
   # After training: all-reduce microbenchmark + alpha-beta fit, and the same
   # step timed with no communication (0 steps: skip both).
   s.calibration_steps = 20
-  # Peak TFLOP/s per device (per host on CPU) that perf/mfu divides by; 0:
-  # automatic (a table of known GPUs/TPUs at train.precision, else a timed
-  # matmul: dist_keras/measure/mfu.py).
+  # Peak TFLOP/s per device (per worker process on CPU) that perf/mfu
+  # divides by; 0: automatic (a table of known GPUs/TPUs at
+  # train.precision, else a timed matmul: dist_keras/measure/mfu.py).
   s.peak_tflops = 0.0
   # Also log exp(loss) as `perplexity` / `eval/perplexity`: for language
   # models, whose loss is the mean cross-entropy per token.

@@ -11,6 +11,11 @@ others hanging in a collective.
   dist-keras-launch --worker_hosts=10.0.0.1:2222,10.0.0.2:2222 \\
       --task_index=1 -- python -m dist_keras.train --workdir=/tmp/run
 
+Each worker's PATH begins with the folder of the Python running the
+launcher, as `source .venv/bin/activate` does: a bare `python` in the
+command is this interpreter (the one with dist_keras), even with no venv
+activated (PATH's own `python` had no dist_keras: every worker exited 1).
+
 `dist-keras-launch` is the installed console script of the same; in a
 checkout, the tools folder's launch_local.py runs it too (its lines then
 begin `launch_local: `, as they always have).
@@ -39,6 +44,7 @@ loopback or a private network.
 Limits: a launcher killed with SIGKILL cannot stop its workers.
 """
 import argparse
+import os
 import signal
 import sys
 
@@ -114,7 +120,10 @@ def parse_args(argv=None, prog: str = PROG) -> argparse.Namespace:
   p = Parser(prog=prog, allow_abbrev=False,
              usage="%(prog)s (--num_workers=N | --worker_hosts=H:P,"
              "... --task_index=I) [options] -- COMMAND ...",
-             description=__doc__.splitlines()[0])
+             description=__doc__.splitlines()[0],
+             epilog="Each worker's PATH begins with this Python's folder "
+             f"({os.path.dirname(sys.executable)}), as an activated venv's "
+             "does: a bare `python` in COMMAND is the launcher's own.")
   cluster = p.add_mutually_exclusive_group(required=True)
   cluster.add_argument("--num_workers", type=int,
                        help="Start N local workers on free ports of --host.")

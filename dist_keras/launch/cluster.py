@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -53,6 +54,17 @@ def make_tf_config(hosts: list[str], index: int) -> dict:
   """
   return {"cluster": {"worker": list(hosts)},
           "task": {"type": "worker", "index": index}}
+
+
+def worker_path(path: str, python: str = sys.executable) -> str:
+  """PATH for the workers: the launcher's Python's folder first, as
+  `source .venv/bin/activate` puts it, so a bare `python` in the command is
+  the launcher's interpreter (the one that has dist_keras) and not another
+  one found on PATH. `path` unchanged if that folder is already first."""
+  folder = os.path.dirname(python)
+  if not folder or path.split(os.pathsep)[0] == folder:
+    return path
+  return folder + os.pathsep + path
 
 
 def exit_status(returncode: int) -> int:
@@ -131,6 +143,7 @@ class Cluster:
     """Starts one process per index. Raises OSError if the command can't."""
     for index in self._indices:
       env = dict(os.environ, PYTHONUNBUFFERED="1",
+                 PATH=worker_path(os.environ.get("PATH", os.defpath)),
                  TF_CONFIG=json.dumps(make_tf_config(self._hosts, index)))
       proc = subprocess.Popen(self._command, env=env, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,

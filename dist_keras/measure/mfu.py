@@ -9,10 +9,12 @@ The peak per device, in order:
      ("table:<name>");
   3. a measured matmul ("measured matmul"): on CPUs always, on a GPU the
      table does not know.
-On CPU the devices are the HOSTS: dist_keras's logical CPU devices split
-one host's cores only nominally (they share TensorFlow's one intra-op
-thread pool), so one large matmul using every thread measures the host's
-peak, and N logical devices on it do not multiply it.
+On CPU the devices are the WORKER PROCESSES: dist_keras's logical CPU
+devices split a process's cores only nominally (they share TensorFlow's one
+intra-op thread pool), so one large matmul using every thread measures the
+process's peak, and N logical devices in it do not multiply it. Workers on
+one machine each count the chief's peak: right when each has cores of its
+own (pinned), more than the machine has when they share them.
 """
 import dataclasses
 import functools
@@ -67,10 +69,10 @@ class Peak:
   """Peak FLOP/s of the devices a run trains on.
 
   Attributes:
-    tflops: peak TFLOP/s per device (per host on CPU), or None if unknown.
+    tflops: peak TFLOP/s per device (per worker on CPU), None if unknown.
     source: 'configured', 'table:<name>', 'measured matmul', or why unknown.
-    devices: devices (accelerators in sync, or hosts on CPU).
-    unit: 'device' or 'host'.
+    devices: devices (accelerators in sync, or worker processes on CPU).
+    unit: 'device' or 'worker'.
   """
   tflops: float | None
   source: str
@@ -154,7 +156,7 @@ def measure_matmul_tflops(dtype: str = "float32", device: str = "/cpu:0",
   return best
 
 
-def find_peak(strategy, precision: str, configured_tflops: float, hosts: int,
+def find_peak(strategy, precision: str, configured_tflops: float, workers: int,
               measure: bool = True) -> Peak:
   """The peak per device of `strategy`'s devices at `precision`.
 
@@ -162,13 +164,14 @@ def find_peak(strategy, precision: str, configured_tflops: float, hosts: int,
     strategy: the run's strategy.
     precision: train.precision (float32 | bfloat16 | float16).
     configured_tflops: log.peak_tflops; > 0 wins over everything.
-    hosts: workers in the job (the CPU devices MFU divides by).
+    workers: worker processes in the job (on CPU, what MFU divides by:
+      a worker's logical CPU devices share its cores).
     measure: whether a matmul may be timed (False on non-chief workers:
       only the chief reports).
   """
   kind = device_kind(strategy)
-  devices = hosts if kind == "CPU" else strategy.num_replicas_in_sync
-  unit = "host" if kind == "CPU" else "device"
+  devices = workers if kind == "CPU" else strategy.num_replicas_in_sync
+  unit = "worker" if kind == "CPU" else "device"
   if configured_tflops > 0:
     return Peak(configured_tflops, "configured", devices, unit)
   if kind == "TPU":
@@ -278,13 +281,13 @@ def _si(value: float) -> str:
 
 
 def for_run(counted: flops.FlopCount, strategy, precision: str,
-            peak_tflops: float, hosts: int, chief: bool) -> Utilisation:
+            peak_tflops: float, workers: int, chief: bool) -> Utilisation:
   """The Utilisation of a run: the model's FLOPs (`counted`) and the peak
   at train.precision (log.peak_tflops if set).
 
   Only the chief times a matmul (it alone reports); the others skip it.
   """
-  peak = find_peak(strategy, precision, peak_tflops, hosts, measure=chief)
+  peak = find_peak(strategy, precision, peak_tflops, workers, measure=chief)
   return Utilisation(counted, peak, precision)
 
 

@@ -2,6 +2,8 @@
 and summary.json (summary_json)."""
 import os
 import shlex
+import shutil
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -108,15 +110,38 @@ def footer(summary: dict, workdir: str, tensorboard: bool) -> str:
 
 def tensorboard_line(workdir: str, writing: bool) -> str:
   """'\\nTensorBoard: tensorboard --logdir W', a command to paste (W quoted
-  for a shell), when this run writes events or an earlier one did; else
-  ''."""
+  for a shell; the script's path where PATH lacks it; how to install it
+  where there is none), when this run writes events or an earlier one did;
+  else ''."""
   try:
     shown = writing or tf.io.gfile.glob(
         os.path.join(workdir, "events.out.tfevents.*"))
   except tf.errors.OpError:  # (A worker that cannot see the chief's.)
     shown = False
-  return (f"\nTensorBoard: tensorboard --logdir {shlex.quote(workdir)}"
-          if shown else "")
+  if not shown:
+    return ""
+  command = tensorboard_command()
+  logdir = f"--logdir {shlex.quote(workdir)}"
+  if command is None:
+    python = shlex.quote(sys.executable)
+    return (f"\nTensorBoard: not installed for this Python; {python} -m pip "
+            f"install tensorboard, then {python} -m tensorboard.main {logdir}")
+  return f"\nTensorBoard: {command} {logdir}"
+
+
+def tensorboard_command() -> str | None:
+  """How the user's shell starts TensorBoard: `tensorboard` where PATH finds
+  it; the script beside this Python where PATH lacks it (a venv run as
+  .venv/bin/python, never activated, as the README's quick start does), or
+  finds only that one with no venv activated (the launcher's workers: it put
+  that folder first on their PATH, not on the user's); else None."""
+  found = shutil.which("tensorboard")
+  beside = shutil.which("tensorboard",
+                        path=os.path.dirname(sys.executable) or None)
+  if found and (not beside or os.environ.get("VIRTUAL_ENV")
+                or os.path.realpath(found) != os.path.realpath(beside)):
+    return "tensorboard"
+  return shlex.quote(beside) if beside else None
 
 
 def throughput_line(meters) -> str:

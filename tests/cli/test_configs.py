@@ -233,6 +233,20 @@ def test_a_folder_or_a_non_python_file_does_not_hide_a_built_in(
     configs.from_command_line("runs")
 
 
+def test_a_typo_of_a_built_in_name_suggests_it(tmp_path, monkeypatch):
+  """--config=lstm_longmen listed every built-in but named none, where a
+  typo'd config key gets 'did you mean'."""
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(UserError, match=re.escape(
+      "--config=lstm_longmen could not be loaded (FileNotFoundError: no such "
+      "file: lstm_longmen) (did you mean 'lstm_longmem'?); pass a built-in "
+      "config (cnn_cifar10, ")):
+    configs.from_command_line("lstm_longmen")
+  with pytest.raises(UserError) as raised:  # Nothing near: no guess.
+    configs.from_command_line("mine_for_today")
+  assert "did you mean" not in str(raised.value)
+
+
 def test_a_built_in_configs_path_where_it_is_not_names_the_built_in(
     tmp_path, monkeypatch):
   """The configs' own docstring command, --config=configs/cnn_shapes.py,

@@ -139,7 +139,7 @@ def test_a_model_with_nothing_counted_has_unknown_flops_and_mfu_not_0():
   sub = _Subclassed()
   sub(keras.ops.zeros((1, 3)))
   usage = mfu.Utilisation(flops.count(sub), mfu.Peak(1.0, "configured", 1,
-                                                     "host"), "float32")
+                                                     "worker"), "float32")
   summary = usage.summary(1000.0)
   assert (summary["flops_per_example"], summary["mfu"]) == (None, None)
   assert usage.scalars(1000.0) == {"perf/model_tflops": None,
@@ -214,14 +214,15 @@ def test_tpu_peak_table(name, expected):
   assert mfu.tpu_peak(name, "bfloat16") == expected
 
 
-def test_configured_peak_wins_and_cpu_counts_hosts(mirrored):
-  peak = mfu.find_peak(mirrored, "float32", 2.5, hosts=1)
-  assert peak == mfu.Peak(2.5, "configured", 1, "host")
-  measured = mfu.find_peak(mirrored, "float32", 0.0, hosts=3)
+def test_configured_peak_wins_and_cpu_counts_workers(mirrored):
+  peak = mfu.find_peak(mirrored, "float32", 2.5, workers=1)
+  assert peak == mfu.Peak(2.5, "configured", 1, "worker")
+  measured = mfu.find_peak(mirrored, "float32", 0.0, workers=3)
   assert measured.source == "measured matmul" and measured.tflops > 0
   assert measured.devices == 3 and measured.total_tflops == pytest.approx(
       3 * measured.tflops)
-  skipped = mfu.find_peak(mirrored, "float32", 0.0, hosts=1, measure=False)
+  skipped = mfu.find_peak(mirrored, "float32", 0.0, workers=1,
+                          measure=False)
   assert skipped.tflops is None
 
 
@@ -263,11 +264,22 @@ def test_mfu_over_100_percent_says_the_peak_is_too_low():
   x = keras.Input((10,))
   counted = flops.count(_model(x, keras.layers.Dense(10)(x)))
   usage = mfu.Utilisation(counted, mfu.Peak(1e-9, "measured matmul", 1,
-                                            "host"), "float32")
+                                            "worker"), "float32")
   line = usage.line(1000.0)  # 600 FLOP/example x 1000/s = 0.6 MFLOP/s.
   assert re.search(r" = 60000\.0% MFU of 1 kFLOP/s \(measured matmul peak, "
                    r"float32\); over 100%: that peak is too low, set "
-                   r"log.peak_tflops to the host's peak TFLOP/s$", line), line
-  usage = mfu.Utilisation(counted, mfu.Peak(1.0, "configured", 1, "host"),
+                   r"log.peak_tflops to the worker's peak TFLOP/s$", line), line
+  usage = mfu.Utilisation(counted, mfu.Peak(1.0, "configured", 1, "worker"),
                           "float32")
   assert "over 100%" not in usage.line(1000.0)
+
+
+def test_two_workers_peak_says_workers_not_hosts(mirrored):
+  """Two worker processes on one host said `2 hosts x 45.5 GFLOP/s`: the
+  peak is each worker process's, wherever it runs."""
+  x = keras.Input((10,))
+  counted = flops.count(_model(x, keras.layers.Dense(10)(x)))
+  peak = mfu.find_peak(mirrored, "float32", 0.0455, 2)
+  line = mfu.Utilisation(counted, peak, "float32").line(1e6)
+  assert line.endswith("(configured peak, float32 = 2 workers x 45.5 "
+                       "GFLOP/s)"), line

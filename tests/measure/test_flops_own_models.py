@@ -195,7 +195,7 @@ def test_an_uncountable_call_makes_the_flops_unknown_not_partial():
   assert counted.uncounted == [
       "tf_matmul (_TfMatmul): its call has TensorFlow MatMul ops, which the "
       "count cannot size"]  # The weighted, matmul-free scale is not listed.
-  usage = mfu.Utilisation(counted, mfu.Peak(1.0, "configured", 1, "host"),
+  usage = mfu.Utilisation(counted, mfu.Peak(1.0, "configured", 1, "worker"),
                           "float32")
   assert (usage.summary(100.0)["flops_per_example"],
           usage.summary(100.0)["mfu"]) == (None, None)

@@ -289,6 +289,32 @@ def test_python_m_dist_keras_launch_runs_outside_the_checkout(tmp_path):
   helpers.check_two_workers(result)
 
 
+def test_a_bare_python_in_the_command_is_the_launchers(tmp_path):
+  """A quick-start user runs `.venv/bin/python -m dist_keras.launch -- python
+  -m dist_keras.train` with no venv activated: the workers' `python` was
+  PATH's (another interpreter, without dist_keras: every worker exited 1).
+  Here PATH's `python` is a script that exits 9."""
+  fake = tmp_path / "bin"
+  fake.mkdir()
+  (fake / "python").write_text("#!/bin/sh\nexit 9\n")
+  (fake / "python").chmod(0o755)
+  result = subprocess.run(
+      [sys.executable, "-m", "dist_keras.launch", "--num_workers=1", "--",
+       "python", "-c", "import sys; print(sys.executable)"], cwd=tmp_path,
+      capture_output=True, text=True, timeout=30, check=False,
+      env=dict(os.environ, PYTHONPATH=REPO,
+               PATH=f"{fake}{os.pathsep}{os.environ.get('PATH', '')}"))
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.split() == ["[w0]", sys.executable]
+
+
+def test_worker_path_puts_the_launchers_python_first():
+  assert cluster.worker_path("/usr/bin:/bin", "/v/bin/python") == (
+      "/v/bin:/usr/bin:/bin")
+  assert cluster.worker_path("/v/bin:/bin", "/v/bin/python") == "/v/bin:/bin"
+  assert cluster.worker_path("/bin", "") == "/bin"  # No interpreter path.
+
+
 def test_the_launcher_imports_no_tensorflow(tmp_path):
   result = subprocess.run(
       [sys.executable, "-c", "import sys; from dist_keras.launch import cli; "

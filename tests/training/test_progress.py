@@ -2,7 +2,9 @@
 step function is reported, and a heartbeat comes when log.progress_seconds
 pass without a line; with a fake clock, no TensorFlow. And the run's last
 lines (report.footer)."""
+import os
 import shlex
+import sys
 
 import pytest
 
@@ -103,10 +105,29 @@ def _summary(steps):
   return {"steps": steps, "eval_accuracy": 0.5, "eval_loss": 1.25}
 
 
+def _tensorboard_at(monkeypatch, tmp_path, on_path: bool, beside: bool):
+  """PATH and sys.executable's folder, each with a `tensorboard` script or
+  not; returns the folder's script path."""
+  path, venv = tmp_path / "path", tmp_path / "venv"
+  for folder, has in ((path, on_path), (venv, beside)):
+    folder.mkdir()
+    if has:
+      (folder / "tensorboard").write_text("#!/bin/sh\n")
+      (folder / "tensorboard").chmod(0o755)
+  monkeypatch.setenv("PATH", str(path))
+  monkeypatch.setattr(sys, "executable", str(venv / "python"))
+  return str(venv / "tensorboard")
+
+
+@pytest.fixture(name="tensorboard_on_path")
+def _tensorboard_on_path(monkeypatch, tmp_path_factory):
+  _tensorboard_at(monkeypatch, tmp_path_factory.mktemp("bin"), True, False)
+
+
 @pytest.mark.parametrize("writing,events,shown", [
     (True, False, True), (False, True, True), (False, False, False)])
 def test_the_tensorboard_line_is_there_when_there_is_something_to_show(
-    tmp_path, writing, events, shown):
+    tmp_path, writing, events, shown, tensorboard_on_path):
   """With log.tensorboard off and no event files from an earlier run the
   line pointed at nothing (and said so twice)."""
   if events:
@@ -117,12 +138,48 @@ def test_the_tensorboard_line_is_there_when_there_is_something_to_show(
       shown)
 
 
-def test_the_tensorboard_command_can_be_pasted_into_a_shell(tmp_path):
+def test_the_tensorboard_command_can_be_pasted_into_a_shell(
+    tmp_path, tensorboard_on_path):
   workdir = str(tmp_path / "my run's folder")
   assert report.tensorboard_line(workdir, True) == (
       "\nTensorBoard: tensorboard --logdir "
       f"{shlex.quote(workdir)}")
   assert shlex.split(report.tensorboard_line(workdir, True))[-1] == workdir
+
+
+def test_a_venv_not_activated_gets_the_tensorboard_beside_its_python(
+    monkeypatch, tmp_path):
+  """The README's quick start runs .venv/bin/python, never activated: the
+  line's bare `tensorboard` was 'command not found' in that shell."""
+  script = _tensorboard_at(monkeypatch, tmp_path, False, True)
+  line = report.tensorboard_line("/tmp/run", True)
+  assert line == f"\nTensorBoard: {script} --logdir /tmp/run"
+  assert os.access(shlex.split(line)[1], os.X_OK)
+
+
+@pytest.mark.parametrize("activated", [False, True])
+def test_a_launchers_worker_names_the_tensorboard_of_the_users_shell(
+    monkeypatch, tmp_path, activated):
+  """The launcher puts its Python's folder first on its workers' PATH, not
+  on the user's: a worker whose PATH finds only the script beside its
+  Python names that script's path, unless a venv is activated."""
+  script = _tensorboard_at(monkeypatch, tmp_path, False, True)
+  monkeypatch.setenv("PATH", os.path.dirname(script))
+  if activated:
+    monkeypatch.setenv("VIRTUAL_ENV", str(tmp_path / "venv"))
+  else:
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+  assert report.tensorboard_command() == (
+      "tensorboard" if activated else script)
+
+
+def test_no_tensorboard_at_all_says_how_to_install_it(monkeypatch, tmp_path):
+  _tensorboard_at(monkeypatch, tmp_path, False, False)
+  python = str(tmp_path / "venv" / "python")
+  assert report.tensorboard_line("/tmp/run", True) == (
+      f"\nTensorBoard: not installed for this Python; {python} -m pip "
+      f"install tensorboard, then {python} -m tensorboard.main --logdir "
+      "/tmp/run")
 
 
 def test_the_done_line_counts_one_step_as_one():
