@@ -192,7 +192,8 @@ def build(job: Job) -> loop.Trainer:
     model_file, weights_only = run_files.model_file(model)
     # The batch-size rule, then every optimizer built in scope (a replica
     # function may not create slots), with the all-reduce (compiled.py).
-    rate = lr.apply(model.optimizer, config.train)
+    rate = lr.apply(model.optimizer, config.train,
+                    others=list(compiled.optimizers_of(model))[1:])
     optimizers = compiled.prepare_optimizers(model, strategy)
     saved, resumed = checkpoints.restored(
         workdir, model, optimizers, role, config.train.max_checkpoints, resume)

@@ -48,17 +48,26 @@ class Rate:
   line: str | None = None  # What was done, for the start of the run.
 
 
-def apply(optimizer, train_cfg) -> Rate:
-  """Applies train.lr_scaling and warmup_steps to `optimizer`'s rate.
+def apply(optimizer, train_cfg, others: list = ()) -> Rate:
+  """Applies train.lr_scaling and warmup_steps to `optimizer`'s rate;
+  `others`: the names of the model's other optimizers (a GAN's).
 
   Raises:
     UserError: scaling was asked for but the compiled rate is a schedule
-      (its shape is the user's; dist_keras will not guess how to scale it).
+      (its shape is the user's; dist_keras will not guess how to scale it),
+      or the model's own step also steps other optimizers (which scaling
+      the compiled one would leave as they are).
   """
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # float16
   base = _constant_rate(inner)
   if train_cfg.lr_scaling == "none":
     return Rate(base, base)
+  if others:
+    raise UserError(
+        f"train.lr_scaling={train_cfg.lr_scaling!r} scales the compiled "
+        f"optimizer's learning rate, but the model also holds "
+        f"{', '.join(others)}, which it would leave as they are; scale their"
+        " rates in model_fn, or set train.lr_scaling=none.")
   if base is None:
     raise UserError(
         f"train.lr_scaling={train_cfg.lr_scaling!r} scales a constant "

@@ -88,6 +88,24 @@ def test_scaling_a_compiled_schedule_is_refused():
   assert lr.apply(optimizer, _train_cfg()).base is None  # Unscaled: kept.
 
 
+def test_scaling_a_model_that_steps_other_optimizers_is_refused(tmp_path):
+  """A GAN's own step applies d_optimizer and g_optimizer; the scaling
+  changed only the compiled optimizer, which it never steps, silently."""
+  import parity_task  # pylint: disable=g-import-not-at-top
+  import dist_keras  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserError) as e:
+    dist_keras.fit(parity_task.gan, parity_task.images_dataset_fn,
+                   workdir=str(tmp_path / "w"), strategy="one_device",
+                   config={"train.global_batch_size": parity_task.GLOBAL_BATCH,
+                           "train.steps": 2, "train.lr_scaling": "linear"})
+  assert str(e.value) == (
+      "train.lr_scaling='linear' scales the compiled optimizer's learning "
+      "rate, but the model also holds d_optimizer, g_optimizer, which it "
+      "would leave as they are; scale their rates in model_fn, or set "
+      "train.lr_scaling=none.")
+  assert not (tmp_path / "w").exists()
+
+
 def test_the_start_line_says_the_rule():
   cfg = _train_cfg(lr_scaling="linear", global_batch_size=2048,
                    warmup_steps=50)
