@@ -194,7 +194,7 @@ def build(job: Job) -> loop.Trainer:
     # function may not create slots), with the all-reduce (compiled.py).
     rate = lr.apply(model.optimizer, config.train,
                     others=list(compiled.optimizers_of(model))[1:])
-    optimizers = compiled.prepare_optimizers(model, strategy)
+    optimizers = compiled.prepare_optimizers(model, strategy, batch_spec)
     saved, resumed = checkpoints.restored(
         workdir, model, optimizers, role, config.train.max_checkpoints, resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)

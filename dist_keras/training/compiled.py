@@ -11,7 +11,8 @@ import tensorflow as tf
 from dist_keras import installation
 from dist_keras.contract.checks import overrides  # (loop.py reads it here.)
 from dist_keras.errors import UserError
-from dist_keras.training import allreduce, keras_internals, step_losses
+from dist_keras.training import (allreduce, keras_internals, step_losses,
+                                 step_optimizers)
 
 
 def take(model, strategy, train_cfg) -> list[str]:
@@ -124,26 +125,33 @@ def optimizers_of(model) -> dict:
   return found
 
 
-def prepare_optimizers(model, strategy) -> list:
+def prepare_optimizers(model, strategy, batch_spec) -> list:
   """Builds the compiled optimizer in scope (a replica function may not
-  create its slots) and checks every other one is built; then routes the
+  create its slots), and every other one the model's train_step applies,
+  on the variables it hands it, traced on a batch of `batch_spec` (as its
+  first apply would under fit: step_optimizers.py); then routes the
   gradient all-reduce: in `apply` for a model's own step, else off (the
   compiled step reduces itself). Returns the model's optimizers.
 
   Raises:
-    UserError: an optimizer attribute that is not built.
+    UserError: an optimizer attribute that is not built and the trace
+      cannot say exactly what to build it on.
   """
   optimizers = optimizers_of(model)
   reduce_in_apply = overrides(model, "train_step")
   with strategy.scope():
     model.optimizer.build(model.trainable_variables)
-  for name, optimizer in optimizers.items():
-    if not optimizer.built:
-      raise UserError(
-          f"the model's {name} ({type(optimizer).__name__}) is not built, so "
-          "its variables would be created inside a replica's step, where "
-          f"TensorFlow cannot; call {name}.build(<the variables it updates>)"
-          " in model_fn, after building the model.")
+  unbuilt = step_optimizers.build_applied(model, strategy, optimizers,
+                                          batch_spec)
+  if unbuilt:
+    name, why = next(iter(unbuilt.items()))
+    raise UserError(
+        f"the model's {name} ({type(optimizers[name]).__name__}) is not "
+        f"built and cannot be built before training: {why}; its variables "
+        "would be created inside a replica's step, where TensorFlow cannot,"
+        f" so call {name}.build(<the variables it updates>) in model_fn, "
+        "after building the model.")
+  for optimizer in optimizers.values():
     if reduce_in_apply:
       keras_internals.reduce_in_apply(optimizer, _all_reduce)
     else:

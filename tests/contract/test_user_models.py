@@ -711,12 +711,31 @@ def test_per_replica_batch_norm_is_said(mirrored, synchronized):
   assert any(line in note for note in notes) != synchronized, notes
 
 
-def test_a_models_unbuilt_optimizer_is_refused(tmp_path, mirrored):
-  import parity_task  # pylint: disable=g-import-not-at-top
-  with pytest.raises(UserError, match=r"the model's d_optimizer \(Adam\) is "
-                     r"not built.*call d_optimizer.build\(<the variables it "
-                     r"updates>\) in model_fn"):
-    dist_keras.fit(parity_task.gan_unbuilt, parity_task.images_dataset_fn,
+class _SpareOptimizer(parity_task.Gan):
+  """A GAN holding a third optimizer its train_step never applies: what
+  it would update cannot be known before training."""
+
+  def __init__(self):
+    super().__init__()
+    self.spare_optimizer = keras.optimizers.SGD()
+
+
+def test_an_unbuilt_optimizer_the_step_never_applies_is_refused(tmp_path,
+                                                                mirrored):
+  """d_optimizer and g_optimizer, unbuilt, are built from the traced step
+  (tests/training/test_step_optimizers.py); the spare one cannot be."""
+  def model_fn():
+    model = _SpareOptimizer()
+    model.build((None, 2))
+    model.compile()
+    return model
+
+  with pytest.raises(UserError, match=r"the model's spare_optimizer \(SGD\) "
+                     r"is not built and cannot be built before training: the "
+                     r"model's train_step, traced on a batch like the train "
+                     r"split's, never applies it; .*call spare_optimizer."
+                     r"build\(<the variables it updates>\) in model_fn"):
+    dist_keras.fit(model_fn, parity_task.images_dataset_fn,
                    workdir=str(tmp_path / "w"), config=CONFIG,
                    strategy=mirrored)
   assert not os.path.exists(tmp_path / "w")

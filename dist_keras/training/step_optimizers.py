@@ -1,0 +1,122 @@
+"""The optimizers a model's own train_step applies, built before training
+on the variables that step hands them.
+
+keras.io's GANs create their d_optimizer and g_optimizer and never build
+them: Keras' fit on one device builds each at its first `apply`, on the
+variables handed to it. A replica's step cannot create variables (Keras'
+own fit under MirroredStrategy fails there: "You must feed a value for
+placeholder tensor"), so they are made before training, in scope: the
+model's train_step is traced once in each replica on a batch like the
+train split's (the loop's own step calls it so; nothing runs), while every
+optimizer of the model records the variables each `apply` (which
+`apply_gradients` calls) or `build` is handed, and does nothing else. Each
+unbuilt one is then built on those variables, as its first apply would.
+One the trace did not see (a train_step that fails to trace, an apply
+behind a Python branch the trace did not take) or that was handed
+different variables in different calls stays unbuilt, with the reason:
+compiled.prepare_optimizers refuses it.
+"""
+import contextlib
+
+import keras
+import tensorflow as tf
+
+from dist_keras import errors
+
+
+def build_applied(model, strategy, optimizers: dict, batch_spec) -> dict:
+  """Builds, in scope, each unbuilt optimizer of `optimizers` ({attribute:
+  optimizer}) on the variables the model's train_step hands it.
+
+  Returns:
+    {attribute: why it is still unbuilt} for those it could not build.
+  """
+  unbuilt = {name: o for name, o in optimizers.items() if not o.built}
+  if not unbuilt:
+    return {}
+  handed, failure = _handed(model, strategy, optimizers.values(),
+                            batch_spec)
+  why = {}
+  with strategy.scope():
+    for name, optimizer in unbuilt.items():
+      lists = handed.get(id(optimizer), [])
+      why[name] = failure or _unusable(lists)
+      if not why[name]:
+        # As Keras' apply builds it: in its name scope, flagged built.
+        with keras.name_scope(optimizer.name, caller=optimizer):
+          optimizer.build(lists[0])
+        optimizer.built = True
+  return {name: reason for name, reason in why.items() if reason}
+
+
+def _unusable(lists) -> str | None:
+  """Why the variable lists one optimizer was handed do not say exactly
+  what to build it on; None where they do."""
+  if not lists:
+    return ("the model's train_step, traced on a batch like the train "
+            "split's, never applies it")
+  for other in lists[1:]:
+    if not _same(other, lists[0]):
+      return ("the model's train_step hands it different variables in "
+              f"different calls ({_named(lists[0])}, then {_named(other)})")
+  return None
+
+
+def _same(a, b) -> bool:
+  return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _named(variables) -> str:
+  first = variables[0].path if variables else "none"
+  return f"{len(variables)} variable(s) from {first!r}"
+
+
+def _handed(model, strategy, optimizers, batch_spec):
+  """({id(optimizer): [variable lists handed to it]}, None) from the
+  model's train_step traced in each replica on `batch_spec`, or ({}, why)
+  where it could not be traced. No AutoGraph, as the loop's step
+  (steps.step_function); the trace is dropped."""
+  handed = {}
+
+  def step(batch):
+    strategy.run(model.train_step, args=(batch,))
+    return tf.constant(0)
+
+  try:
+    with strategy.scope(), contextlib.ExitStack() as stack:
+      for optimizer in optimizers:
+        stack.enter_context(_recording(optimizer, handed))
+      tf.function(step, autograph=False).get_concrete_function(batch_spec)
+  except Exception as e:  # pylint: disable=broad-except
+    # Whatever stops the trace stops this build only: the refusal says it.
+    return {}, ("the model's train_step could not be traced on a batch like"
+                f" the train split's ({errors.first_line(e)})")
+  return handed, None
+
+
+@contextlib.contextmanager
+def _recording(optimizer, handed: dict):
+  """While it lasts, `optimizer.apply` and `optimizer.build` (instance
+  attributes over the class's) record the variables they are handed in
+  `handed[id(optimizer)]` and update nothing."""
+  own = {name: vars(optimizer)[name] for name in ("apply", "build")
+         if name in vars(optimizer)}  # (An apply that all-reduces first.)
+  lists = handed.setdefault(id(optimizer), [])
+
+  def apply(grads, trainable_variables=None):
+    # Keras' apply builds only on a non-empty list of gradients.
+    if len(grads) and trainable_variables is not None:
+      lists.append(list(trainable_variables))
+
+  def build(variables):
+    lists.append(list(variables))
+
+  optimizer.apply, optimizer.build = apply, build
+  try:
+    yield
+  finally:
+    for name in ("apply", "build"):
+      if name in own:
+        setattr(optimizer, name, own[name])
+      else:
+        delattr(optimizer, name)
