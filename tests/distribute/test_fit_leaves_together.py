@@ -67,8 +67,9 @@ def _run(monkeypatch, num_workers=2, fails=None, to_exit=False):
   strategy = _strategy(num_workers)
   trainer = types.SimpleNamespace(
       run=train, model=None, history=types.SimpleNamespace(history={}),
-      strategy=strategy, parts=types.SimpleNamespace(role=strategies.Role(
-          strategy, chief=True, workers=num_workers)))
+      strategy=strategy, parts=types.SimpleNamespace(
+          role=strategies.Role(strategy, chief=True, workers=num_workers),
+          model_file="model.keras"))
 
   class Built:
 
