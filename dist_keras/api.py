@@ -139,9 +139,7 @@ def _translated_run(trainer) -> dict:
   try:
     return trainer.run()
   except tf.errors.OpError as e:
-    bad = reports.stopped(e) or batches.cache_in_use(e) or (
-        errors.bad_data_value(e)
-        if isinstance(e, tf.errors.InvalidArgumentError) else None)
+    bad = reports.stopped(e) or batches.data_fault(e)
     if bad is None:
       raise
     raise bad from e

@@ -157,27 +157,6 @@ _IN_DATASET_FN = re.compile(r"Error in user-defined function passed to "
                             r"\S+: ")
 
 
-# A batch value a lookup cannot take, as TensorFlow's CPU kernels say it
-# (an Embedding's gather; a sparse cross-entropy's label check).
-_BAD_INDEX = re.compile(
-    r"indices\[[\d,]+\] = -?\d+ is not in \[0, \d+\)"
-    r"|Received a label value of -?\d+ which is outside the valid range of "
-    r"\[0, \d+\)")
-
-
-def bad_data_value(error: Exception) -> UserError | None:
-  """The UserError for a runtime error that says a batch held an index
-  out of its table's range (the data's fault, not a bug), else None."""
-  found = _BAD_INDEX.search(str(error))
-  if found is None:
-    return None
-  return UserError(
-      f"a batch holds a value the model cannot take ({found[0]}): a token "
-      "id at or above an Embedding's input_dim, or a label at or above the "
-      "number of classes; fix the data, or size the model for it (built-in "
-      "models: data.vocab_size, data.num_classes).")
-
-
 def first_line(error: BaseException, limit: int | None = 240) -> str:
   """An exception's message as one line for a one-line error: its first
   non-empty line, spaces collapsed, at most `limit` characters (None: all

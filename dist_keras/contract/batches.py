@@ -14,6 +14,12 @@ import tensorflow as tf
 
 from dist_keras.errors import UserError
 
+# A batch value a lookup cannot take, as TensorFlow's CPU kernels say it
+# (an Embedding's gather; a sparse cross-entropy's label check).
+_BAD_INDEX = re.compile(
+    r"indices\[[\d,]+\] = -?\d+ is not in \[0, \d+\)"
+    r"|Received a label value of -?\d+ which is outside the valid range of "
+    r"\[0, \d+\)")
 # tf.data's text when a second iterator writes a cache file another one is
 # writing: "... cache lockfile already exists ('PATH.lockfile'). ..."
 # (tf.data adds "_<shard>" to the name the dataset gave.)
@@ -57,7 +63,27 @@ def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
                     "batches.")
 
 
-def cache_in_use(error: Exception) -> UserError | None:
+def data_fault(error: Exception) -> UserError | None:
+  """The UserError for a runtime error that is the data's fault, not a
+  bug (a batch value the model cannot take; a cache file two pipelines
+  write), else None: the training loop's errors are read here, once."""
+  return _bad_value(error) or _cache_in_use(error)
+
+
+def _bad_value(error: Exception) -> UserError | None:
+  """The UserError for a runtime error that says a batch held an index
+  out of its table's range (the data's fault, not a bug), else None."""
+  found = _BAD_INDEX.search(str(error))
+  if not isinstance(error, tf.errors.InvalidArgumentError) or found is None:
+    return None
+  return UserError(
+      f"a batch holds a value the model cannot take ({found[0]}): a token "
+      "id at or above an Embedding's input_dim, or a label at or above the "
+      "number of classes; fix the data, or size the model for it (built-in "
+      "models: data.vocab_size, data.num_classes).")
+
+
+def _cache_in_use(error: Exception) -> UserError | None:
   """The UserError for a file `ds.cache(FILENAME)` another input pipeline
   writes (every pipeline of the job on one host, or on one shared disk,
   given the same name), else None. One name per pipeline and pipeline
