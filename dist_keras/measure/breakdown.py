@@ -17,7 +17,10 @@ def split_step(step_start: float, inputs_ready: float, stamps,
   Returns:
     Milliseconds (mean and max over the local replicas; per replica, the four
     parts add up to its step time exactly) and `fraction`, the share of the
-    step spent synchronising (all-reduce + straggler wait). A replica's time
+    step this worker's replicas spent synchronising (their own all-reduce +
+    straggler wait: at most 1; the job's straggler wait, below, can exceed
+    this worker's step, as a peer's wait also spans this worker's host work
+    between steps). A replica's time
     in the reduction is straggler wait (until the last replica has its
     gradients) plus all-reduce. When every replica is local, one clock
     says when the last one arrived. When some are on other hosts, whose
@@ -56,12 +59,11 @@ def split_step(step_start: float, inputs_ready: float, stamps,
     out[name] = 1e3 * float(values.mean())
     out[name.replace("_ms", "_max_ms")] = 1e3 * float(values.max())
   out["per_replica_compute_ms"] = (1e3 * per_replica["compute_ms"]).tolist()
+  out["fraction"] = float(waits.mean()) / max(end.max() - step_start, 1e-12)
   if across_hosts:
     out["straggler_ms"] = 1e3 * float(job_straggler.mean())
     out["straggler_max_ms"] = 1e3 * float(job_straggler.max())
     out["per_replica_compute_ms"] = (1e3 * job_compute).tolist()
-  out["fraction"] = ((out["allreduce_ms"] + out["straggler_ms"])
-                     / max(out["step_ms"], 1e-9))
   return out
 
 

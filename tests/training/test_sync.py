@@ -134,7 +134,20 @@ def test_breakdown_across_workers_compares_durations_not_clocks():
   assert b["allreduce_ms"] == pytest.approx(1.0)
   assert b["input_wait_ms"] + b["compute_ms"] + b["allreduce_ms"] == (
       pytest.approx(b["step_ms"] - 4.0))  # This replica's own 4 ms.
-  assert b["fraction"] == pytest.approx(3.0 / b["step_ms"])
+  # This worker's share: its replica's whole 5 ms in the reduction.
+  assert b["fraction"] == pytest.approx(5.0 / b["step_ms"])
+
+
+def test_the_sync_fraction_is_this_workers_share_of_its_step():
+  """A peer's wait also spans this worker's host work between steps, so
+  the job's straggler wait can exceed this worker's step: the fraction is
+  still this worker's own share (at most 1), not (job's straggler + own
+  all-reduce) / own step."""
+  stamps = 1e-3 * np.array([[1.0, 2.0, 4.0, 5.0]]) + 1e6  # 5 ms step.
+  b = breakdown.split_step(1e6, 1e6, stamps,
+                           _job(waits=[2.0, 40.0], compute=[2.0, 2.0]))
+  assert b["straggler_ms"] == pytest.approx(19.0)  # (0 + 38) / 2
+  assert b["fraction"] == pytest.approx(2.0 / 5.0)
 
 
 def test_a_worker_whose_replica_is_the_slowest_reports_the_jobs_wait():
