@@ -102,9 +102,13 @@ class MetricState:
 def logged(value):
   """A metric's (or a model's own train_step's) value as Keras' fit logs
   it (python_utils.pythonify_logs): a float where float() takes it, else
-  the numpy array (a value per class)."""
+  the numpy array (a value per class; a one-class one too, shape (1,),
+  which NumPy 2's float() refuses)."""
   value = np.asarray(value)
-  return float(value.reshape(())) if value.size == 1 else value
+  try:
+    return float(value)
+  except TypeError:
+    return value
 
 
 class TrainMetrics:

@@ -12,10 +12,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+# Keras' own log conversion, the reference for what a History holds.
+from keras.src.utils import python_utils
 
 import dist_keras
 import helpers
 import parity_task
+from dist_keras.training import metrics
 
 GLOBAL_BATCH = 16
 CLASSES = 4
@@ -118,6 +121,18 @@ def _keras_fit_history(model_fn=_f1_model_fn):
   return model.fit(dataset_fn("train", one), epochs=1, steps_per_epoch=10,
                    validation_data=dataset_fn("eval", one),
                    verbose=0, shuffle=False).history
+
+
+@pytest.mark.parametrize("value", [np.float32(0.25), np.array(0.25),
+                                   np.array([0.25]), np.array([0.25, 0.5])])
+def test_a_value_is_logged_in_the_type_and_shape_fit_logs(value):
+  """As Keras' fit pythonifies its logs: a one-class F1Score's (1,) stays
+  an array (fit's History holds array([0.13]), not 0.13)."""
+  fitted = python_utils.pythonify_logs({"m": value})["m"]
+  ours = metrics.logged(value)
+  assert type(ours) is type(fitted)
+  assert np.shape(ours) == np.shape(fitted)
+  np.testing.assert_array_equal(ours, fitted)
 
 
 def test_a_metric_of_a_value_per_class_is_logged_as_fit_logs_it(
