@@ -16,11 +16,10 @@ def split_step(step_start: float, inputs_ready: float, stamps,
 
   Returns:
     Milliseconds (mean and max over the local replicas; per replica, the four
-    parts add up to its step time exactly) and `fraction`, the share of the
-    step this worker's replicas spent synchronising (their own all-reduce +
-    straggler wait: at most 1; the job's straggler wait, below, can exceed
-    this worker's step, as a peer's wait also spans this worker's host work
-    between steps). A replica's time
+    parts add up to its step time exactly) and `fraction`, the share of
+    this worker's step its replicas spent in the reduction (at most 1; not
+    the job's straggler wait, below, which may span host work between
+    steps). A replica's time
     in the reduction is straggler wait (until the last replica has its
     gradients) plus all-reduce. When every replica is local, one clock
     says when the last one arrived. When some are on other hosts, whose
@@ -34,11 +33,10 @@ def split_step(step_start: float, inputs_ready: float, stamps,
     so the means add up to the step only where this worker's replicas wait
     as long as the job's.
   """
-  stamps = np.asarray(stamps, dtype=np.float64)
-  start, ready, reduced, end = stamps.T
+  start, ready, reduced, end = np.asarray(stamps, dtype=np.float64).T
   waits = reduced - ready
   across_hosts = (job_durations is not None
-                  and len(job_durations) != len(stamps))
+                  and len(job_durations) != len(start))
   if across_hosts:  # Replicas on other hosts, other clocks: durations only.
     job_waits, job_compute = np.asarray(job_durations, np.float64).T
     job_straggler = job_waits - job_waits.min()
