@@ -1,9 +1,10 @@
 """Models a Keras user trains with `model.fit`, each using one feature fit
 honours: the model's own train_step, gradient accumulation, EMA, clipping,
 a LossScaleOptimizer, a schedule, weight-decay exclusions, two outputs, a
-GAN's two optimizers, an Embedding's and a sparse input's sparse
-gradients; and callbacks factories. Nothing here imports dist_keras: tests train these with Keras'
-fit and with dist_keras alike.
+GAN's two optimizers (also held in a list and a sub-model's dict), an
+Embedding's and a sparse input's sparse gradients; and callbacks factories.
+Nothing here imports dist_keras: tests train these with Keras' fit and with
+dist_keras alike.
 """
 import os
 import tempfile
@@ -383,21 +384,25 @@ class Gan(keras.Model):
     # a function of each example, so any replica count draws the same.
     batch = tf.shape(real)[0]
     z = tf.sin(7.0 * real[:, :2])
+    d_optimizer, g_optimizer = self.optimizers_of_step()
     with tf.GradientTape() as tape:
       fake = self.generator(z)
       logits = self.discriminator(tf.concat([real, fake], 0))
       labels = tf.concat([tf.ones((batch, 1)), tf.zeros((batch, 1))], 0)
       d_loss = self.bce(labels, logits) / GLOBAL_BATCH
     weights = self.discriminator.trainable_variables
-    self.d_optimizer.apply(tape.gradient(d_loss, weights), weights)
+    d_optimizer.apply(tape.gradient(d_loss, weights), weights)
     with tf.GradientTape() as tape:
       g_loss = self.bce(tf.ones((batch, 1)),
                         self.discriminator(self.generator(z))) / GLOBAL_BATCH
     weights = self.generator.trainable_variables
-    self.g_optimizer.apply(tape.gradient(g_loss, weights), weights)
+    g_optimizer.apply(tape.gradient(g_loss, weights), weights)
     self.d_loss.update_state(d_loss)
     self.g_loss.update_state(g_loss)
     return {"d_loss": self.d_loss.result(), "g_loss": self.g_loss.result()}
+
+  def optimizers_of_step(self):
+    return self.d_optimizer, self.g_optimizer
 
 
 def _gan_networks():
@@ -453,6 +458,29 @@ def gan_unflagged():
   model = Gan()
   model.d_optimizer.build(model.discriminator.trainable_variables)
   model.g_optimizer.build(model.generator.trainable_variables)
+  model.compile()
+  return model
+
+
+class GanHeld(Gan):
+  """The GAN, its optimizers held as a user may hold them: the
+  discriminator's in a list, the generator's in a dict on the generator
+  (a nested sub-model); Keras tracks neither."""
+
+  def __init__(self):
+    super().__init__()
+    self.opts = [self.d_optimizer]
+    self.generator.opts = {"g": self.g_optimizer}
+    del self.d_optimizer, self.g_optimizer
+
+  def optimizers_of_step(self):
+    return self.opts[0], self.generator.opts["g"]
+
+
+def gan_held():
+  """GanHeld with its optimizers left to build on first use."""
+  model = GanHeld()
+  model.build((None, 2))
   model.compile()
   return model
 

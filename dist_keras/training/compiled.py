@@ -5,6 +5,8 @@ steps_per_execution, jit_compile), which of Keras' steps it overrides
 optimizers, built in scope with the gradient all-reduce where its step
 needs it. Keras' fit is the reference meaning of each (docs/own_models.md
 has the table)."""
+import collections.abc
+
 import keras
 import tensorflow as tf
 
@@ -115,14 +117,50 @@ def keeps_ema(optimizer) -> bool:
 
 
 def optimizers_of(model) -> dict:
-  """{attribute: optimizer} of every Keras optimizer the model holds: the
-  compiled one and those a custom step uses (a GAN's two)."""
+  """{name: optimizer} of every Keras optimizer the model holds, each once,
+  named as the model reaches it: `optimizer`, the compiled one; then those
+  a custom step uses (a GAN's two), as attributes (`d_optimizer`), items of
+  a list, tuple or dict attribute (`opts[0]`, `opts['d']`), or held by a
+  nested layer or sub-model (`discriminator.optimizer`, compiled itself).
+  Keras tracks the layers, variables and metrics a layer is given, not its
+  optimizers, so its attributes are walked: a layer's own optimizers
+  first, in order, then its public attributes, then its private ones."""
   found = {"optimizer": model.optimizer}
-  for name, value in vars(model).items():
-    if (isinstance(value, keras.optimizers.Optimizer)
-        and not any(value is o for o in found.values())):
-      found[name] = value
+  seen = {id(model.optimizer), id(_inner(model.optimizer))}
+  _walk(model, "", found, seen)
   return found
+
+
+def _walk(value, name: str, found: dict, seen: set) -> None:
+  """Adds the optimizers `value` holds to `found` ({name: optimizer}),
+  named from `name` on; `seen`: the ids of what was walked or found."""
+  if isinstance(value, keras.optimizers.Optimizer):
+    if id(value) not in seen:
+      found[name] = value
+      # A LossScaleOptimizer's inner one steps through it only.
+      seen.update((id(value), id(_inner(value))))
+    return
+  if id(value) in seen:
+    return
+  if isinstance(value, keras.layers.Layer):
+    seen.add(id(value))
+    attributes = vars(value)
+    for key in sorted(attributes, key=lambda k: (
+        not isinstance(attributes[k], keras.optimizers.Optimizer),
+        k.startswith("_"))):
+      _walk(attributes[key], f"{name}.{key}" if name else key, found, seen)
+  elif isinstance(value, collections.abc.Mapping):
+    seen.add(id(value))
+    for key, item in value.items():
+      _walk(item, f"{name}[{key!r}]", found, seen)
+  elif isinstance(value, (list, tuple)):
+    seen.add(id(value))
+    for i, item in enumerate(value):
+      _walk(item, f"{name}[{i}]", found, seen)
+
+
+def _inner(optimizer):
+  return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def prepare_optimizers(model, strategy, batch_spec) -> list:

@@ -11,10 +11,12 @@ train split's (the loop's own step calls it so; nothing runs), while every
 optimizer of the model records the variables each `apply` (which
 `apply_gradients` calls) or `build` is handed, and does nothing else. Each
 unbuilt one is then built on those variables, as its first apply would.
-One the trace did not see (a train_step that fails to trace, an apply
-behind a Python branch the trace did not take) or that was handed
-different variables in different calls stays unbuilt, with the reason:
-compiled.prepare_optimizers refuses it.
+One the traced step never applies stays unbuilt, as under fit, which
+builds an optimizer at its first apply only: the loop's step is traced
+the same way (no AutoGraph, on the same batches), so it never applies it
+either. One whose variables the trace cannot say (a train_step that fails
+to trace, one handed different variables in different calls) stays
+unbuilt with the reason: compiled.prepare_optimizers refuses it.
 """
 import contextlib
 
@@ -25,8 +27,9 @@ from dist_keras import errors
 
 
 def build_applied(model, strategy, optimizers: dict, batch_spec) -> dict:
-  """Builds, in scope, each unbuilt optimizer of `optimizers` ({attribute:
-  optimizer}) on the variables the model's train_step hands it.
+  """Builds, in scope, each unbuilt optimizer of `optimizers` ({name:
+  optimizer}) on the variables the model's train_step hands it; one it
+  never applies stays unbuilt.
 
   Returns:
     {attribute: why it is still unbuilt} for those it could not build.
@@ -41,7 +44,7 @@ def build_applied(model, strategy, optimizers: dict, batch_spec) -> dict:
     for name, optimizer in unbuilt.items():
       lists = handed.get(id(optimizer), [])
       why[name] = failure or _unusable(lists)
-      if not why[name]:
+      if not why[name] and lists:
         # As Keras' apply builds it: in its name scope, flagged built.
         with keras.name_scope(optimizer.name, caller=optimizer):
           optimizer.build(lists[0])
@@ -51,10 +54,8 @@ def build_applied(model, strategy, optimizers: dict, batch_spec) -> dict:
 
 def _unusable(lists) -> str | None:
   """Why the variable lists one optimizer was handed do not say exactly
-  what to build it on; None where they do."""
-  if not lists:
-    return ("the model's train_step, traced on a batch like the train "
-            "split's, never applies it")
+  what to build it on; None where they do, or where there are none (it is
+  never applied, and never built: fit leaves it unbuilt too)."""
   for other in lists[1:]:
     if not _same(other, lists[0]):
       return ("the model's train_step hands it different variables in "

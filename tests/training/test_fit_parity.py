@@ -34,7 +34,7 @@ MODELS = list(parity_weights.MODELS)
 # replicas train them all).
 DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
                "loss_scale,two_output,gan,callbacks_model,embedding_adam,"
-               "sparse_adam,sparse_own_step,gan_unflagged,vae,gan_unbuilt")
+               "sparse_adam,sparse_own_step,gan_unflagged,vae,gan_unbuilt,gan_held")
 # Across workers (2 processes a model): the acceptance's five, the GAN's
 # two optimizers, the callbacks that must stop every worker alike and an
 # Embedding's sparse gradient (gathered by the collective runtime; under a
@@ -44,9 +44,11 @@ DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
 WORKERS = ("custom_step,accumulate,ema,global_clipnorm,two_output,gan,"
            "callbacks_model,embedding_adam,embedding_global_clipnorm,"
            "embeddings_mixed,sparse_adam")
-# The acceptance's five and the GAN (its two optimizers' state): stopped
-# after step 7, then resumed from ckpt-4 by a new fit call.
-RESUMED = "custom_step,accumulate,ema,global_clipnorm,two_output,gan"
+# The acceptance's five and the GAN (its two optimizers' state, also held
+# in a list and a sub-model's dict): stopped after step 7, then resumed
+# from ckpt-4 by a new fit call.
+RESUMED = ("custom_step,accumulate,ema,global_clipnorm,two_output,gan,"
+           "gan_held")
 # Processes, and the runs each writes: one device (Keras' fit, dist_keras,
 # dist_keras stopped and resumed) in one, each replica count in its own.
 # CI resumes on one device (tolerance 0); the slow set also resumes 2
@@ -205,7 +207,8 @@ def test_stopped_and_resumed_ends_where_an_uninterrupted_run_ends(
   """Stopped after step 7, resumed from ckpt-4 by a new fit call (a new
   model and optimizer: only the checkpoint carries state). Accumulators
   mid-cycle (step 4 of cycles of 3), EMA copies, the step's own counter,
-  both GAN optimizers: all in the checkpoint."""
+  both GAN optimizers (held as attributes, in a list, in a sub-model's
+  dict): all in the checkpoint."""
   resumed = runs[f"{run}_resumed"]
   assert resumed[f"resumed_from/{model}"] == 4
   for key, expected in _weights(runs[run], model).items():

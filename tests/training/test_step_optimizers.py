@@ -13,7 +13,7 @@ import tensorflow as tf
 import dist_keras
 import parity_task
 from dist_keras.errors import UserError
-from dist_keras.training import compiled, step_optimizers
+from dist_keras.training import compiled, lr, step_optimizers
 
 SPEC = tf.TensorSpec([parity_task.GLOBAL_BATCH // 2, parity_task.FEATURES])
 CONFIG = {"train.global_batch_size": parity_task.GLOBAL_BATCH,
@@ -124,4 +124,66 @@ def test_an_optimizer_handed_different_variables_is_refused(tmp_path,
     dist_keras.fit(model_fn, parity_task.images_dataset_fn,
                    workdir=str(tmp_path / "w"), config=CONFIG,
                    strategy=mirrored)
+  assert not os.path.exists(tmp_path / "w")
+
+
+class _CompiledParts(parity_task.Gan):
+  """Its networks compiled themselves (the Keras 2 GAN habit), the
+  discriminator under mixed_float16's LossScaleOptimizer (whose inner
+  Adam steps through it only), beside a tuple of optimizers."""
+
+  def __init__(self):
+    super().__init__()
+    self.discriminator.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+        self.__dict__.pop("d_optimizer")))
+    self.generator.compile(optimizer=self.__dict__.pop("g_optimizer"))
+    self.pair = (keras.optimizers.SGD(), self.generator.optimizer)
+
+  def optimizers_of_step(self):
+    return self.discriminator.optimizer, self.generator.optimizer
+
+
+@pytest.mark.parametrize("cls,names", [
+    (parity_task.Gan, ["optimizer", "d_optimizer", "g_optimizer"]),
+    (parity_task.GanHeld, ["optimizer", "generator.opts['g']", "opts[0]"]),
+    (_CompiledParts, ["optimizer", "generator.optimizer",
+                      "discriminator.optimizer", "pair[0]"])])
+def test_the_optimizers_a_model_holds_are_found_once_by_name(cls, names):
+  """In a list, a tuple or a dict, on a nested sub-model, compiled by it:
+  Keras tracks none of them (a layer's optimizers are no weights). In the
+  order the model holds them (its checkpoint's)."""
+  model = cls()
+  model.compile()
+  found = compiled.optimizers_of(model)
+  assert list(found) == names
+  assert found["optimizer"] is model.optimizer
+  assert {id(o) for o in found.values()} >= {
+      id(o) for o in model.optimizers_of_step()}
+  assert len({id(o) for o in found.values()}) == len(names)
+
+
+def test_held_optimizers_are_built_and_their_rates_logged_by_name(
+    mirrored):
+  model = _model(parity_task.GanHeld, mirrored)
+  d_optimizer, g_optimizer = model.optimizers_of_step()
+  assert step_optimizers.build_applied(
+      model, mirrored, compiled.optimizers_of(model), SPEC) == {}
+  assert d_optimizer.built and g_optimizer.built
+  d_optimizer.iterations.assign(1)
+  g_optimizer.iterations.assign(1)
+  assert lr.logged_rates(compiled.optimizers_of(model)) == pytest.approx({
+      "learning_rate/opts[0]": 1e-3,
+      "learning_rate/generator.opts['g']": 1e-3})
+
+
+def test_lr_scaling_is_refused_for_optimizers_held_in_a_list_or_sub_model(
+    tmp_path, mirrored):
+  with pytest.raises(UserError, match=(
+      r"train.lr_scaling='linear' scales the compiled optimizer's learning "
+      r"rate, but the model also holds generator.opts\['g'\], opts\[0\], "
+      r"which it would leave as they are")):
+    dist_keras.fit(parity_task.gan_held, parity_task.images_dataset_fn,
+                   workdir=str(tmp_path / "w"),
+                   config={**CONFIG, "train.lr_scaling": "linear",
+                           "train.base_batch_size": 24}, strategy=mirrored)
   assert not os.path.exists(tmp_path / "w")
