@@ -188,16 +188,16 @@ def build(job: Job) -> loop.Trainer:
     evaluates, said = _met_its_batches(model, strategy, dataset_fn,
                                        batch_spec, eval_spec, config.train)
     model_file, weights_only = run_files.model_file(model)
-    # The batch-size rule, then every optimizer built in scope (a replica
-    # function may not create slots), with the all-reduce (compiled.py).
-    rate = lr.apply(model.optimizer, config.train,
-                    others=list(compiled.optimizers_of(model))[1:])
-    optimizers = compiled.prepare_optimizers(model, strategy, batch_spec)
-    saved, resumed = checkpoints.restored(
-        workdir, model, optimizers, role, config.train.max_checkpoints, resume)
+    # The batch-size rule; every optimizer built in scope (compiled.py).
+    optimizers = compiled.optimizers_of(model)
+    rate = lr.apply(model.optimizer, config.train, others=list(optimizers)[1:])
+    compiled.prepare_optimizers(model, strategy, batch_spec, optimizers)
+    saved, resumed = checkpoints.restored(workdir, model, optimizers, role,
+                                          config.train.max_checkpoints, resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
-    parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate, stop,
-                       callbacks, evaluates, batch_spec, model_file)
+    parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate,
+                       optimizers, stop, callbacks, evaluates, batch_spec,
+                       model_file)
     notes += [*said, weights_only, note, *settings.notes(config, on_tpu),
               resumed]
     trainer = loop.Trainer(

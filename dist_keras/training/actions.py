@@ -14,7 +14,7 @@ import keras
 
 from dist_keras.distribute import leaving
 from dist_keras.measure import calibration, timing
-from dist_keras.training import allreduce, compiled, lr, preemption, report
+from dist_keras.training import allreduce, lr, preemption, report
 from dist_keras.training import steps
 from dist_keras.training.settings import Schedule, auto_steps_per_call
 
@@ -149,7 +149,7 @@ class LogWindow(keras.callbacks.Callback):
   def _extra(self, train: dict) -> dict:
     """The learning rate, perplexity and the float16 loss scale."""
     optimizer = self.model.optimizer
-    values = lr.logged_rates(compiled.optimizers_of(self.model))
+    values = lr.logged_rates(self.trainer.parts.optimizers)
     if self.trainer.settings.perplexity and "loss" in train:
       values["perplexity"] = report.perplexity(train["loss"])
     scale = steps.loss_scale_of(optimizer)

@@ -154,7 +154,8 @@ class Checkpoints:
     self.stopped = tf.Variable(False, trainable=False)
     self._variables = dict(
         model_variables=list(model.variables),
-        optimizer_variables=[v for o in optimizers for v in o.variables],
+        optimizer_variables=[v for o in optimizers.values()
+                             for v in o.variables],
         step=self.step, stopped=self.stopped)
     self.record = run_record.RunRecord()  # Train values, measurements.
     self.checkpoint = tf.train.Checkpoint(**self._variables,

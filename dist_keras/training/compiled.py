@@ -163,19 +163,18 @@ def _inner(optimizer):
   return getattr(optimizer, "inner_optimizer", optimizer)
 
 
-def prepare_optimizers(model, strategy, batch_spec) -> list:
+def prepare_optimizers(model, strategy, batch_spec, optimizers: dict):
   """Builds the compiled optimizer in scope (a replica function may not
   create its slots), and every other one the model's train_step applies,
   on the variables it hands it, traced on a batch of `batch_spec` (as its
   first apply would under fit: step_optimizers.py); then routes the
   gradient all-reduce: in `apply` for a model's own step, else off (the
-  compiled step reduces itself). Returns the model's optimizers.
+  compiled step reduces itself). `optimizers`: optimizers_of(model).
 
   Raises:
     UserError: an optimizer attribute that is not built and the trace
       cannot say exactly what to build it on.
   """
-  optimizers = optimizers_of(model)
   reduce_in_apply = overrides(model, "train_step")
   with strategy.scope():
     model.optimizer.build(model.trainable_variables)
@@ -196,7 +195,6 @@ def prepare_optimizers(model, strategy, batch_spec) -> list:
       keras_internals.disable_optimizer_allreduce(optimizer)
     if strategy.num_replicas_in_sync > 1:
       keras_internals.update_without_merge_call(optimizer)
-  return list(optimizers.values())
 
 
 def _all_reduce(grads):

@@ -17,11 +17,10 @@ import os
 import keras
 import tensorflow as tf
 
-from dist_keras import errors, terminal
+from dist_keras import errors, tensorboard_events, terminal
 from dist_keras.distribute import pipelines, strategies
 from dist_keras.measure import flops, mfu, profiler
 from dist_keras.measure.meters import RunMeters
-from dist_keras import tensorboard_events
 from dist_keras.training import actions, allreduce, calls, divergence
 from dist_keras.training import compiled, ending, evaluation, lr, metrics
 from dist_keras.training import preemption, ray_report, report, run_files
@@ -40,6 +39,7 @@ class Parts:
   eval_ds: object
   checkpoints: Checkpoints
   rate: lr.Rate
+  optimizers: dict  # {name: each one the model holds}: optimizers_of.
   # SIGTERM/Ctrl-C's handler, set once the strategy exists; close() ends it.
   stop: preemption.StopRequest
   callbacks: list = dataclasses.field(default_factory=list)  # The users'.

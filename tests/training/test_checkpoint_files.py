@@ -171,7 +171,7 @@ def test_only_the_chief_removes(tmp_path, chief):
   (folder / "ckpt-4_temp").mkdir(parents=True)
   model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
   role = strategies.Role(ONE_CPU, chief=chief, workers=1)
-  saved, line = checkpoints.restored(str(tmp_path), model, [], role, 3,
+  saved, line = checkpoints.restored(str(tmp_path), model, {}, role, 3,
                                      checkpoints.Resume(None, 0))
   saved.close()
   assert (folder / "ckpt-4_temp").exists() != chief
