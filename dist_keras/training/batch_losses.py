@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from dist_keras.errors import UserError
-from dist_keras.training import keras_internals
+from dist_keras.training import keras_internals, whole_batch
 
 # A prediction most losses score above 0 against labels of 0 or 1 (a
 # cross-entropy scores labels of 0 as 0: then 1 is tried).
@@ -36,7 +36,8 @@ def divide_means(model, strategy, met) -> str | None:
 
   Raises:
     UserError: at N > 1, a loss of one number per batch that is neither a
-      mean nor a sum over the batch's examples.
+      mean nor a sum over the batch's examples; a loss that scores the
+      batch as a whole (whole_batch.py).
   """
   replicas = strategy.num_replicas_in_sync
   # Not probed: built, compiled with no loss (nor metrics) to divide.
@@ -46,9 +47,9 @@ def divide_means(model, strategy, met) -> str | None:
     found = keras_internals.compiled_losses(
         model, met.y, met.y_pred, met.sample_weight)
     model.reset_metrics()  # The calls above moved the loss trackers.
-  kinds = [(index, loss, _kind(loss, y_true, y_pred))
-           for index, loss, y_true, y_pred in found]
-  for _, loss, kind in kinds:
+  kinds = []
+  for index, loss, y_true, y_pred in found:
+    kind = _kind(loss, y_true, y_pred)
     if kind is None:
       raise UserError(
           f"the compiled loss {_named(loss)} returns one number per batch, "
@@ -57,6 +58,8 @@ def divide_means(model, strategy, met) -> str | None:
           "batch repeated twice it is neither the same nor twice as much), "
           f"so {replicas} replicas cannot train what one device trains; "
           f"{_FIX}.")
+    whole_batch.check(loss, _named(loss), kind, (y_true, y_pred), replicas)
+    kinds.append((index, loss, kind))
   said = _lines([_named(loss) for _, loss, kind in kinds if kind == "mean"],
                 [_named(loss) for _, loss, kind in kinds
                  if kind == "unknown"],  # Neither divided nor refused: said.
