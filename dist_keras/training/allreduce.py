@@ -30,6 +30,11 @@ present in two replicas' batches came twice, and Adam summed the two
 halves' squares (0.029 apart after 12 Adam steps at 2 replicas; RMSprop,
 Adagrad and clipnorm alike); such slices are summed by column after the
 gather (merge_duplicates), as one device's.
+
+A position Embedding's lookup (`pos_emb(ops.arange(maxlen))`) has no
+batch dimension: one slice per position, summed over the batch, the same
+indices on every replica; its values are all-reduced position by position
+instead of gathered (shared_slices.py).
 """
 import hashlib
 import json
@@ -41,6 +46,7 @@ import tensorflow as tf
 
 from dist_keras.distribute import leaving
 from dist_keras.errors import UserError
+from dist_keras.training import shared_slices
 
 
 def dense_gradients(grads):
@@ -74,15 +80,19 @@ def all_reduce_gradients(grads, dtype: str = "float32",
   device's order when replica r reads the r-th part of its batch). Under a
   global-norm clip the step hands it the summed table instead where that
   sends fewer bytes (sparse_grads.Tables.local). Slices of distinct
-  indices (distinct_slices) are summed by index after the gather.
+  indices (distinct_slices) are summed by index after the gather; slices
+  every replica looks up alike (a position Embedding's:
+  shared_slices.summed) are not gathered: their values are all-reduced
+  like a dense gradient, slice by slice, and keep their indices.
 
   A 16-bit `dtype` compresses the all-reduce (Horovod's fp16 compression):
   dense gradients are cast for the collective and the sums cast back,
   halving the bytes sent at the price of summing in 16 bits (float16: 3
   decimal digits, overflow above 65504; bfloat16: 2-3 digits, float32's
-  range). An IndexedSlices is gathered in its own dtype: TensorFlow's
-  collective all-gather has no bfloat16 kernel, and nothing sums its slices
-  in the collective, so 16 bits would only round them. `bytes_per_pack` > 0
+  range; a shared IndexedSlices' values too). A gathered IndexedSlices is
+  gathered in its own dtype: TensorFlow's collective all-gather has no
+  bfloat16 kernel, and nothing sums its slices in the collective, so 16
+  bits would only round them. `bytes_per_pack` > 0
   splits the collective into packs of about that many bytes (per call, so
   it overrides the strategy's CommunicationOptions; TF's collective
   implementations use it: MultiWorkerMirroredStrategy, not Mirrored on CPUs,
@@ -90,15 +100,29 @@ def all_reduce_gradients(grads, dtype: str = "float32",
   """
   ctx = tf.distribute.get_replica_context()
   present = [g for g in grads if g is not None]
+  shared = [shared_slices.summed(g) for g in present]
+  # Slices every replica looks up alike: their values summed as dense.
+  sent = [g.values if summed else g for g, summed in zip(present, shared)]
   sent = [g if dtype == "float32" or isinstance(g, tf.IndexedSlices)
-          else tf.cast(g, dtype) for g in present]
+          else tf.cast(g, dtype) for g in sent]
   options = tf.distribute.experimental.CommunicationOptions(
       bytes_per_pack=bytes_per_pack)
   reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM, sent, options)
-  reduced = iter([merge_duplicates(tf.cast(r, g.dtype))
-                  if distinct_slices(g) else tf.cast(r, g.dtype)
-                  for r, g in zip(reduced, present)])
+  reduced = iter([_restored(r, g, summed)
+                  for r, g, summed in zip(reduced, present, shared)])
   return [next(reduced) if g is not None else None for g in grads]
+
+
+def _restored(reduced, grad, summed: bool):
+  """A gradient as the optimizer takes it back from the all-reduce: a
+  shared IndexedSlices' summed values with its own indices, distinct
+  slices summed by index, the rest in the gradient's dtype."""
+  if summed:
+    return tf.IndexedSlices(tf.cast(reduced, grad.dtype), grad.indices,
+                            grad.dense_shape)
+  if distinct_slices(grad):
+    return merge_duplicates(tf.cast(reduced, grad.dtype))
+  return tf.cast(reduced, grad.dtype)
 
 
 # Ops that pass their first input's values on unchanged (in another shape
@@ -244,11 +268,14 @@ def sent_bytes(grads, allreduce_dtype: str = "float32"):
   `grads` (as_reduced's) in all_reduce_gradients. Dense gradients count in
   the dtype they are reduced in (an Embedding's table summed under a
   global-norm clip among them, and the sum of its slices' squares:
-  sparse_grads.py); an IndexedSlices' values and indices, as gathered, at
+  sparse_grads.py, and the values of slices every replica looks up alike:
+  shared_slices.py); an IndexedSlices' values and indices, as gathered, at
   this step's number of slices (a tensor: a dynamic batch shape is counted
   too)."""
   dense, gathered = [tf.constant(0, tf.int64)], [tf.constant(0, tf.int64)]
   for g in grads:
+    if shared_slices.summed(g):
+      g = g.values  # All-reduced as a dense gradient.
     if isinstance(g, tf.IndexedSlices):
       gathered += [_bytes(g.values, g.values.dtype),
                    _bytes(g.indices, g.indices.dtype)]

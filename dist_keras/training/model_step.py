@@ -12,7 +12,7 @@ and the model's step only (its all-reduce cannot be timed apart).
 import tensorflow as tf
 
 from dist_keras.measure import stamps
-from dist_keras.training import replica_seeds, steps
+from dist_keras.training import replica_seeds, shared_slices, steps
 
 _MEAN = tf.distribute.ReduceOp.MEAN
 
@@ -37,6 +37,9 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
             *[tf.identity(v.value) for v in model.trainable_variables]]
     return logs, tf.stack([start, stamps.stamp_after(done, clock)])
 
+  # Its optimizers' all-reduce (compiled.py) tells a position lookup's
+  # slices from a per-example one's by the batch's size.
+  replica_step = shared_slices.knowing_batch(replica_step)
   if jit:
     replica_step = tf.function(replica_step, jit_compile=True)
   replica_step = replica_seeds.per_replica(replica_step)

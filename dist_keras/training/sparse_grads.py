@@ -47,7 +47,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras.measure import costmodel
-from dist_keras.training import allreduce, keras_internals
+from dist_keras.training import allreduce, keras_internals, shared_slices
 
 
 def table_form(optimizer, variables, grads, allreduce_dtype: str):
@@ -64,8 +64,12 @@ def table_form(optimizer, variables, grads, allreduce_dtype: str):
              for v in variables)):
     return None
   replicas = context.num_replicas_in_sync
+  # Slices every replica looks up alike are summed slice by slice in the
+  # all-reduce (shared_slices.py): their squares, taken after it, are one
+  # device's; a replica's table would count its own.
   summed = tuple(
-      is_sparse and table_sends_less(g, v, replicas)
+      is_sparse and not shared_slices.summed(g)
+      and table_sends_less(g, v, replicas)
       for g, v, is_sparse in zip(grads, variables, sparse))
   if not any(summed):
     return None

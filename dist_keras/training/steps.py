@@ -17,7 +17,7 @@ import tensorflow as tf
 from dist_keras.contract import model_calls
 from dist_keras.measure import stamps
 from dist_keras.training import (allreduce, keras_internals, replica_seeds,
-                                 sparse_grads)
+                                 shared_slices, sparse_grads)
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -115,7 +115,8 @@ def make_compute_only(model, allreduce_dtype: str = "float32"):
     return tf.add_n([tf.reduce_sum(getattr(g, "values", g))
                      for g in grads if g is not None])
 
-  return replica_seeds.per_replica(replica_compute)
+  return replica_seeds.per_replica(
+      shared_slices.knowing_batch(replica_compute))
 
 
 def loss_scale_of(optimizer):
@@ -210,7 +211,8 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
     return (loss, finite, tf.stack([start, grads_ready, reduced, end]),
             job, sent)
 
-  return replica_step
+  # The batch's size tells a position lookup from a per-example one.
+  return shared_slices.knowing_batch(replica_step)
 
 
 def _parts(grads):

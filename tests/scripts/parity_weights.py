@@ -33,6 +33,7 @@ MODELS = {
     "embedding_adam": "tokens_dataset_fn",
     "embedding_global_clipnorm": "tokens_dataset_fn",
     "embeddings_mixed": "tokens_dataset_fn",
+    "positions_adam": "tokens_dataset_fn",
     "sparse_adam": "bags_dataset_fn", "sparse_own_step": "bags_dataset_fn",
     "gan_unflagged": "images_dataset_fn", "vae": "images_dataset_fn",
     "gan_unbuilt": "images_dataset_fn", "gan_held": "images_dataset_fn",

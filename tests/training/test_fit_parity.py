@@ -34,7 +34,8 @@ MODELS = list(parity_weights.MODELS)
 # replicas train them all).
 DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
                "loss_scale,two_output,gan,callbacks_model,embedding_adam,"
-               "sparse_adam,sparse_own_step,gan_unflagged,vae,gan_unbuilt,gan_held")
+               "sparse_adam,sparse_own_step,gan_unflagged,vae,gan_unbuilt,"
+               "gan_held,positions_adam")
 # Across workers (2 processes a model): the acceptance's five, the GAN's
 # two optimizers, the callbacks that must stop every worker alike and an
 # Embedding's sparse gradient (gathered by the collective runtime; under a
