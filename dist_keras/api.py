@@ -100,7 +100,10 @@ def _met_its_batches(model, strategy, dataset_fn, batch_spec, eval_spec,
   metrics' state built from them); from what it made of them, a compiled
   loss of one mean per batch divided by the replicas (batch_losses.py),
   one step per call where the gathered gradient slices change shape
-  (varying_slices.py)."""
+  (varying_slices.py). A stateful RNN built for another batch than a
+  replica's is refused before the model meets them."""
+  checks.stateful_batches(model, strategy.num_replicas_in_sync,
+                          train_cfg.global_batch_size)
   met = probe.meet(model, strategy, batch_spec, eval_spec,
                    builtin_data=getattr(dataset_fn, "builtin_data", None))
   return met.evaluates, [
@@ -135,11 +138,13 @@ def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
 
 def _translated_run(trainer) -> dict:
   """trainer.run(), a batch value the model cannot take, a cache file two
-  pipelines write, and a peer's refusal (reports.stopped), said as such."""
+  pipelines write, slices that changed count within a call and a peer's
+  refusal (reports.stopped), said as such."""
   try:
     return trainer.run()
   except tf.errors.OpError as e:
-    bad = reports.stopped(e) or batches.data_fault(e)
+    bad = (reports.stopped(e) or batches.data_fault(e)
+           or varying_slices.mismatch(e))
     if bad is None:
       raise
     raise bad from e

@@ -12,6 +12,7 @@ the bad value and the fix, before anything is written to the workdir.
 import inspect
 
 import keras
+import tensorflow as tf
 
 from dist_keras import errors, validate
 from dist_keras.contract import imports
@@ -87,3 +88,28 @@ def _check_policy(model, precision: str, policy: str) -> None:
 def overrides(model, method: str) -> bool:
   """Whether the model's class overrides keras.Model's `method`."""
   return getattr(type(model), method) is not getattr(keras.Model, method)
+
+
+def stateful_batches(model, replicas: int, global_batch: int) -> None:
+  """Raises UserError for a stateful RNN built for another batch size than
+  each replica's: it keeps a state row per example of the batch it was
+  built for (its Input's batch_shape), and Keras fails the first step that
+  hands it another (one device's habit, the global batch, at N replicas)."""
+  per_replica = global_batch // replicas
+  for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
+    if not (isinstance(layer, keras.layers.RNN) and layer.stateful
+            and layer.states is not None):  # (None: built at step 1.)
+      continue
+    built = tf.nest.flatten(layer.states)[0].shape[0]
+    if built == per_replica:
+      continue
+    gets = (f"each of the {replicas} replicas gets batches of {per_replica}"
+            f" (train.global_batch_size={global_batch} / {replicas})"
+            if replicas > 1 else f"it gets batches of {per_replica} "
+            "(train.global_batch_size)")
+    raise UserError(
+        f"layer {layer.name!r} of model {model.name!r} is a stateful RNN "
+        f"built for batches of {built}, but {gets}; build it for the "
+        "per-replica batch in model_fn: keras.Input(batch_shape=("
+        "global_batch_size // tf.distribute.get_strategy()."
+        "num_replicas_in_sync, ...)).")

@@ -15,10 +15,17 @@ parallel_iterations). One step a call trains them (= fit). Padding the
 slices to a fixed count would need a maximum that such a batch's shape
 does not give.
 
-Found at the start, from the train batches' spec: the model's gradients
-traced on it (in each replica, not run; only where the spec leaves a size
-open: about a second for a small GRU at 2 replicas). Not for a model's own
-train_step, whose gradients are its own.
+A model can make such a length itself from batches of fixed shape
+(TextVectorization(output_sequence_length=None), Keras' default, on a
+string[b] batch; a tf.unique, a boolean_mask): the batches' spec cannot
+tell, the gradient can. Found at the start, from the train batches' spec:
+the model's gradients traced on it (in each replica, as a layer that
+all-reduces in its forward pass needs; not run: 0.4-0.8 s for a small
+model at 2 replicas), where a part of the batches has a size left open or
+holds strings. Batches of numbers of fixed shape are not traced (that
+cost at every start, for a length a model rarely makes from them); a
+call that then fails is said in one line (mismatch). Not for a model's
+own train_step, whose gradients are its own.
 """
 import keras
 import tensorflow as tf
@@ -38,28 +45,61 @@ def one_step_per_call(model, strategy, met, train_cfg) -> str | None:
   if (train_cfg.steps_per_loop == 1 or strategy.num_replicas_in_sync == 1
       or isinstance(strategy, tf.distribute.TPUStrategy)  # Densified there.
       or checks.overrides(model, "train_step")
-      or _fixed_shapes(met.spec)):
+      or _fixed_numbers(met.spec)):
     return None
   varying = _open_slices(model, strategy, met.spec)
   if not varying:
     return None
+  made_inside = _fixed_shapes(met.spec)
+  where = (f"a length the model makes from each batch of fixed shape "
+           f"({batches.describe(met.spec)})" if made_inside
+           else batches.describe(met.spec))
   why = (f"the gradient of {varying[0]} is gathered as slices whose number "
-         f"changes from batch to batch ({batches.describe(met.spec)}), "
-         "which TensorFlow cannot gather in a loop of several steps in one "
-         "call")
+         f"changes from batch to batch ({where}), which TensorFlow cannot "
+         "gather in a loop of several steps in one call")
   if train_cfg.steps_per_loop:
-    per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
-    setting, fix = (f"train.steps_per_loop={train_cfg.steps_per_loop}",
-                    "set train.steps_per_loop=1")
-    if per_execution > 1:  # (compiled.take made it steps_per_loop.)
-      setting = (f"model {model.name!r} was compiled with "
-                 f"steps_per_execution={per_execution}")
-      fix = "compile it with steps_per_execution=1"
-    raise UserError(
-        f"{setting}, but {why}; {fix}, or give the batches static shapes "
-        "(padded_batch(..., padded_shapes=...), tf.ensure_shape).")
+    _refuse(model, train_cfg.steps_per_loop, why, made_inside)
   train_cfg.steps_per_loop = 1
   return f"steps per call: 1 ({why})"
+
+
+def _refuse(model, steps_per_loop: int, why: str, made_inside: bool):
+  """Raises the UserError of several steps a call set for such a model."""
+  per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+  setting, fix = (f"train.steps_per_loop={steps_per_loop}",
+                  "set train.steps_per_loop=1")
+  if per_execution > 1:  # (compiled.take made it steps_per_loop.)
+    setting = (f"model {model.name!r} was compiled with "
+               f"steps_per_execution={per_execution}")
+    fix = "compile it with steps_per_execution=1"
+  fixed = ("fix that length in the model (e.g. TextVectorization("
+           "output_sequence_length=N))" if made_inside else
+           "give the batches static shapes (padded_batch(..., "
+           "padded_shapes=...), tf.ensure_shape)")
+  raise UserError(f"{setting}, but {why}; {fix}, or {fixed}.")
+
+
+def _fixed_numbers(batch_spec) -> bool:
+  """Whether every part of the batches is a dense tensor of numbers of
+  static shape: the one kind not traced (a length the model makes from
+  numbers, a tf.unique's, is rare; mismatch() says it if it comes)."""
+  return _fixed_shapes(batch_spec) and all(
+      s.dtype != tf.string for s in tf.nest.flatten(batch_spec))
+
+
+def mismatch(error: Exception) -> UserError | None:
+  """The UserError for TensorFlow's failure of a call of several steps
+  whose gathered slices changed count between them (a length the model
+  makes from batches of fixed shape, not looked for at the start), else
+  None."""
+  if "Shape mismatch in the collective instance" not in str(error):
+    return None
+  return UserError(
+      "a gradient's slices changed in number between the steps of one call"
+      " (a length the model makes from each batch, such as a tf.unique's "
+      "or a boolean_mask's), which TensorFlow cannot gather in a loop of "
+      "several steps in one call; set train.steps_per_loop=1, or fix that "
+      "length in the model.")
 
 
 def _fixed_shapes(batch_spec) -> bool:

@@ -2,6 +2,7 @@
 sequences, ragged and sparse features) at 2 replicas, against Keras' fit
 and evaluate on one device on the same batches."""
 import os
+import re
 
 import keras
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import dist_keras
+import helpers
 from dist_keras.errors import UserError
 
 GLOBAL, STEPS, TOKENS = 8, 12, 12
@@ -66,6 +68,44 @@ def _sparse_dataset_fn(split, ctx):
   return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
 
 
+def _text_dataset_fn(split, ctx):
+  """The same sequences as sentences, x string[4]: a batch of fixed shape,
+  whose tokens' count the model's TextVectorization makes."""
+  sequences, labels = _sequences(split)
+  ds = tf.data.Dataset.from_tensor_slices((_sentences(sequences), labels))
+  batch = ctx.get_per_replica_batch_size(GLOBAL)
+  ds = (ds.repeat().batch(batch, drop_remainder=True)
+        if split == "train" else ds.batch(batch))
+  return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+
+def fixed_dataset_fn(split, ctx):
+  """The same sequences padded to 20 tokens: x int32[4,20], fixed."""
+  sequences, labels = _sequences(split)
+  ds = tf.data.Dataset.from_generator(
+      lambda: iter(zip(sequences, labels)),
+      output_signature=(tf.TensorSpec((None,), tf.int32),
+                        tf.TensorSpec((1,), tf.float32)))
+  batch = ctx.get_per_replica_batch_size(GLOBAL)
+  ds = (ds.repeat() if split == "train" else ds).padded_batch(
+      batch, padded_shapes=([20], [1]), drop_remainder=split == "train")
+  return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+
+
+class _Trim(keras.layers.Layer):
+  """Cuts a padded batch to its longest sequence: a length made inside."""
+
+  def call(self, x):
+    return tf.RaggedTensor.from_tensor(x, padding=0).to_tensor()
+
+  def compute_output_shape(self, input_shape):
+    return (input_shape[0], None)
+
+
+def _sentences(sequences):
+  return np.array([" ".join(f"w{t}" for t in s) for s in sequences])
+
+
 class _Densify(keras.layers.Layer):
   def call(self, x):
     return x.to_tensor() if isinstance(x, tf.RaggedTensor) else x
@@ -79,6 +119,18 @@ def _model_fn(kind="padded", recurrent=False, optimizer=None):
   if kind == "sparse":
     inputs = keras.Input((TOKENS,), sparse=True)
     x = keras.layers.Dense(4, activation="tanh", name="bag")(inputs)
+  elif kind == "text":  # Keras' default output_sequence_length=None.
+    inputs = keras.Input((), dtype="string")
+    words = keras.layers.TextVectorization(max_tokens=TOKENS + 1)
+    words.adapt(_sentences(_sequences("train")[0]))
+    x = keras.layers.Embedding(TOKENS + 1, 4, mask_zero=True,
+                               name="tokens")(words(inputs))
+    x = keras.layers.GlobalAveragePooling1D()(x)
+  elif kind == "trimmed":  # Fixed batches, a length the model makes.
+    inputs = keras.Input((20,), dtype="int32")
+    x = keras.layers.Embedding(TOKENS, 4, mask_zero=True,
+                               name="tokens")(_Trim()(inputs))
+    x = keras.layers.GlobalAveragePooling1D()(x)
   else:
     inputs = keras.Input((None,), dtype="int32", ragged=kind == "ragged")
     x = keras.layers.Embedding(TOKENS, 4, mask_zero=True,
@@ -100,7 +152,8 @@ def _fit_weights(model_fn, dataset_fn):
 
 
 @pytest.mark.parametrize("kind,variable", [("padded", "tokens/embeddings"),
-                                           ("sparse", "bag/kernel")])
+                                           ("sparse", "bag/kernel"),
+                                           ("text", "tokens/embeddings")])
 def test_slices_of_a_changing_count_train_one_step_a_call_as_fit_trains(
     tmp_path, mirrored, capsys, kind, variable):
   """Each replica's gradient slices, an Embedding's one per padded token
@@ -108,9 +161,11 @@ def test_slices_of_a_changing_count_train_one_step_a_call_as_fit_trains(
   number every step: gathered in a call of several steps they failed the
   call ("Shape mismatch in the collective instance"), a TensorFlow limit.
   The automatic call size runs one step a call, said at the start; the
-  weights are fit's."""
+  weights are fit's. A TextVectorization makes the tokens' count from
+  string batches of fixed shape: judged by the batches' shapes, it ran
+  several steps a call and failed so."""
   model_fn = lambda: _model_fn(kind)
-  dataset_fn = {"padded": _padded_dataset_fn,
+  dataset_fn = {"padded": _padded_dataset_fn, "text": _text_dataset_fn,
                 "sparse": _sparse_dataset_fn}[kind]
   result = dist_keras.fit(model_fn, dataset_fn, workdir=str(tmp_path),
                           config=CONFIG, strategy=mirrored)
@@ -178,6 +233,46 @@ def test_several_steps_a_call_over_slices_of_a_changing_count_are_refused(
                    workdir=str(tmp_path / "w"), config={**CONFIG, **config},
                    strategy=mirrored)
   assert not os.path.exists(tmp_path / "w")
+
+
+def test_several_steps_a_call_over_a_length_the_model_makes_are_refused(
+    tmp_path, mirrored):
+  with pytest.raises(UserError, match=(
+      "^train.steps_per_loop=3, but the gradient of tokens/embeddings is "
+      "gathered as slices whose number changes from batch to batch "
+      r"\(a length the model makes from each batch of fixed shape \(x "
+      r"string\[4\], y float32\[4,1\]\)\).*; set train.steps_per_loop=1, "
+      r"or fix that length in the model \(e.g. TextVectorization\(")):
+    dist_keras.fit(lambda: _model_fn("text"), _text_dataset_fn,
+                   workdir=str(tmp_path / "w"),
+                   config={**CONFIG, "train.steps_per_loop": 3},
+                   strategy=mirrored)
+  assert not os.path.exists(tmp_path / "w")
+
+
+def trimmed_model_fn():
+  return _model_fn("trimmed")
+
+
+def test_a_length_the_model_makes_from_fixed_numbers_is_said_in_one_line(
+    tmp_path):
+  """Batches of numbers of fixed shape are not traced at the start (a cost
+  at every start); a length the model makes from them fails TensorFlow's
+  first call of several steps, said as one line naming the setting, exit
+  2. (A process of its own: the failed collective stays aborted.)"""
+  settings = {**CONFIG, "train.steps_per_loop": 3,
+              "model.name": "test_composite_inputs:trimmed_model_fn",
+              "data.name": "test_composite_inputs:fixed_dataset_fn"}
+  result = helpers.run_module(
+      ["-m", "dist_keras.train", f"--workdir={tmp_path / 'w'}",
+       *[f"--config.{k}={v}" for k, v in settings.items()]],
+      env={"PYTHONPATH": os.pathsep.join(
+          [helpers.REPO, helpers.TESTS, os.path.dirname(__file__)])})
+  assert result.returncode == 2, result.stderr
+  assert re.search(
+      r"^dist_keras: error: a gradient's slices changed in number between "
+      r"the steps of one call .*; set train.steps_per_loop=1, or fix that "
+      r"length in the model.$", result.stderr, re.M), result.stderr
 
 
 @pytest.mark.parametrize("kind", ["ragged", "sparse"])
