@@ -63,7 +63,8 @@ def _train_both(out, n, mirrored):
   procs = {"workers": subprocess.Popen(
       [sys.executable, LAUNCHER, f"--num_workers={n}", "--",
        sys.executable, *_weights_command(
-           "multi_worker_mirrored", n, out / f"workers{n}_{{task}}.npz")],
+           "multi_worker_mirrored", n, out / f"workers{n}_{{task}}.npz",
+           f"--eval_ids_out={out}/ids{n}_{{task}}.npy")],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)}
   result = {}
   if n == mirrored.num_replicas_in_sync:
@@ -81,6 +82,7 @@ def _train_both(out, n, mirrored):
     files = n if kind == "workers" else 1
     result[kind] = [dict(np.load(out / f"{kind}{n}_{i}.npz"))
                     for i in range(files)]
+  result["eval_ids"] = [np.load(out / f"ids{n}_{i}.npy") for i in range(n)]
   return result
 
 
@@ -133,25 +135,32 @@ def _train_args(workdir, *extra):
 def two_workers(tmp_path_factory):
   """One 2-worker run of _train_args, read by the tests below: across two
   network namespaces (two hosts of their own) where they can be made, else
-  on loopback through launch_local.py (each cluster is ~35 CPU-s, and CI
-  has 15 minutes). {'no_namespaces': why not, or None; 'stdout': the
-  workers' output; 'workdir'; 'scratch_left': what the workers left in
-  their TMPDIR, a folder of this run's own (other tests' killed workers
-  leave theirs in the shared one)}."""
+  on loopback through launch_local.py (each cluster is ~15 CPU-s, and CI
+  has 15 minutes). Its workers run _SLOW_CHIEF_LOGGED_EXIT: the chief's
+  replica computes SLOW_MS longer each step and its last write takes 15 s,
+  and both log their final barrier and exit to `events` (the straggler's
+  and the ending's tests read the same run). {'no_namespaces': why not, or
+  None; 'stdout': the workers' output; 'stderr'; 'workdir'; 'events';
+  'scratch_left': what the workers left in their TMPDIR, a folder of this
+  run's own (other tests' killed workers leave theirs in the shared one)}."""
   folder = tmp_path_factory.mktemp("two_workers")
-  workdir, tmp = folder / "run", folder / "tmp"
+  workdir, tmp, events = folder / "run", folder / "tmp", folder / "events"
   tmp.mkdir()
+  command = ["-c", _SLOW_CHIEF_LOGGED_EXIT.replace("SLOW_MS", str(SLOW_MS)),
+             *_train_args(workdir)[2:]]  # Not -m dist_keras.train.
+  env = {"TMPDIR": str(tmp), "EVENTS": str(events), "SLOW_TASK": "0"}
   reason = _make_two_hosts()
   if reason:
-    result = _launch(2, _train_args(workdir), TMPDIR=str(tmp))
+    result = _launch(2, command, **env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    stdout = result.stdout
+    stdout, stderr = result.stdout, result.stderr
   else:
     try:
-      stdout = _train_on_two_hosts(workdir, tmp)
+      stdout, stderr = _train_on_two_hosts(command, env)
     finally:
       _remove_two_hosts()
-  return {"no_namespaces": reason, "stdout": stdout, "workdir": workdir,
+  return {"no_namespaces": reason, "stdout": stdout, "stderr": stderr,
+          "workdir": workdir, "events": events,
           "scratch_left": [n for n in os.listdir(tmp)
                            if n.startswith("dist_keras_worker_")]}
 
@@ -335,12 +344,17 @@ def test_one_workers_train_stream_running_dry_stops_both_with_its_line(
 
 # A worker of a 2-worker run whose replica computes SLOW_MS longer than its
 # peer's (a sleep between its batch and its forward pass) when it is task
-# $SLOW_TASK.
-_ONE_SLOW_WORKER = """
+# $SLOW_TASK, and that logs to $EVENTS ("TASK WHAT SECONDS", the host's
+# monotonic clock) as it waits at the final barrier and as it exits; the
+# chief's last write (summary.json) takes 15 s, past the coordination
+# service's heartbeat timeout (10 s). The two_workers fixture runs it.
+_SLOW_CHIEF_LOGGED_EXIT = """
 import json, os, sys, time
 import tensorflow as tf
+from tensorflow.python.eager import context
 from dist_keras import train
-from dist_keras.training import steps
+from dist_keras.training import run_files, steps
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 forward_backward = steps.forward_backward
 def slow(model, optimizer, batch, update_metrics=True):
   flat = tf.nest.flatten(batch)
@@ -349,9 +363,26 @@ def slow(model, optimizer, batch, update_metrics=True):
   late.set_shape(flat[0].shape)
   return forward_backward(model, optimizer, tf.nest.pack_sequence_as(
       batch, [late, *flat[1:]]), update_metrics)
-if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == int(
-    os.environ["SLOW_TASK"]):
+if task == int(os.environ["SLOW_TASK"]):
   steps.forward_backward = slow
+def log(what):
+  with open(os.environ["EVENTS"], "a") as events:
+    events.write(f"{task} {what} {time.monotonic()}\\n")
+service = context.context()
+wait_at_barrier = service.wait_at_barrier
+def logged_wait(*args):
+  log("barrier-start")
+  wait_at_barrier(*args)
+  log("barrier-end")
+service.wait_at_barrier = logged_wait
+write_json = run_files.write_json
+def slow_write(workdir, name, value):
+  if name == run_files.SUMMARY_JSON:
+    time.sleep(15)
+  write_json(workdir, name, value)
+run_files.write_json = slow_write
+exit_now = os._exit
+os._exit = lambda code: (log(f"exit-{code}"), exit_now(code))
 sys.argv[0] = "dist_keras.train"
 train.run()
 """
@@ -359,18 +390,14 @@ SLOW_MS = 300
 
 
 def test_the_chief_logs_the_jobs_straggler_wait_when_it_is_the_slowest(
-    tmp_path):
+    two_workers):
   """The chief's replica computes 300 ms longer: it waits for no one, the
   other worker's replica waits ~300 ms for it. The chief's sync/straggler_ms
   is the job's mean (~150 ms), its max the other's wait (it read 0, the
   chief's own replica's, when each worker reported its own). It logs
   every replica's compute, the job's numbering (the chief's first): the
   other worker's replica 1 ~300 ms below its own (it had its own only)."""
-  train_flags = _train_args(tmp_path / "run")[2:]
-  result = _launch(2, ["-c", _ONE_SLOW_WORKER.replace(
-      "SLOW_MS", str(SLOW_MS)), *train_flags], SLOW_TASK="0")
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  tags = helpers.scalar_tags(str(tmp_path / "run"))
+  tags = helpers.scalar_tags(str(two_workers["workdir"]))
   # Timed steps 3 and 6 (step 1 warmed the timed step function up).
   assert [s for s, _ in tags["sync/straggler_ms"]] == [3, 6], tags
   for name, least in (("compute_ms", SLOW_MS), ("straggler_max_ms",
@@ -432,22 +459,22 @@ def _remove_two_hosts():
   _sh("ip", "link", "del", "dk_veth_a")
 
 
-def _train_on_two_hosts(workdir, tmp):
+def _train_on_two_hosts(command, env):
   """Each worker in its namespace, started by launch_local.py as on two
-  hosts (--worker_hosts, --task_index), with TMPDIR=tmp; returns their
-  stdout."""
+  hosts (--worker_hosts, --task_index), running `python COMMAND` with
+  `env`; returns their stdout and their stderr."""
   hosts = ",".join(f"{addr}:23456" for addr in _ADDRESSES)
   procs = [subprocess.Popen(
       ["ip", "netns", "exec", ns, sys.executable, LAUNCHER,
        f"--worker_hosts={hosts}", f"--task_index={i}", "--",
-       sys.executable, *_train_args(workdir)],  # One filesystem: shared disk.
+       sys.executable, *command],  # One filesystem: shared disk.
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=dict(ENV, PYTHONPATH=helpers.REPO, TMPDIR=str(tmp)))
+      env=dict(ENV, PYTHONPATH=helpers.REPO, **env))
            for i, ns in enumerate(_NETNS)]
   outputs = [p.communicate(timeout=600) for p in procs]
   for i, (proc, (out, err)) in enumerate(zip(procs, outputs)):
     assert proc.returncode == 0, f"worker {i}:\n{out[-2000:]}{err[-3000:]}"
-  return "".join(out for out, _ in outputs)
+  return tuple("".join(stream) for stream in zip(*outputs))
 
 
 def test_two_workers_train_across_two_network_namespaces(two_workers):
@@ -507,58 +534,23 @@ def _our_error(stderr: str) -> str:
   return ours[0]
 
 
-# A worker of a 2-worker run that logs to $EVENTS ("TASK WHAT SECONDS",
-# the host's monotonic clock) as it waits at the final barrier and as it
-# exits; the chief's last write (summary.json) takes 15 s, past the
-# coordination service's heartbeat timeout (10 s).
-_LOGGED_EXIT = """
-import json, os, sys, time
-from tensorflow.python.eager import context
-from dist_keras import train
-from dist_keras.training import run_files
-task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-def log(what):
-  with open(os.environ["EVENTS"], "a") as events:
-    events.write(f"{task} {what} {time.monotonic()}\\n")
-service = context.context()
-wait_at_barrier = service.wait_at_barrier
-def logged_wait(*args):
-  log("barrier-start")
-  wait_at_barrier(*args)
-  log("barrier-end")
-service.wait_at_barrier = logged_wait
-write_json = run_files.write_json
-def slow_write(workdir, name, value):
-  if name == run_files.SUMMARY_JSON:
-    time.sleep(15)
-  write_json(workdir, name, value)
-run_files.write_json = slow_write
-exit_now = os._exit
-os._exit = lambda code: (log(f"exit-{code}"), exit_now(code))
-sys.argv[0] = "dist_keras.train"
-train.run()
-"""
 # What TensorFlow printed at the end of successful runs whose workers left
 # one by one, with no final barrier.
 _TF_EXIT_ERRORS = ("UNAVAILABLE", "heartbeat", "crashed",
                    "Failed to send RPC", "coordination service")
 
 
-def test_a_finished_run_ends_together_without_tensorflow_errors(tmp_path):
+def test_a_finished_run_ends_together_without_tensorflow_errors(two_workers):
   """Every worker waits at a barrier until all have finished (here the
   chief's last write, 15 s), and the chief exits after the others have.
   A worker that had left at its last collective was reported by the
   chief as crashed ("The tasks have crashed"); one that outlived the
   chief said "Failed to send RPC to coordination service"."""
-  events = tmp_path / "events"
-  train_flags = _train_args(tmp_path / "run")[2:]  # Not -m dist_keras.train.
-  result = _launch(2, ["-c", _LOGGED_EXIT, *train_flags], EVENTS=str(events))
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-  output = result.stdout + result.stderr
+  output = two_workers["stdout"] + two_workers["stderr"]
   assert not [line for line in output.splitlines()
               if any(text in line for text in _TF_EXIT_ERRORS)], output
   logged = {}
-  for line in events.read_text().splitlines():
+  for line in two_workers["events"].read_text().splitlines():
     task, what, seconds = line.split()
     logged.setdefault(int(task), {})[what] = float(seconds)
   chief, worker = logged[0], logged[1]
@@ -569,15 +561,16 @@ def test_a_finished_run_ends_together_without_tensorflow_errors(tmp_path):
   assert worker["barrier-end"] < worker["exit-0"] < chief["exit-0"], logged
 
 
-def test_two_workers_evaluate_every_example_exactly_once(tmp_path):
-  result = _launch(2, [os.path.join(helpers.REPO, "tests", "scripts", "eval_ids.py"),
-                       f"--out={tmp_path}/ids{{task}}.npy",
-                       "--eval_size=123", "--global_batch_size=32"])
-  assert result.returncode == 0, result.stderr[-3000:]
-  per_worker = [np.load(tmp_path / f"ids{i}.npy") for i in range(2)]
-  assert all(len(ids) for ids in per_worker)  # Both took part.
+@pytest.mark.parametrize("n", WORKER_COUNTS)
+def test_workers_evaluate_every_example_exactly_once(weights, n):
+  """123 eval examples in global batches of 48: the last one partial and
+  split unevenly (tests/scripts/eval_ids.py's pass, run by the weights'
+  workers after training)."""
+  per_worker = weights(n)["eval_ids"]
+  assert len(per_worker) == n
+  assert all(len(ids) for ids in per_worker)  # Every worker took part.
   np.testing.assert_array_equal(np.sort(np.concatenate(per_worker)),
-                                np.arange(123))
+                                np.arange(train_weights.EVAL_SIZE))
 
 
 def test_sigterm_to_one_worker_stops_both_at_one_step_with_a_checkpoint(

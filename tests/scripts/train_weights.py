@@ -97,6 +97,11 @@ def main():
   parser.add_argument("--global_batch_size", type=int, default=32)
   parser.add_argument("--pipeline_per_replica", action="store_true")
   parser.add_argument("--models", default=",".join(MODELS))
+  # Also the ids of the eval examples this process's replicas evaluate
+  # (eval_ids.py's pass of 123 examples in --global_batch_size batches),
+  # from the same cluster: a multi-worker test reads both without
+  # starting another.
+  parser.add_argument("--eval_ids_out")
   args = parser.parse_args()
   c = helpers.tiny_config()
   c.runtime.strategy, c.runtime.num_cpu_devices = args.strategy, args.devices
@@ -107,8 +112,15 @@ def main():
                                   args.global_batch_size,
                                   args.pipeline_per_replica)
   cluster = tfconfig.from_env()
-  np.savez(args.out.format(task=cluster.task_index if cluster else 0),
-           **weights)
+  task = cluster.task_index if cluster else 0
+  np.savez(args.out.format(task=task), **weights)
+  if args.eval_ids_out:
+    import eval_ids  # pylint: disable=g-import-not-at-top
+    ids_config = helpers.tiny_config()
+    ids_config.data.eval_size = EVAL_SIZE
+    ids_config.train.global_batch_size = args.global_batch_size
+    np.save(args.eval_ids_out.format(task=task),
+            eval_ids.evaluated_ids(strategy, ids_config))
   helpers.leave_as_fit_does()
 
 
