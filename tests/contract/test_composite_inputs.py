@@ -31,17 +31,18 @@ def _sequences(split):
   return sequences, labels
 
 
-def _padded_dataset_fn(split, ctx):
-  """x int32[b, None], padded per batch; the batches sharded, so at 2
-  replicas a step's two batches are one device's batch."""
+def _padded_dataset_fn(split, ctx, length=None):
+  """x int32[b, None], padded per batch (or int32[b, length], fixed); the
+  batches sharded, so at 2 replicas a step's two batches are one device's
+  batch."""
   sequences, labels = _sequences(split)
   ds = tf.data.Dataset.from_generator(
       lambda: iter(zip(sequences, labels)),
       output_signature=(tf.TensorSpec((None,), tf.int32),
                         tf.TensorSpec((1,), tf.float32)))
   batch = ctx.get_per_replica_batch_size(GLOBAL)
-  ds = (ds.repeat().padded_batch(batch, drop_remainder=True)
-        if split == "train" else ds.padded_batch(batch))
+  ds = (ds.repeat() if split == "train" else ds).padded_batch(
+      batch, padded_shapes=([length], [1]), drop_remainder=split == "train")
   return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
 
 
@@ -81,15 +82,7 @@ def _text_dataset_fn(split, ctx):
 
 def fixed_dataset_fn(split, ctx):
   """The same sequences padded to 20 tokens: x int32[4,20], fixed."""
-  sequences, labels = _sequences(split)
-  ds = tf.data.Dataset.from_generator(
-      lambda: iter(zip(sequences, labels)),
-      output_signature=(tf.TensorSpec((None,), tf.int32),
-                        tf.TensorSpec((1,), tf.float32)))
-  batch = ctx.get_per_replica_batch_size(GLOBAL)
-  ds = (ds.repeat() if split == "train" else ds).padded_batch(
-      batch, padded_shapes=([20], [1]), drop_remainder=split == "train")
-  return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+  return _padded_dataset_fn(split, ctx, length=20)
 
 
 class _Trim(keras.layers.Layer):
