@@ -49,7 +49,10 @@ def check(loss, name: str, kind: str, met_tensors, replicas: int) -> None:
   """
   if replicas <= 1:
     return
-  found = _halves(loss, *met_tensors)
+  # On the host: eight examples' predictions (an LM's logits: ~200 MB an
+  # example at 1,024 tokens of 50k) beside the model on an accelerator.
+  with tf.device("/cpu:0"):
+    found = _halves(loss, *met_tensors)
   if found is None:
     return  # Fails on such batches, or not finite: left as Keras runs it.
   together, apart = found
@@ -81,10 +84,11 @@ def _fix(loss, y_true, y_pred) -> str:
     return (f"compile keras.losses.{klass}(axis={axes}) to score each "
             "example over its own elements (Keras then averages them)")
   try:  # The shapes of its `call`'s values for a half and for both.
-    a, b = (_half(y_true, y_pred, label, seed, loss.dtype)
-            for seed, label in enumerate(_LABELS[0]))
-    half, both = (tuple(loss.call(*batch).shape)
-                  for batch in (a, _joined(a, b)))
+    with tf.device("/cpu:0"):
+      a, b = (_half(y_true, y_pred, label, seed, loss.dtype)
+              for seed, label in enumerate(_LABELS[0]))
+      half, both = (tuple(loss.call(*batch).shape)
+                    for batch in (a, _joined(a, b)))
   except Exception:  # pylint: disable=broad-except
     half = both = (0,)
   if not both:
