@@ -83,7 +83,7 @@ class _Subclassed(keras.Model):
 
 def _rnn_none():
   x = keras.Input((None, FEATURES))
-  h = keras.layers.LSTM(16)(keras.layers.Masking(0.0)(x))
+  h = keras.layers.LSTM(16, name="lstm")(keras.layers.Masking(0.0)(x))
   return keras.Model(x, keras.layers.Dense(2)(h))
 
 
