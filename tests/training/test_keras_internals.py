@@ -447,3 +447,22 @@ def test_an_optimizer_without_a_private_name_is_refused(use, name):
   bare = types.SimpleNamespace(gradient_accumulation_steps=2, use_ema=False)
   with pytest.raises(RuntimeError, match=f"SimpleNamespace has no {name} "):
     use(bare)
+
+
+def test_flatten_layers_reaches_the_layers_of_nested_models():
+  """`Layer._flatten_layers`, which compiled.py, contract/checks.py,
+  contract/probe.py and measure/flops.py walk to find a model's optimizers,
+  stateful RNNs, own losses and FLOPs: every layer however deeply nested,
+  each once, the model itself only when asked for. A release that stops at
+  the first level would hide a stateful LSTM inside a sub-model from the
+  batch check and its FLOPs from MFU."""
+  inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="deep")],
+                           name="inner")
+  shared = keras.layers.Dense(2, name="shared")
+  x = keras.Input((3,))
+  outer = keras.Model(x, shared(inner(x)) + shared(inner(x)), name="outer")
+  walked = outer._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  names = [layer.name for layer in walked
+           if not isinstance(layer, keras.layers.InputLayer)]
+  assert names == ["inner", "deep", "shared"], names
+  assert outer._flatten_layers()[0] is outer  # pylint: disable=protected-access
