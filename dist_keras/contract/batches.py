@@ -34,8 +34,11 @@ def check_dataset(ds, split: str, global_batch_size: int, replicas: int,
   pipeline)."""
   where = f"dataset_fn({split!r}, ...)"
   if not isinstance(ds, tf.data.Dataset):
-    raise UserError(f"{where} returned a {type(ds).__name__}, not a "
-                    "tf.data.Dataset.")
+    raise UserError(
+        f"{where} returned a {type(ds).__name__}, not a tf.data.Dataset; "
+        "wrap arrays in tf.data.Dataset.from_tensor_slices((x, y)), a "
+        "generator or keras.utils.PyDataset in tf.data.Dataset.from_generator"
+        "(fn, output_signature=...), then shard and batch it there.")
   pipelines = ctx.num_input_pipelines if ctx else 1
   _check_not_auto_sharded(ds, where, pipelines)
   spec = ds.element_spec

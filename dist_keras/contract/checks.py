@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import errors, validate
-from dist_keras.contract import imports
+from dist_keras.contract import fit_args, imports
 from dist_keras.errors import UserError
 
 
@@ -42,12 +42,7 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   a LossScaleOptimizer for float16). float32, the default, leaves Keras'
   global policy as the user set it.
   """
-  if isinstance(model_fn, keras.Model):  # Keras' fit(model, ...) habit.
-    raise UserError(
-        f"model_fn is a keras.Model ({model_fn.name!r}), not a function that"
-        " builds it; pass a function that builds and compiles the model "
-        "(def model_fn(): ...): dist_keras calls it inside the strategy's "
-        "scope, so its variables are mirrored.")
+  fit_args.refuse_built_model(model_fn)  # A module-level one, by name.
   check_signature(model_fn, "model_fn")
   previous = keras.config.dtype_policy()
   policy = validate.PRECISIONS[precision]

@@ -3,11 +3,18 @@ does its work here (a config key, or the dataset_fn), so a Keras user's
 habit is refused in one line that says where it went. Nothing here imports
 TensorFlow."""
 import functools
+import sys
 
 from dist_keras.errors import UserError
 
+# What carries a batch's data in dist_keras, for Keras' fit(x, y) habit.
+_FROM_DATASET_FN = ("dataset_fn, a function of (split, input_context) "
+                    "returning that split's tf.data.Dataset of (x, y) batches")
+
 # Keras' fit argument -> what sets it in dist_keras (configs/base.py keys).
 KERAS_FIT_ARGS = {
+    "x": _FROM_DATASET_FN,
+    "y": _FROM_DATASET_FN,
     "epochs": "config={'train.steps': N} (the run's length in steps; an "
               "epoch is eval.every steps)",
     "steps_per_epoch": "config={'eval.every': N} (the steps between evals, "
@@ -30,16 +37,37 @@ KERAS_FIT_ARGS = {
 
 
 def refusing_keras_args(fit):
-  """`fit`, refusing Keras' fit arguments first; its signature and help
-  stay its own, and any other unknown keyword is Python's TypeError."""
+  """`fit`, refusing Keras' fit arguments and a built model first, before
+  anything starts TensorFlow's devices; its signature and help stay its
+  own, and any other unknown keyword is Python's TypeError."""
 
   @functools.wraps(fit)
   def checked(*args, **kwargs):
+    if len(args) > 2:  # fit(model, x, y): Python's TypeError says nothing.
+      raise UserError(
+          f"dist_keras.fit takes 2 positional arguments (model_fn, "
+          f"dataset_fn), not {len(args)}; x and y come from "
+          f"{_FROM_DATASET_FN}; see help(dist_keras.fit).")
     for name in kwargs:
       if name in KERAS_FIT_ARGS:
         raise UserError(
             f"dist_keras.fit takes no {name}= (Keras' fit does); use "
             f"{KERAS_FIT_ARGS[name]}; see help(dist_keras.fit).")
+    refuse_built_model(args[0] if args else kwargs.get("model_fn"))
     return fit(*args, **kwargs)
 
   return checked
+
+
+def refuse_built_model(model_fn) -> None:
+  """UserError for a keras.Model given as model_fn (Keras' fit(model, ...)
+  habit). At fit's door, since building it started TensorFlow with its
+  default devices, so the strategy's would fail first naming the devices;
+  a model exists only where Keras is imported already."""
+  keras = sys.modules.get("keras")
+  if keras is not None and isinstance(model_fn, keras.Model):
+    raise UserError(
+        f"model_fn is a keras.Model ({model_fn.name!r}), not a function that"
+        " builds it; pass a function that builds and compiles the model "
+        "(def model_fn(): ...): dist_keras calls it inside the strategy's "
+        "scope, so its variables are mirrored.")

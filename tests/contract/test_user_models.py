@@ -160,7 +160,9 @@ BAD = [
      " y float32[24,1], sample_weight float32[24]): Arguments `target` and "
      "`output` must have the same shape"),
     ("model_fn", "not_a_dataset_fn",
-     "dataset_fn('train', ...) returned a tuple, not a tf.data.Dataset."),
+     "dataset_fn('train', ...) returned a tuple, not a tf.data.Dataset; "
+     "wrap arrays in tf.data.Dataset.from_tensor_slices((x, y)), a "
+     "generator or keras.utils.PyDataset in tf.data.Dataset.from_generator"),
     ("sized_model_fn", "dataset_fn",
      "model_fn 'sized_model_fn' cannot be called as model_fn() (missing a "
      "required argument: 'size'); dist_keras calls it so"),

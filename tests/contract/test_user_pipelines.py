@@ -8,6 +8,7 @@ import inspect
 import re
 import types
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -246,6 +247,32 @@ def test_a_built_model_passed_as_model_fn_is_one_line(tmp_path, mirrored):
       "builds it; pass a function that builds and compiles the model (def "
       "model_fn(): ...): dist_keras calls it inside the strategy's scope, "
       "so its variables are mirrored.")
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_built_model_is_refused_before_the_devices_are_asked_for(tmp_path):
+  """Building the model started TensorFlow with its own devices: naming
+  them ('TensorFlow already started with 1 logical CPU device(s) ... start a
+  new process') sent the user to a new process that failed alike."""
+  model = user_task.model_fn()
+  with pytest.raises(UserError, match=r"^model_fn is a keras.Model \("):
+    dist_keras.fit(model, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"),
+                   config=dict(CONFIG, **{"runtime.strategy": "mirrored",
+                                          "runtime.num_cpu_devices": 7}))
+  assert not (tmp_path / "run").exists()
+
+
+def test_keras_fits_positional_x_and_y_name_dataset_fn(tmp_path):
+  """fit(model_fn, x, y): not Python's 'takes 2 positional arguments'."""
+  with pytest.raises(UserError) as e:
+    dist_keras.fit(user_task.model_fn, np.zeros((4, 6)), np.zeros((4, 1)),
+                   workdir=str(tmp_path / "run"))
+  assert str(e.value) == (
+      "dist_keras.fit takes 2 positional arguments (model_fn, dataset_fn), "
+      "not 3; x and y come from dataset_fn, a function of (split, "
+      "input_context) returning that split's tf.data.Dataset of (x, y) "
+      "batches; see help(dist_keras.fit).")
   assert not (tmp_path / "run").exists()
 
 
