@@ -84,11 +84,13 @@ def _per_replica_denominator(model, replicas: int) -> str | None:
 
 def _per_replica_batch_norm(model, replicas: int) -> str | None:
   """The line BatchNormalization layers that normalise by each replica's
-  own batch get (Keras' default, synchronized=False)."""
+  own batch get (Keras' default, synchronized=False). A frozen one
+  (trainable=False: Keras then normalises by its moving statistics, as in
+  inference) is the same on every replica: not said."""
   layers = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
   own = [layer.name for layer in layers
          if isinstance(layer, keras.layers.BatchNormalization)
-         and not layer.synchronized]
+         and not layer.synchronized and layer.trainable]
   if replicas <= 1 or not own:
     return None
   return (f"{len(own)} BatchNormalization layer(s) ({own[0]}, ...) normalise"

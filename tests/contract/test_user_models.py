@@ -697,20 +697,25 @@ def test_a_loss_divided_per_replica_is_said(mirrored, model_fn, count):
     assert any(line in note for note in notes) == said, notes
 
 
-@pytest.mark.parametrize("synchronized", [False, True])
-def test_per_replica_batch_norm_is_said(mirrored, synchronized):
+@pytest.mark.parametrize("synchronized, frozen", [
+    (False, False), (True, False), (False, True)])
+def test_per_replica_batch_norm_is_said(mirrored, synchronized, frozen):
   """Keras' BatchNormalization normalises by each replica's own batch
-  unless synchronized: N replicas then differ from one device."""
+  unless synchronized: N replicas then differ from one device. A frozen
+  base (trainable=False, keras.io's fine-tuning) normalises by its moving
+  statistics: the same on every replica, not said."""
   from dist_keras.training import compiled  # pylint: disable=g-import-not-at-top
   with mirrored.scope():
     inner = keras.Sequential([keras.Input((6,)), keras.layers.BatchNormalization(
         synchronized=synchronized, name="bn")])
+    inner.trainable = not frozen
     model = keras.Sequential([inner, keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
   notes = compiled.take(model, mirrored, configs.load("lstm_longmem").train)
   line = ("1 BatchNormalization layer(s) (bn, ...) normalise by each "
           "replica's own batch of 1/2 of the examples")
-  assert any(line in note for note in notes) != synchronized, notes
+  assert any(line in note for note in notes) == (
+      not synchronized and not frozen), notes
 
 
 class _SpareOptimizer(parity_task.Gan):
