@@ -91,10 +91,7 @@ def stateful_batches(model, replicas: int, global_batch: int) -> None:
   built for (its Input's batch_shape), and Keras fails the first step that
   hands it another (one device's habit, the global batch, at N replicas)."""
   per_replica = global_batch // replicas
-  for layer in model._flatten_layers(include_self=False):  # pylint: disable=protected-access
-    if not (isinstance(layer, keras.layers.RNN) and layer.stateful
-            and layer.states is not None):  # (None: built at step 1.)
-      continue
+  for layer in stateful_layers(model):
     built = tf.nest.flatten(layer.states)[0].shape[0]
     if built == per_replica:
       continue
@@ -108,3 +105,12 @@ def stateful_batches(model, replicas: int, global_batch: int) -> None:
         "per-replica batch in model_fn: keras.Input(batch_shape=("
         "global_batch_size // tf.distribute.get_strategy()."
         "num_replicas_in_sync, ...)).")
+
+
+def stateful_layers(model) -> list:
+  """The model's stateful RNN layers whose states exist (None: built at
+  step 1), in Keras' order of its layers: the same in every run of the
+  model (the checkpoints number their states in it: rnn_states.py)."""
+  return [layer for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+          if isinstance(layer, keras.layers.RNN) and layer.stateful
+          and layer.states is not None]

@@ -64,7 +64,7 @@ def no_communication_step_ms(strategy, replica_compute, iterator,
 
 
 @contextlib.contextmanager
-def model_kept(strategy, model):
+def model_kept(strategy, model, also=()):
   """Puts back, as it ends, every variable of `model` that a forward and
   backward pass in training mode writes without an update: the moving
   statistics (BatchNormalization), the seeds (Dropout), the metrics and
@@ -73,9 +73,11 @@ def model_kept(strategy, model):
   returned and saved must be the one training left. Each replica's copy
   gets its own value back: a BatchNormalization's statistics (aggregation
   "none") differ between replicas; each worker puts back its own. The
-  trainable variables are not copied: nothing updates them."""
+  trainable variables are not copied: nothing updates them. `also`: other
+  variables the passes write (a stateful RNN's states, which Keras keeps
+  out of the model's variables)."""
   variables = {id(v): v for v in [*model.non_trainable_variables,
-                                   *model.metrics_variables]}
+                                   *model.metrics_variables, *also]}
   kept = [(copy, copy.read_value()) for v in variables.values()
           for copy in strategy.experimental_local_results(v.value)]
   try:

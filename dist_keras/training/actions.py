@@ -15,7 +15,7 @@ import keras
 from dist_keras.distribute import leaving
 from dist_keras.measure import calibration, timing
 from dist_keras.training import allreduce, lr, preemption, report
-from dist_keras.training import steps
+from dist_keras.training import rnn_states, steps
 from dist_keras.training.settings import Schedule, auto_steps_per_call
 
 
@@ -220,7 +220,8 @@ class Calibrate(keras.callbacks.Callback):
   def _calibrate(self, count: int, size: int, step_seconds: float):
     """Sets run.calibrated; returns the run's measured all-reduce ms."""
     trainer, meters = self.trainer, self.trainer.meters
-    with calibration.model_kept(trainer.strategy, self.model):
+    with calibration.model_kept(trainer.strategy, self.model,
+                                also=rnn_states.variables(self.model)):
       ideal_ms = calibration.no_communication_step_ms(
           trainer.strategy, steps.make_compute_only(
               self.model, trainer.settings.step_options["allreduce_dtype"]),

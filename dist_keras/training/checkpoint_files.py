@@ -179,6 +179,14 @@ def list_resumed(folder: str, step: int) -> str | None:
           "as it saved): listed now, so train.max_checkpoints counts it")
 
 
+def tidy(folder: str, resumed: int | None, cut_steps) -> list[str | None]:
+  """What saves cut short left, removed (the files of the checkpoints
+  `cut_steps` too); the checkpoint resumed from (its step, None: none)
+  added to TF's list if a kill kept it out; the clauses that say so."""
+  listed = None if resumed is None else list_resumed(folder, resumed)
+  return [listed, removed_line(remove(folder, found(folder, cut_steps)))]
+
+
 def removed_line(removed) -> str | None:
   if not removed:
     return None

@@ -18,7 +18,7 @@ from dist_keras import errors, validate
 from dist_keras.distribute import leaving, strategies
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, checkpoint_files, run_files
-from dist_keras.training import run_record
+from dist_keras.training import rnn_states, run_record
 
 
 def _folder(workdir: str) -> str:
@@ -158,8 +158,9 @@ class Checkpoints:
                              for v in o.variables],
         step=self.step, stopped=self.stopped)
     self.record = run_record.RunRecord()  # Train values, measurements.
-    self.checkpoint = tf.train.Checkpoint(**self._variables,
-                                          record=self.record)
+    self.rnn = rnn_states.States(model)  # Not in model.variables.
+    self.checkpoint = tf.train.Checkpoint(
+        **self._variables, **self.rnn.parts(), record=self.record)
     self._scratch, self._scratch_lock = (
         (None, None) if chief else checkpoint_files.make_scratch())
     self._max_to_keep = 1 if self._scratch else max_to_keep
@@ -184,7 +185,7 @@ class Checkpoints:
       return None
     name = os.path.basename(resume.path)
     try:
-      self._restore(resume.path)
+      zeroed = self._restore(resume.path)
     except (AssertionError, ValueError, tf.errors.OpError) as e:
       # Its tensors read back (find_resume): they are another model's.
       raise UserError(
@@ -201,6 +202,7 @@ class Checkpoints:
                       f"{validate.workdir_option()}.")
     self.saved_at = step
     said = f"{resume.line() or f'resumed from {name}'} at step {step}"
+    said += f"; {zeroed}" if zeroed else ""
     if bool(self.stopped.numpy()):
       said += (", where a callback stopped the run (model.stop_training): "
                "nothing left to train")
@@ -209,6 +211,7 @@ class Checkpoints:
   def save(self, step: int, stopped: bool = False) -> str:
     self.step.assign(step)
     self.stopped.assign(stopped)
+    self.rnn.gather()  # (Every worker: a collective.)
     path = self.manager.save(checkpoint_number=step)
     self.saved_at = step  # (Not a save that failed.)
     if self._scratch is None:
@@ -232,14 +235,19 @@ class Checkpoints:
     self._restore(path)
     return path
 
-  def _restore(self, path: str) -> None:
-    """Every variable of the checkpoint at `path`, and its record if it
-    has one (one saved before records were kept restores without)."""
-    keys = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    whole = any(key.startswith("record/") for key in keys)
+  def _restore(self, path: str) -> str | None:
+    """Every variable of the checkpoint at `path`, its record and RNN
+    states if it has them (one saved before they were kept restores
+    without); returns the line saying the states start at zero, if so."""
+    saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    rnn, record = self.rnn.parts(saved), {"record": self.record}
+    if not any(key.startswith("record/") for key in saved):
+      record = {}
     self.record.restored = None
-    (self.checkpoint if whole else tf.train.Checkpoint(**self._variables)
+    (self.checkpoint if record and rnn is self.rnn.parts() else
+     tf.train.Checkpoint(**self._variables, **rnn, **record)
      ).restore(path).assert_consumed()
+    return self.rnn.put_back(saved, os.path.basename(path))
 
   def close(self) -> None:
     if self._scratch:
@@ -252,7 +260,8 @@ def restored(workdir: str, model, optimizers, role: strategies.Role,
              max_to_keep: int, resume: Resume):
   """(the run's Checkpoints, its "resumed from ..." line or None): the
   checkpoint `resume` names restored, every worker agreeing on it; then the
-  chief tidies what saves cut short left (_tidy), said in the same line."""
+  chief tidies what saves cut short left (checkpoint_files.tidy), said in
+  the same line."""
   folder = _folder(workdir)
   repaired = _repair_state(folder, resume) if role.chief else None
   saved = Checkpoints(workdir, model, optimizers, role.chief, max_to_keep)
@@ -264,21 +273,12 @@ def restored(workdir: str, model, optimizers, role: strategies.Role,
     # has found and restored its checkpoint: no worker still reads what
     # the chief removes.
     if role.chief:
-      lines[1:1] = _tidy(folder, resume)
+      lines[1:1] = checkpoint_files.tidy(
+          folder, resume.step if resume.path else None, resume.cut_short)
   except BaseException:  # (A stop request before training, too.)
     saved.close()
     raise
   return saved, "; ".join(filter(None, lines)) or None
-
-
-def _tidy(folder: str, resume: Resume) -> list[str | None]:
-  """What saves cut short left, removed; the checkpoint resumed from
-  added to TF's list if a kill kept it out; the clauses that say so."""
-  listed = (checkpoint_files.list_resumed(folder, resume.step)
-            if resume.path else None)
-  removed = checkpoint_files.remove(
-      folder, checkpoint_files.found(folder, resume.cut_short))
-  return [listed, checkpoint_files.removed_line(removed)]
 
 
 def check_workers_agree(strategy, step: int, workers: int,

@@ -2,9 +2,15 @@
 of the batch it was built for, carried from step to step, and through the
 eval, as Keras' fit carries it (fit resets nothing by itself). Built for
 each replica's batch it trains as fit; built for the global batch (one
-device's habit) at 2 replicas it is refused before anything is written."""
+device's habit) at 2 replicas it is refused before anything is written.
+Keras keeps its states out of the model's variables: each checkpoint holds
+them as one device would (training/rnn_states.py), so a resume goes on
+with the states it stopped with, at 1 and 2 replicas, 2 workers, and from
+2 replicas on one device."""
 import functools
 import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -12,7 +18,9 @@ import pytest
 import tensorflow as tf
 
 import dist_keras
+import helpers
 from dist_keras.errors import UserError
+from dist_keras.training import checkpoints
 
 GLOBAL, STEPS, TIME = 8, 4, 5
 CONFIG = {"train.global_batch_size": GLOBAL, "train.steps": 2 * STEPS,
@@ -92,3 +100,185 @@ def test_a_stateful_rnn_built_for_the_global_batch_is_refused(
                    config={**CONFIG, "log.tensorboard": True},
                    strategy=mirrored)
   assert not os.path.exists(tmp_path / "w")
+
+
+# Resume: 12 steps, an eval and a checkpoint every 6, stopped at 6.
+RESUME = {**CONFIG, "train.steps": 12, "eval.every": 6,
+          "train.checkpoint_every": 6, "train.log_every": 6}
+ONE_CPU = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+def _run(workdir, strategy, steps=12, callbacks=(), **config):
+  return dist_keras.fit(_model_fn, _dataset_fn, workdir=str(workdir),
+                        config={**RESUME, "train.steps": steps, **config},
+                        strategy=strategy, callbacks=list(callbacks))
+
+
+class _AtStart(keras.callbacks.Callback):
+  """The states as training begins (after the restore)."""
+
+  def on_train_begin(self, logs=None):
+    self.states = _states(self.model)
+
+
+def _states(model):
+  """Each state of layer 'lstm' as one device holds it: the replicas'
+  rows, concatenated in replica order."""
+  strategy = model.distribute_strategy
+  return [np.concatenate([t.numpy() for t in
+                          strategy.experimental_local_results(v.value)])
+          for v in model.get_layer("lstm").states]
+
+
+def _assert_same(got, want, atol):
+  for a, b in zip(got.model.weights, want.model.weights):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=atol,
+                               err_msg=b.path)
+  for a, b in zip(_states(got.model), _states(want.model), strict=True):
+    np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg="states")
+
+
+def _held(workdir, step):
+  """The states checkpoint ckpt-STEP holds."""
+  reader = tf.train.load_checkpoint(f"{workdir}/checkpoints/ckpt-{step}")
+  return [reader.get_tensor(f"rnn_states/{i}/.ATTRIBUTES/VARIABLE_VALUE")
+          for i in range(2)]
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_resumed_run_goes_on_with_the_states_it_stopped_with(
+    tmp_path, mirrored, replicas):
+  """Stopped at step 6 and resumed, it ends where the uninterrupted run
+  ends, weights and states (they restarted at zero: 0.019 apart on one
+  device); every checkpoint holds the global batch's rows, one device's."""
+  strategy = mirrored if replicas == 2 else ONE_CPU
+  whole = _run(tmp_path / "whole", strategy)
+  for got, want in zip(_held(tmp_path / "whole", 12), _states(whole.model),
+                       strict=True):
+    assert got.shape == (GLOBAL, 4)
+    np.testing.assert_array_equal(got, want)
+  _run(tmp_path / "resumed", strategy, steps=6)
+  start = _AtStart()
+  resumed = _run(tmp_path / "resumed", strategy, callbacks=[start])
+  for got, want in zip(start.states, _held(tmp_path / "resumed", 6),
+                       strict=True):
+    np.testing.assert_array_equal(got, want)
+  _assert_same(resumed, whole, atol=1e-6)
+
+
+def test_a_checkpoint_of_2_replicas_resumes_on_one_device(
+    tmp_path, mirrored):
+  """Each replica's rows, saved as one device's batch, go back as one
+  device's: it ends where the 2 replicas' whole run ends (2 replicas = one
+  device to 1e-5: the first test)."""
+  whole = _run(tmp_path / "whole", mirrored)
+  _run(tmp_path / "moved", mirrored, steps=6)
+  moved = _run(tmp_path / "moved", ONE_CPU)
+  _assert_same(moved, whole, atol=1e-5)
+
+
+def test_a_checkpoint_without_states_resumes_them_at_zero(
+    tmp_path, mirrored, monkeypatch, capsys):
+  """One saved before checkpoints held the states (its stateful layers
+  unseen) restores, says so in one line, and the states start at zero,
+  as they did."""
+  with monkeypatch.context() as before:
+    before.setattr("dist_keras.contract.checks.stateful_layers",
+                   lambda model: [])
+    _run(tmp_path / "old", mirrored, steps=6)
+  capsys.readouterr()
+  start = _AtStart()
+  _run(tmp_path / "old", mirrored, callbacks=[start],
+       **{"log.progress": True})
+  assert ("resumed from ckpt-6 at step 6; ckpt-6 holds no states of the "
+          "stateful RNN layer 'lstm' (saved before dist_keras kept them): "
+          "they start at zero\n") in capsys.readouterr().out
+  assert not np.any(start.states), start.states
+
+
+def test_the_calibration_leaves_the_states_as_training_left_them(
+    tmp_path, mirrored):
+  """Its steps after the last (log.calibration_steps, 20 by default) moved
+  them on: the model returned was 1.36 off a run without them."""
+  plain = _run(tmp_path / "plain", mirrored, steps=6)
+  timed = _run(tmp_path / "timed", mirrored, steps=6,
+               **{"log.calibration_steps": 4})
+  for got, want in zip(_states(timed.model), _states(plain.model),
+                       strict=True):
+    np.testing.assert_array_equal(got, want)
+
+
+def _saved_at_6(workdir, model):
+  """ckpt-6 of `model` (built outside a strategy: one device) in workdir."""
+  saved = checkpoints.Checkpoints(str(workdir), model, {}, True, 3)
+  saved.save(6)
+  saved.close()
+  return tf.train.load_checkpoint(f"{workdir}/checkpoints/ckpt-6")
+
+
+def test_a_model_without_a_stateful_rnn_saves_what_it_saved(tmp_path):
+  """No states, no variable for them, nothing gathered."""
+  model = keras.Sequential([keras.Input((TIME, 2)), keras.layers.LSTM(4),
+                            keras.layers.Dense(1)])
+  names = _saved_at_6(tmp_path, model).get_variable_to_shape_map()
+  assert not [name for name in names if name.startswith("rnn_states")]
+  assert {name.split("/")[0] for name in names} == {
+      "_CHECKPOINTABLE_OBJECT_GRAPH", "model_variables", "record",
+      "save_counter", "step", "stopped"}
+
+
+def test_states_saved_for_another_global_batch_start_at_zero(tmp_path):
+  """A row per example cannot be re-split for another batch: one line,
+  and the states are zero, not the ones before the restore."""
+  _saved_at_6(tmp_path, _model_fn(GLOBAL))
+  model = _model_fn(GLOBAL // 2)
+  for state in model.get_layer("lstm").states:
+    state.assign(np.ones(state.shape, "float32"))
+  resumed = checkpoints.Checkpoints(str(tmp_path), model, {}, True, 3)
+  line = resumed.restore(checkpoints.find_resume(str(tmp_path)))
+  resumed.close()
+  assert line == ("resumed from ckpt-6 at step 6; ckpt-6 holds the states "
+                  "of the stateful RNN layer 'lstm' for a global batch of "
+                  "8, not 4: they start at zero")
+  assert not np.any(_states(model))
+
+
+def _two_workers(workdir, steps):
+  """2 workers (a replica each) through the launcher, as users start them."""
+  settings = {**RESUME, "train.steps": steps, "log.peak_tflops": 1.0}
+  result = subprocess.run(
+      [sys.executable, f"{helpers.REPO}/tools/launch_local.py",
+       "--num_workers=2", "--", sys.executable, "-m", "dist_keras.train",
+       f"--workdir={workdir}",
+       "--config.model.name=test_stateful_rnn:_model_fn",
+       "--config.data.name=test_stateful_rnn:_dataset_fn",
+       *[f"--config.{key}={value}" for key, value in settings.items()]],
+      capture_output=True, text=True, timeout=600, check=False, env=dict(
+          os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+          PYTHONPATH=":".join([helpers.REPO, helpers.TESTS,
+                                os.path.dirname(__file__)])))
+  assert result.returncode == 0, result.stderr[-3000:]
+  reader = tf.train.load_checkpoint(f"{workdir}/checkpoints")  # Newest.
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if not name.startswith(("_CHECKPOINTABLE", "save_counter",
+                                  "record/"))}
+
+
+@pytest.mark.slow
+def test_two_workers_resume_with_the_states_they_stopped_with(tmp_path):
+  """Each worker's rows reach the chief's checkpoint (an all-gather as
+  they save), one device's there, and go back to their worker: stopped at
+  6 and resumed, the 2 workers end where their uninterrupted run ends."""
+  whole = _two_workers(tmp_path / "whole", 12)
+  _two_workers(tmp_path / "resumed", 6)
+  resumed = _two_workers(tmp_path / "resumed", 12)
+  assert resumed.keys() == whole.keys()
+  one = _run(tmp_path / "one", ONE_CPU)  # Its rows, in replica order.
+  for i, state in enumerate(_states(one.model)):
+    np.testing.assert_allclose(
+        whole[f"rnn_states/{i}/.ATTRIBUTES/VARIABLE_VALUE"], state, rtol=0,
+        atol=1e-5)
+  for name, value in whole.items():
+    np.testing.assert_allclose(resumed[name], value, rtol=0, atol=1e-6,
+                               err_msg=name)
