@@ -16,8 +16,9 @@ from dist_keras.contract import batches, checks, probe
 from dist_keras.distribute import leaving, peers, pipelines, reports
 from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, batch_losses, checkpoints, compiled
-from dist_keras.training import loop, lr, preemption, ray_report, run_files
-from dist_keras.training import same_model, settings, user_callbacks
+from dist_keras.training import loop, lr, own_losses, preemption, ray_report
+from dist_keras.training import run_files, same_model, settings, state_updates
+from dist_keras.training import user_callbacks
 from dist_keras.training import varying_slices
 
 
@@ -100,14 +101,19 @@ def _met_its_batches(model, strategy, dataset_fn, batch_spec, eval_spec,
   metrics' state built from them); from what it made of them, a compiled
   loss of one mean per batch divided by the replicas (batch_losses.py),
   one step per call where the gathered gradient slices change shape
-  (varying_slices.py). A stateful RNN built for another batch than a
-  replica's is refused before the model meets them."""
-  checks.stateful_batches(model, strategy.num_replicas_in_sync,
-                          train_cfg.global_batch_size)
+  (varying_slices.py); at N > 1 replicas, the variables its training call
+  assigns by their aggregation (state_updates.py) and its own losses that
+  sum over the batch (own_losses.py). A stateful RNN built for another
+  batch than a replica's is refused before the model meets them."""
+  replicas = strategy.num_replicas_in_sync
+  checks.stateful_batches(model, replicas, train_cfg.global_batch_size)
   met = probe.meet(model, strategy, batch_spec, eval_spec,
                    builtin_data=getattr(dataset_fn, "builtin_data", None))
+  forward = state_updates.traced(model, strategy, batch_spec)
+  updates = state_updates.check(model, forward, replicas)
+  own_losses.check(model, strategy, batch_spec, forward)
   return met.evaluates, [
-      met.no_eval, batch_losses.divide_means(model, strategy, met),
+      met.no_eval, updates, batch_losses.divide_means(model, strategy, met),
       varying_slices.one_step_per_call(model, strategy, met, train_cfg)]
 
 
