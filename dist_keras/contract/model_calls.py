@@ -4,6 +4,9 @@ batches before training (probe.py) and the checks that trace a step
 (training/varying_slices.py) all call it so, hence alike."""
 import inspect
 
+import keras
+import tensorflow as tf
+
 
 def forward(model, x, training: bool):
   """`model(x)` as Keras' train_step and test_step call it: `training`
@@ -26,3 +29,20 @@ def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
                               sample_weight=sample_weight, training=training)
   return model.compute_loss(x=x, y=y, y_pred=y_pred,
                             sample_weight=sample_weight)
+
+
+def traced(model, strategy, batch_spec, training: bool):
+  """(the graph, the count of model.losses after it) of `forward` traced,
+  not run (no state moves), in `strategy`'s scope on batches like
+  `batch_spec`, where Keras' steps find add_loss terms and regularisers.
+  Raises what tracing raises (a call that cannot take the batches' x)."""
+  x, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
+  found = []
+
+  def call(x):
+    forward(model, x, training=training)
+    found.append(len(model.losses))
+
+  with strategy.scope():
+    function = tf.function(call, autograph=False).get_concrete_function(x)
+  return function.graph, found[-1]

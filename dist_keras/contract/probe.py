@@ -125,21 +125,12 @@ def _adds_losses(model, strategy, batch_spec, training: bool):
   like `batch_spec`, where Keras' train_step and test_step find add_loss
   terms and regularisers; None if the call cannot take the batches' x (a
   GAN's real samples). The call is traced, not run: no state moves."""
-  x, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
-  found = []
-
-  def call(x):
-    model_calls.forward(model, x, training=training)
-    found.append(len(model.losses))
-
-  with strategy.scope():
-    try:
-      tf.function(call, autograph=False).get_concrete_function(x)
-    # NotImplementedError: a model without call() (keras.io's VAE).
-    except (ValueError, TypeError, NotImplementedError,
-            tf.errors.InvalidArgumentError):
-      return None
-  return bool(found[-1])
+  try:
+    return bool(model_calls.traced(model, strategy, batch_spec, training)[1])
+  # NotImplementedError: a model without call() (keras.io's VAE).
+  except (ValueError, TypeError, NotImplementedError,
+          tf.errors.InvalidArgumentError):
+    return None
 
 
 def _probe(model, batch_spec, split: str, builtin_data: str | None):

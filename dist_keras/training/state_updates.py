@@ -27,9 +27,6 @@ inference (training=False) are not concerned: the eval's are exact.
 """
 import dataclasses
 
-import keras
-import tensorflow as tf
-
 from dist_keras import installation
 from dist_keras.contract import model_calls
 from dist_keras.errors import UserError
@@ -76,20 +73,11 @@ def traced(model, strategy, batch_spec) -> Forward | None:
   call's inputs)."""
   if strategy.num_replicas_in_sync == 1 or not _worth_tracing(model):
     return None
-  x, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
-  counted = []
-
-  def call(x):
-    model_calls.forward(model, x, training=True)
-    counted.append(len(model.losses))
-
-  with strategy.scope():
-    try:
-      graph = tf.function(call, autograph=False).get_concrete_function(
-          x).graph
-    except Exception:  # pylint: disable=broad-except
-      return None  # Left as Keras runs it: its own error at its step.
-  return Forward(assigned_in(graph, model.variables), counted[-1])
+  try:
+    graph, losses = model_calls.traced(model, strategy, batch_spec, True)
+  except Exception:  # pylint: disable=broad-except
+    return None  # Left as Keras runs it: its own error at its step.
+  return Forward(assigned_in(graph, model.variables), losses)
 
 
 def _worth_tracing(model) -> bool:
