@@ -100,6 +100,7 @@ def fit_runner(c, strategy, args, per_call: bool, xla: bool,
   # so its batches are global ones, as fit expects; the pipeline as the
   # dataset_fn returns it (dist_keras adds no stage to it either).
   ds = dataset_fn("train", tf.distribute.InputContext())
+  _check_global_batches(ds, c.train.global_batch_size)
 
   class Timer(keras.callbacks.Callback):
     def __init__(self):
@@ -128,6 +129,26 @@ def fit_runner(c, strategy, args, per_call: bool, xla: bool,
     return ms, call - (timer.train[1] - timer.train[0])
 
   return run
+
+
+def _check_global_batches(ds, global_batch: int) -> None:
+  """Examples/s count train.global_batch_size a step: fit's batches (one
+  input pipeline) must hold as many, or its figure is off by their ratio
+  (a user's dataset_fn batching a fixed size, the override forgotten)."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+
+  from dist_keras.errors import UserError
+  x = ds.element_spec[0] if isinstance(ds.element_spec, tuple) else (
+      ds.element_spec)
+  sizes = {spec.shape[0] for spec in tf.nest.flatten(x)}
+  if sizes != {global_batch}:
+    raise UserError(
+        f"dataset_fn('train', ...) of one input pipeline yields batches of "
+        f"{', '.join(map(str, sorted(sizes, key=str)))} examples, not "
+        f"train.global_batch_size={global_batch}; batch with "
+        "input_context.get_per_replica_batch_size(global_batch_size), or "
+        "pass --override=train.global_batch_size=N for its batches of N.")
 
 
 def dist_keras_runner(c, strategy, args, per_call: bool, xla: bool,
@@ -192,7 +213,10 @@ def parse_args(argv=None):
   for name in ("rounds", "epochs", "steps", "per_call"):
     if getattr(args, name) < 1:
       raise common.BadInput(f"--{name}={getattr(args, name)} must be >= 1.")
-  common.load_config(args.config, args.override)  # Fails before any run.
+  c = common.load_config(args.config, args.override)  # Fails before a run.
+  # What is benched: the config, or the user's model and data in it.
+  args.model = args.config if ":" not in c.model.name else (
+      f"{c.model.name} on {c.data.name}")
   if args.only and args.only not in _names(args):
     raise common.BadInput(f"--only={args.only}: not one of the runs of "
                           f"--settings={args.settings}.")
@@ -249,9 +273,9 @@ class RunFailed(RuntimeError):
 
 def _one_line(error: Exception) -> str:
   """What went wrong, in one line (a TF error's cause, not its "where")."""
-  if isinstance(error, RunFailed):
-    return str(error)
   from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  if isinstance(error, (RunFailed, errors.UserError)):  # Its fix, whole.
+    return str(error)
   return f"{type(error).__name__}: {errors.cause(str(error))}"
 
 
@@ -275,11 +299,11 @@ def _measure(runners, rounds):
 
 
 def report(results, args, replicas: int, global_batch: int) -> dict:
-  out = {"config": args.config, "replicas": replicas,
+  out = {"config": args.config, "model": args.model, "replicas": replicas,
          "global_batch_size": global_batch, "rounds": args.rounds,
          "epochs": args.epochs, "steps": args.steps,
          "per_call": args.per_call, "variants": {}, "ratios": {}}
-  print(f"{args.config}: {replicas} replicas under Mirrored, global batch "
+  print(f"{args.model}: {replicas} replicas under Mirrored, global batch "
         f"{global_batch}; {args.rounds} round{'s' * (args.rounds != 1)} of "
         f"1 + {args.epochs} x "
         f"{args.steps} steps per variant (medians over rounds)")
