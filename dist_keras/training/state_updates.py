@@ -84,9 +84,14 @@ def _worth_tracing(model) -> bool:
   """Whether the model has a layer of a class not Keras' own, or a
   variable of aggregation "sum"."""
   layers = model._flatten_layers(include_self=True)  # pylint: disable=protected-access
-  return (any(not type(layer).__module__.startswith("keras.")
-              for layer in layers)
+  return (any(not _keras_own(layer) for layer in layers)
           or any(v.aggregation == "sum" for v in model.variables))
+
+
+def _keras_own(layer) -> bool:
+  """Whether `layer`'s class is one of Keras' (keras.src...), not the
+  user's (or another library's, as keras_hub's)."""
+  return type(layer).__module__.startswith("keras.")
 
 
 def assigned_in(graph, variables) -> tuple:
@@ -198,5 +203,4 @@ def _users_layer_state(model) -> set:
       known = holder.get(id(variable))
       if known is None or len(layer.variables) < len(known.variables):
         holder[id(variable)] = layer
-  return {key for key, layer in holder.items()
-          if not type(layer).__module__.startswith("keras.")}
+  return {key for key, layer in holder.items() if not _keras_own(layer)}
