@@ -76,8 +76,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
   _installation.check_tensorflow_installed(ImportError)
   with _told_to_peers(strategy):  # The door: every argument resolved once.
     given, config = config, _resolve_config(config)
-    functions = (_record_name(config.model, model_fn, "model_fn"),
-                 _record_name(config.data, dataset_fn, "dataset_fn"))
+    functions = _recorded(given, config, model_fn, dataset_fn)
     if isinstance(strategy, str):
       config.runtime.strategy = strategy
     _refuse_ignored(config, given, strategy)
@@ -138,6 +137,15 @@ def _refuse_ignored(config, given, strategy) -> None:
           f" decides the devices and collectives, so {key} would be ignored;"
           " drop the key, or pass strategy=None or a name and let the config"
           " build the strategy.")
+
+
+def _recorded(given, config, model_fn, dataset_fn) -> tuple:
+  """(model_fn, dataset_fn), each a function or None (a name, recorded in
+  config), once no name in `given` (fit's config) says otherwise."""
+  _fit_args.refuse_two_names(_set_in(given, config), config,
+                             {"model_fn": model_fn, "dataset_fn": dataset_fn})
+  return (_record_name(config.model, model_fn, "model_fn"),
+          _record_name(config.data, dataset_fn, "dataset_fn"))
 
 
 def _record_name(section, fn, what: str):

@@ -5,6 +5,7 @@ TensorFlow."""
 import functools
 import sys
 
+from dist_keras.contract import imports
 from dist_keras.errors import UserError
 
 # What carries a batch's data in dist_keras, for Keras' fit(x, y) habit.
@@ -71,3 +72,20 @@ def refuse_built_model(model_fn) -> None:
         " builds it; pass a function that builds and compiles the model "
         "(def model_fn(): ...): dist_keras calls it inside the strategy's "
         "scope, so its variables are mirrored.")
+
+
+def refuse_two_names(user_set: dict, config, functions: dict) -> None:
+  """UserError for a model.name or data.name that fit's config sets (in
+  `user_set`, configs.set_in's {key: how it was set}) while fit's argument
+  for that side (`functions`: {"model_fn": ..., "dataset_fn": ...}) names
+  another: the argument trains, and the key would be replaced silently."""
+  for what, fn in functions.items():
+    if not (isinstance(fn, str) or callable(fn)):
+      continue  # fit says what it takes (a function or a name) itself.
+    key = ("model" if what == "model_fn" else "data") + ".name"
+    given = fn if isinstance(fn, str) else imports.name_of(fn)
+    if key in user_set and given != config[key.split(".")[0]].name:
+      raise UserError(
+          f"{user_set[key]} and {what}={given!r} both say what to train; "
+          f"drop {key} from config (the {what} argument trains), or pass "
+          f"{what}={config[key.split('.')[0]].name!r}.")

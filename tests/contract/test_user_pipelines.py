@@ -11,10 +11,10 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import dist_keras
 import user_task
 from dist_keras.configs import base
+
+import dist_keras
 from dist_keras.contract import batches, fit_args
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
@@ -337,3 +337,34 @@ def test_fits_signature_and_help_are_its_own():
   assert list(inspect.signature(dist_keras.fit).parameters) == [
       "model_fn", "dataset_fn", "workdir", "config", "strategy", "callbacks"]
   assert dist_keras.fit.__doc__.startswith("Trains `model_fn`'s model")
+
+
+@pytest.mark.parametrize("key,value,what", [
+    ("model.name", "cnn", "model_fn"),
+    ("data.name", "synthetic", "dataset_fn")])
+def test_a_name_in_fits_config_beside_its_function_is_refused(
+    tmp_path, key, value, what):
+  """config={'model.name': 'cnn'} beside model_fn trained model_fn's model
+  and recorded its name over the key, silently."""
+  with pytest.raises(UserError) as e:
+    dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"),
+                   config=dict(CONFIG, **{key: value}))
+  fn = getattr(user_task, what)
+  passed = f"{fn.__module__}:{fn.__qualname__}"
+  assert str(e.value) == (
+      f"config[{key!r}]={value!r} and {what}={passed!r} both say what to "
+      f"train; drop {key} from config (the {what} argument trains), or pass "
+      f"{what}={value!r}.")
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_name_in_fits_config_that_names_its_function_trains(tmp_path):
+  """The same function named twice is one choice, not two."""
+  name = f"{user_task.__name__}:model_fn"
+  result = dist_keras.fit(
+      user_task.model_fn, user_task.dataset_fn, workdir=str(tmp_path / "run"),
+      config=dict(CONFIG, **{"model.name": name, "train.steps": 1,
+                             "log.calibration_steps": 0}),
+      strategy="one_device")
+  assert result.summary["steps"] == 1
