@@ -123,10 +123,13 @@ def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
     with build(job) as trainer:
       try:
         summary = _translated_run(trainer)
-      except errors.UserError as e:
-        if (e.exit_code == errors.EXIT_CONFIG_ERROR
+      except (errors.UserError, preemption.StoppedAtOnce) as e:
+        # Refused, or stopped before training began: nothing of the run's
+        # is worth keeping, so a workdir it made goes as the Trainer closes.
+        if (getattr(e, "exit_code", errors.EXIT_CONFIG_ERROR)
+            == errors.EXIT_CONFIG_ERROR
             and trainer.parts.checkpoints.saved_at is None):
-          run_files.refused(job.workdir)  # Removed as the Trainer closes.
+          run_files.refused(job.workdir)
         raise
   except preemption.StoppedAtOnce as e:  # Before training began.
     raise e.error() from None

@@ -147,9 +147,9 @@ def check_held(workdir: str, saved: str) -> None:
 
 
 def refused(workdir: str) -> None:
-  """The run failed on a bad value (exit 2) before its first checkpoint:
-  release() removes what it wrote (config.json, TensorBoard's events) with
-  the folder prepare() created, as for a run refused before training."""
+  """The run failed on a bad value (exit 2), or stopped before training
+  began, before its first checkpoint: release() removes what it wrote
+  (config.json, TensorBoard's events) with the folder prepare() created."""
   _REFUSED.add(os.path.abspath(workdir))
 
 
