@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import disk, errors, registry, terminal, validate
-from dist_keras.contract import batches, checks, probe
+from dist_keras.contract import batches, checks, probe, xla_limits
 from dist_keras.distribute import leaving, peers, pipelines, reports
 from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, batch_losses, checkpoints, compiled
@@ -147,13 +147,15 @@ def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
 
 def _translated_run(trainer) -> dict:
   """trainer.run(), a batch value the model cannot take, a cache file two
-  pipelines write, slices that changed count within a call and a peer's
-  refusal (reports.stopped), said as such."""
+  pipelines write, slices that changed count within a call, ops XLA
+  cannot compile and a peer's refusal (reports.stopped), said as such."""
   try:
     return trainer.run()
   except tf.errors.OpError as e:
+    on_tpu = isinstance(trainer.strategy, tf.distribute.TPUStrategy)
     bad = (reports.stopped(e) or batches.data_fault(e)
-           or varying_slices.mismatch(e))
+           or varying_slices.mismatch(e)
+           or xla_limits.unsupported_ops(e, on_tpu))
     if bad is None:
       raise
     raise bad from e

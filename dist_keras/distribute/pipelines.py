@@ -7,7 +7,7 @@ import warnings
 import tensorflow as tf
 
 from dist_keras import errors
-from dist_keras.contract import batches, checks, imports
+from dist_keras.contract import batches, checks, imports, xla_limits
 from dist_keras.errors import UserError
 
 # Iterating a distributed dataset inside tf.function reads its options in
@@ -49,6 +49,8 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   process read exactly what N one-replica workers read.
   """
   checks.check_signature(dataset_fn, "dataset_fn", ("split", "input_context"))
+  on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+  xla_limits.check_tpu_pipelines(feed.per_replica_pipelines, on_tpu)
   replicas = strategy.num_replicas_in_sync
   global_batch_size = feed.global_batch_size
   per_replica_batch_size(global_batch_size, replicas)
@@ -60,6 +62,7 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
       ds = dataset_fn(split, ctx)
     batches.check_dataset(ds, split, global_batch_size, replicas, eval_steps,
                           ctx)
+    xla_limits.check_tpu_batches(ds.element_spec, split, on_tpu)
     specs.append(ds.element_spec)
     sizes.append((ctx.num_input_pipelines, int(ds.cardinality())))
     per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines

@@ -11,6 +11,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import installation
+from dist_keras.contract import xla_limits
 from dist_keras.contract.checks import overrides  # (loop.py reads it here.)
 from dist_keras.errors import UserError
 from dist_keras.training import (allreduce, keras_internals, step_losses,
@@ -23,8 +24,9 @@ def take(model, strategy, train_cfg) -> list[str]:
 
   Raises:
     UserError: run_eagerly=True, a steps_per_execution that contradicts
-      train.steps_per_loop, or XLA over a multi-device step the model
-      writes itself.
+      train.steps_per_loop, a layer XLA cannot compile where the step is
+      compiled (train.jit_compile=true, a TPU), or XLA over a multi-device
+      step the model writes itself.
   """
   if model.run_eagerly:
     raise UserError(
@@ -40,6 +42,8 @@ def take(model, strategy, train_cfg) -> list[str]:
     train_cfg.jit_compile = True
     notes.append("XLA: the model was compiled with jit_compile=True "
                  "(train.jit_compile=true)")
+  xla_limits.check_layers(model, train_cfg.jit_compile,
+                          isinstance(strategy, tf.distribute.TPUStrategy))
   if overrides(model, "train_step"):
     _refuse_xla_of_own_step(model, strategy, train_cfg)
   notes += step_losses.own_steps_notes(model, replicas)

@@ -22,15 +22,18 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
   train_step on every replica: 'logs' (what the step returned, averaged
   over replicas as Keras' fit does) and 'finite' (every float log finite);
   with `timed`, 'step_start', 'inputs_ready' and per-replica 'stamps'
-  [start, end] for breakdown.whole_step. `jit` compiles the replica's
-  step with XLA (one device and TPUs: no merge_call to cross)."""
+  [start, end] for breakdown.whole_step. `jit` compiles the model's
+  train_step with XLA, as fit(jit_compile=True) compiles it (one device
+  and TPUs: no merge_call to cross); the stamps around it stay outside
+  (tf.timestamp has no XLA kernel)."""
   clock = stamps.make_clock(strategy) if timed else None
+  own_step = _own_step(model, jit)
 
   def replica_step(batch, inputs_ready=None):
     if timed:
       start = stamps.stamp_after([batch, inputs_ready], clock)
       batch = stamps.after_stamp(start, batch)
-    logs = flat_logs(model.train_step(batch))
+    logs = own_step(batch)
     if not timed:
       return logs, ()
     done = [*tf.nest.flatten(logs),
@@ -40,8 +43,6 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
   # Its optimizers' all-reduce (compiled.py) tells a position lookup's
   # slices from a per-example one's by the batch's size.
   replica_step = shared_slices.knowing_batch(replica_step)
-  if jit:
-    replica_step = tf.function(replica_step, jit_compile=True)
   replica_step = replica_seeds.per_replica(replica_step)
 
   def one_step(iterator):
@@ -54,6 +55,17 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
     return out
 
   return steps.step_function(one_step)
+
+
+def _own_step(model, jit: bool):
+  """(batch) -> the model's train_step's flat logs; with `jit`, one XLA
+  computation, as Keras' fit(jit_compile=True) compiles its
+  one_step_on_data (the train_step alone)."""
+
+  def own_step(batch):
+    return flat_logs(model.train_step(batch))
+
+  return tf.function(own_step, jit_compile=True) if jit else own_step
 
 
 def flat_logs(logs) -> dict:
