@@ -119,6 +119,7 @@ def _met_its_batches(model, strategy, dataset_fn, batch_spec, eval_spec,
 
 def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
   """The run's FitResult, and this process's role in it."""
+  ray_report.check_workdir(job.workdir)  # Before anything is written.
   try:
     with build(job) as trainer:
       try:

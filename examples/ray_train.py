@@ -2,9 +2,9 @@
 Train's train_loop_per_worker, unchanged.
 
 Ray's TensorflowTrainer starts the workers and writes each one's TF_CONFIG;
-dist_keras then trains with MultiWorkerMirroredStrategy and reports every
-log window (train_loss, examples_per_sec, ...; eval_* at each eval) and
-every checkpoint to Ray. A worker that dies makes Ray restart the group
+dist_keras then trains with MultiWorkerMirroredStrategy and reports to Ray
+at every checkpoint and eval (train_loss, examples_per_sec, ...; eval_* at
+each eval), with the checkpoint. A worker that dies makes Ray restart the group
 (--max_failures), and the rerun resumes from the workdir's last checkpoint.
 The workdir and --storage must be folders every worker sees (shared disk,
 or gs:// for the workdir). Needs `pip install -e ".[cpu,ray]"` in the

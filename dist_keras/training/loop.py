@@ -208,7 +208,7 @@ class Trainer:
                actions.SaveCheckpoints(run, self.parts.checkpoints,
                                        self.meters),
                *ray_report.for_session(run, self.parts.checkpoints,
-                                       self.chief),
+                                       self.chief, self.meters),
                actions.AnswerStopRequest(run, stop, self.parts.checkpoints)]
       if users:
         after.insert(0, actions.AgreeToStop(run, self.strategy, batch_logs))

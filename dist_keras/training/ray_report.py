@@ -1,18 +1,23 @@
 """Ray Train sees the run: inside a Ray Train worker (`dist_keras.fit` as a
-TensorflowTrainer's train_loop_per_worker), every log window's and every
-epoch end's values, and each checkpoint dist_keras saves, go to
+TensorflowTrainer's train_loop_per_worker), each checkpoint dist_keras
+saves and every epoch end's values, with the last log window's, go to
 `ray.train.report`, so `result.metrics`, `result.checkpoint`, Ray's
 dashboard and Tune see them.
 
 Ray requires every worker to call report the same number of times (it is a
-barrier): every worker reports at the same boundaries (log steps and epoch
-ends, decided by the schedule alone). Only the chief holds the real
-checkpoint files (the other workers' saves go to scratch folders), so it
-alone passes a checkpoint; Ray registers a checkpoint when any worker
-passes one, and keeps the metrics of world rank 0, the chief under the
-TF_CONFIG Ray writes. Resuming needs nothing from Ray: a restarted worker
-group reruns `dist_keras.fit` with the same workdir, which resumes from
-its checkpoints.
+barrier): every worker reports at the same boundaries (checkpoint steps and
+epoch ends, decided by the schedule alone). Not at every log window: each
+report after the first waits until Ray's controller has taken the one
+before (V2: a queue of one, polled every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S,
+2 s by default), which held a fast model to a window per 2 s; that wait is
+kept out of the timed window, as a checkpoint's save is. Only the chief
+holds the real checkpoint files (the other workers' saves go to scratch
+folders), so it alone passes a checkpoint; Ray registers a checkpoint when
+any worker passes one, and keeps the metrics of world rank 0, the chief
+under the TF_CONFIG Ray writes. Resuming needs nothing from Ray: a
+restarted worker group reruns `dist_keras.fit` with the same workdir, which
+resumes from its checkpoints. A relative workdir is refused there: Ray
+moves each worker's current folder (check_workdir).
 
 Nothing here imports Ray: a process where `ray.train` was never imported
 cannot be a Ray Train worker.
@@ -24,6 +29,8 @@ import tempfile
 
 import tensorflow as tf
 
+from dist_keras import validate
+from dist_keras.errors import UserError
 from dist_keras.training import actions
 
 
@@ -43,13 +50,32 @@ def session():
   return None if rank is None else train
 
 
-def for_session(run: actions.RunState, checkpoints, chief: bool) -> list:
-  """[the report action] inside a Ray Train session, else []."""
+def check_workdir(workdir: str) -> None:
+  """Raises UserError for a relative workdir inside a Ray Train worker: Ray
+  moves each worker's current folder into its own (V2:
+  /tmp/ray/session_*/artifacts/<run>/), so the run would land there, not
+  where the driver runs, and a rerun, in another session, would start at
+  step 0 instead of resuming."""
+  path = os.fspath(workdir)
+  if (not path or "://" in path or os.path.isabs(path)
+      or session() is None):
+    return
+  raise UserError(
+      f"{validate.named_workdir(workdir)} is relative, and Ray Train moves "
+      f"each worker's current folder (here {os.getcwd()}): the run would be "
+      "written there and a rerun would not resume it; pass "
+      f"os.path.abspath({path!r}) from the driver, before Trainer.fit.")
+
+
+def for_session(run: actions.RunState, checkpoints, chief: bool,
+                meters=None) -> list:
+  """[the report action] inside a Ray Train session, else []; `meters`
+  (measure/meters.py) is paused while a report waits for Ray."""
   train = session()
   if train is None:
     return []
   return [ReportToRay(run, checkpoints, chief, train.report,
-                      train.Checkpoint.from_directory)]
+                      train.Checkpoint.from_directory, meters)]
 
 
 def metrics(step: int, run: actions.RunState, eval_values: dict | None
@@ -107,19 +133,23 @@ def report_kept(summary: dict, checkpoints, chief: bool) -> None:
 
 
 class ReportToRay(actions.Boundary):
-  """At every log step and epoch end (after its eval and checkpoint): the
-  values to `report`, with the checkpoint saved at this step from the
-  chief."""
+  """At every checkpoint step and epoch end (after its eval and
+  checkpoint): the last log window's values (and the eval's) to `report`,
+  with the checkpoint saved at this step from the chief."""
 
   def __init__(self, run: actions.RunState, checkpoints, chief: bool,
-               report, make_checkpoint):
+               report, make_checkpoint, meters=None):
     super().__init__(run)
     self.checkpoints, self.chief = checkpoints, chief
     self.report, self.make_checkpoint = report, make_checkpoint
+    self.meters = meters
     self.reported = False
 
   def at(self, step: int, epoch_end: bool) -> None:
-    if epoch_end or self.run.schedule.logs(step):
+    # Every checkpoint reaches Ray as it is saved (result.checkpoint, Ray's
+    # checkpoint manager); the metrics ride along. A log window alone is not
+    # reported: it would wait for Ray's controller (see the docstring).
+    if epoch_end or self.run.schedule.checkpoints(step):
       self.send(metrics(step, self.run, self.run.final_eval if epoch_end
                         else None), step)
 
@@ -131,8 +161,18 @@ class ReportToRay(actions.Boundary):
                 self.run.step)
 
   def send(self, values: dict, step: int) -> None:
-    """Reports `values`, with the chief's checkpoint of `step` if saved."""
+    """Reports `values`, with the chief's checkpoint of `step` if saved;
+    the meters paused meanwhile (the wait for Ray is not a step's time)."""
     self.reported = True
+    if self.meters is not None:
+      self.meters.pause()
+    try:
+      self._send(values, step)
+    finally:
+      if self.meters is not None:
+        self.meters.resume()
+
+  def _send(self, values: dict, step: int) -> None:
     if not (self.chief and self.checkpoints.saved_at == step):
       self.report(values, checkpoint=None)
       return

@@ -80,7 +80,9 @@ def _run(monkeypatch, num_workers=2, fails=None, to_exit=False):
       return False
 
   monkeypatch.setattr(api, "build", lambda job: Built())
-  return api.run(api.Job(config=None, workdir="w", to_exit=to_exit))
+  # Absolute: under Ray Train a relative workdir is refused (ray_report.py).
+  return api.run(api.Job(config=None, workdir=os.path.abspath("w"),
+                         to_exit=to_exit))
 
 
 def test_a_finished_cluster_run_leaves_together_at_exit_once(

@@ -1,8 +1,10 @@
 """Ray Train sees a run (dist_keras/training/ray_report.py).
 
 CI (seconds): no session -> no action and no import of Ray; inside a fake
-Ray Train session, a one-device run reports every log window and epoch end
-with the chief's checkpoint of that step, named as in summary.json.
+Ray Train session, a one-device run reports every checkpoint and epoch end
+(not every log window) with the chief's checkpoint of that step, named as
+in summary.json; the report's wait is not step time; a relative workdir is
+refused before anything is written.
 Slow (minutes, needs `pip install "ray[train]"`): a local Ray cluster's
 TensorflowTrainer of 2 CPU workers running examples/ray_train.py: Ray sees
 the metrics and checkpoints; a worker SIGKILLed mid-run -> Ray restarts the
@@ -12,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 import types
 
 import keras
@@ -19,6 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import dist_keras
 import helpers
 import user_task
 from dist_keras.training import actions, ray_report
@@ -34,9 +38,10 @@ class FakeRayTrain(types.ModuleType):
   """`ray.train` as a worker sees it: get_context, report (which copies a
   checkpoint away at once, as Ray's synchronous upload does), Checkpoint."""
 
-  def __init__(self, rank, keep_to: str = ""):
+  def __init__(self, rank, keep_to: str = "", wait: float = 0.0):
     super().__init__("ray.train")
     self.rank, self.keep_to, self.reports = rank, keep_to, []
+    self.wait = wait  # Seconds each report takes (Ray's controller's poll).
     self.Checkpoint = types.SimpleNamespace(from_directory=lambda path: path)
 
   def get_context(self):
@@ -53,6 +58,7 @@ class FakeRayTrain(types.ModuleType):
         tf.io.gfile.copy(os.path.join(checkpoint, name),
                          os.path.join(kept, name))
     self.reports.append((dict(metrics), kept))
+    time.sleep(self.wait)
 
 
 def _run_state(steps=8):
@@ -114,6 +120,68 @@ def test_a_rerun_with_nothing_left_reports_once(tmp_path, monkeypatch):
   [(metrics, kept)] = ray.reports
   assert metrics["step"] == 8 and "eval_loss" in metrics
   assert tf.train.latest_checkpoint(kept).endswith("ckpt-8")
+
+
+def test_reports_at_checkpoints_and_evals_not_every_log_window():
+  """Each report after the first waits for Ray's controller (up to 2 s):
+  a log window alone is not reported."""
+  run = actions.RunState(Schedule(steps=12, log_every=2, eval_every=6,
+                                  checkpoint_every=4), 0)
+  sent = []
+  action = ray_report.ReportToRay(
+      run, types.SimpleNamespace(saved_at=None, folder="unused"), True,
+      lambda m, checkpoint: sent.append(m["step"]), lambda folder: folder)
+  for step in range(1, 13):
+    run.step = step
+    action.at(step, epoch_end=step % 6 == 0)
+  assert sent == [4, 6, 8, 12]  # Checkpoints at 4 and 8; evals at 6, 12.
+
+
+def test_the_wait_for_ray_is_not_step_time(tmp_path, monkeypatch):
+  ray = FakeRayTrain(0, keep_to=str(tmp_path / "ray"), wait=0.5)
+  monkeypatch.setitem(sys.modules, "ray.train", ray)
+  summary = helpers.fit_fns(
+      user_task.model_fn, user_task.dataset_fn, tmp_path / "run",
+      {**CONFIG, "train.steps": 12, "train.log_every": 2,
+       "train.checkpoint_every": 2, "eval.every": 12}).summary
+  assert len(ray.reports) == 6
+  # Counted in, each 0.5 s report would add 250 ms to a step of the
+  # 2-step window after it (every window past the warm-up one).
+  assert summary["step_ms_median"] < 100, summary
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_relative_workdir_is_refused_inside_a_ray_worker(
+    tmp_path, monkeypatch, rank):
+  """Ray moves each worker's current folder into its session's: a
+  relative workdir would be written there and never resumed."""
+  ray = FakeRayTrain(rank)
+  monkeypatch.setitem(sys.modules, "ray.train", ray)
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(dist_keras.UserError) as e:
+    helpers.fit_fns(user_task.model_fn, user_task.dataset_fn,
+                    os.path.join("runs", "rel"), CONFIG)
+  assert str(e.value) == (
+      "workdir='runs/rel' is relative, and Ray Train moves each worker's "
+      f"current folder (here {tmp_path}): the run would be written there "
+      "and a rerun would not resume it; pass os.path.abspath('runs/rel') "
+      "from the driver, before Trainer.fit.")
+  assert not os.listdir(tmp_path) and not ray.reports
+
+
+@pytest.mark.parametrize("outside", [RuntimeError("outside"), None, "gone"])
+def test_a_relative_workdir_outside_ray_train_is_left_alone(monkeypatch,
+                                                            outside):
+  if outside == "gone":
+    monkeypatch.delitem(sys.modules, "ray.train", raising=False)
+  else:
+    monkeypatch.setitem(sys.modules, "ray.train", FakeRayTrain(outside))
+  ray_report.check_workdir("runs/rel")  # Raises nothing.
+
+
+def test_a_gs_workdir_inside_a_ray_worker_is_left_alone(monkeypatch):
+  monkeypatch.setitem(sys.modules, "ray.train", FakeRayTrain(0))
+  ray_report.check_workdir("gs://bucket/runs/rel")  # Raises nothing.
 
 
 def test_other_workers_report_as_often_without_a_checkpoint():
@@ -179,28 +247,55 @@ class KillOnce(keras.callbacks.Callback):
 
 
 @pytest.fixture(scope="module")
-def ray_runs(tmp_path_factory):
-  """An uninterrupted run and one whose worker 1 is killed at step 150
-  (max_failures=1): {name: (result, folder)}."""
+def local_ray():
+  """examples/ray_train.py as a module, on a local Ray cluster of 2 CPUs."""
   ray = pytest.importorskip("ray")
   pytest.importorskip("ray.train.tensorflow")
   example = _example()
   ray.cloudpickle.register_pickle_by_value(example)
   ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-  root = tmp_path_factory.mktemp("ray")
   ray.init(num_cpus=2, include_dashboard=False)
   try:
-    runs = {}
-    for name, victim in (("whole", None), ("cut", 1)):
-      folder = root / name
-      folder.mkdir()
-      result = example.trainer(
-          str(folder / "workdir"), str(root / "storage" / name), 2, STEPS,
-          max_failures=1, callbacks=[KillOnce(str(folder), victim, 150)]).fit()
-      runs[name] = (result, folder)
-    yield runs
+    yield example
   finally:
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_runs(local_ray, tmp_path_factory):
+  """An uninterrupted run and one whose worker 1 is killed at step 150
+  (max_failures=1): {name: (result, folder)}."""
+  root = tmp_path_factory.mktemp("ray")
+  runs = {}
+  for name, victim in (("whole", None), ("cut", 1)):
+    folder = root / name
+    folder.mkdir()
+    result = local_ray.trainer(
+        str(folder / "workdir"), str(root / "storage" / name), 2, STEPS,
+        max_failures=1, callbacks=[KillOnce(str(folder), victim, 150)]).fit()
+    runs[name] = (result, folder)
+  return runs
+
+
+@pytest.mark.slow
+def test_a_relative_workdir_fails_the_ray_run_with_its_line(local_ray,
+                                                             tmp_path):
+  """A real Ray Train worker's current folder is Ray's, not the driver's:
+  the relative workdir is refused there, and the driver's error says so."""
+  from ray import train  # pylint: disable=g-import-not-at-top
+  from ray.train.tensorflow import TensorflowTrainer  # pylint: disable=g-import-not-at-top
+  trainer = TensorflowTrainer(
+      local_ray.train_loop_per_worker,
+      train_loop_config={"workdir": "runs/rel", "steps": 4},
+      scaling_config=train.ScalingConfig(num_workers=2),
+      run_config=train.RunConfig(
+          storage_path=str(tmp_path / "storage"),
+          failure_config=train.FailureConfig(max_failures=0)))
+  with pytest.raises(Exception) as e:
+    trainer.fit()
+  assert ("workdir='runs/rel' is relative, and Ray Train moves each "
+          "worker's current folder (here /") in str(e.value)
+  assert "pass os.path.abspath('runs/rel') from the driver" in str(e.value)
 
 
 @pytest.mark.slow
