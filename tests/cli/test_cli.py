@@ -22,6 +22,13 @@ TINY = ["--config.data.train_size=256", "--config.data.eval_size=64",
         "--config.log.peak_tflops=1.0"]
 
 
+# What a test of the run's output streams does not read: the timed step
+# function (a second trace) and the calibration after the last step (its
+# 20 steps and all-reduce fit): ~1-2 CPU-s of a ~10 CPU-s run.
+UNTIMED = ["--config.log.sync_timing=false",
+           "--config.log.calibration_steps=0"]
+
+
 def _train(*args, env=None):
   return helpers.run_module(["-m", "dist_keras.train", *args], env=env)
 
@@ -55,6 +62,11 @@ def test_run_prints_progress_and_where_tensorboard_logs_are(tmp_path):
   assert summary["device_kind"] == "CPU"
 
 
+# Slow: a config file by path trains from the command line above (mine.py),
+# configs/*.py paths load in test_configs.py and the CNN config's run trains
+# in process (test_synthetic_data.py) and on 2 workers
+# (test_multi_worker.py): a TensorFlow process (~10 CPU-s) less in CI.
+@pytest.mark.slow
 def test_other_configs_load_by_path(tmp_path):
   """(TINY's sizes but the sequence's, which the CNN and shapes do not read:
   configs/__init__.py refuses those.)"""
@@ -542,7 +554,8 @@ def test_a_stdout_that_fails_does_not_end_the_run(tmp_path):
   with open("/dev/full", "w", encoding="utf-8") as full:
     result = subprocess.run(
         [sys.executable, "-m", "dist_keras.train", f"--workdir={workdir}",
-         *TINY], cwd=helpers.REPO, stdout=full, stderr=subprocess.PIPE,
+         *TINY, *UNTIMED], cwd=helpers.REPO, stdout=full,
+        stderr=subprocess.PIPE,
         text=True, timeout=300, check=False,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                  PYTHONPATH=helpers.REPO))
@@ -584,7 +597,7 @@ def test_a_stderr_closed_at_the_start_does_not_end_the_run(tmp_path):
   workdir = tmp_path / "run"
   result = subprocess.run(
       ["sh", "-c", 'exec "$@" 2>&-', "sh", sys.executable, "-m",
-       "dist_keras.train", f"--workdir={workdir}", *TINY],
+       "dist_keras.train", f"--workdir={workdir}", *TINY, *UNTIMED],
       cwd=helpers.REPO, capture_output=True, text=True, timeout=300,
       check=False, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                             PYTHONPATH=helpers.REPO, TF_CONFIG=" "))

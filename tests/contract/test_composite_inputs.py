@@ -1,6 +1,9 @@
 """Batches whose shapes change from step to step (padded or bucketed
 sequences, ragged and sparse features) at 2 replicas, against Keras' fit
 and evaluate on one device on the same batches."""
+import contextlib
+import functools
+import io
 import os
 import re
 
@@ -144,11 +147,40 @@ def _fit_weights(model_fn, dataset_fn):
   return model.get_weights()
 
 
+_DATASET_FNS = {"padded": _padded_dataset_fn, "text": _text_dataset_fn,
+                "sparse": _sparse_dataset_fn, "ragged": _ragged_dataset_fn}
+
+
+@functools.cache
+def _fit_weights_of(kind):
+  """_fit_weights of _model_fn(kind) (Adam(0.01)): several tests' one."""
+  return _fit_weights(lambda: _model_fn(kind), _DATASET_FNS[kind])
+
+
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory, mirrored):
+  """`(kind) -> (dist_keras' run of _model_fn(kind) at 2 replicas on
+  CONFIG, what it printed)`, made on first use: the tests of the
+  automatic call size, of the timed steps and of adaptive optimizers
+  (Adam) read the same run of a kind."""
+  folder = tmp_path_factory.mktemp("two_replicas")
+
+  def run(kind):
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+      result = dist_keras.fit(lambda: _model_fn(kind), _DATASET_FNS[kind],
+                              workdir=str(folder / kind), config=CONFIG,
+                              strategy=mirrored)
+    return result, printed.getvalue()
+
+  return functools.cache(run)
+
+
 @pytest.mark.parametrize("kind,variable", [("padded", "tokens/embeddings"),
                                            ("sparse", "bag/kernel"),
                                            ("text", "tokens/embeddings")])
 def test_slices_of_a_changing_count_train_one_step_a_call_as_fit_trains(
-    tmp_path, mirrored, capsys, kind, variable):
+    two_replicas, kind, variable):
   """Each replica's gradient slices, an Embedding's one per padded token
   (a sparse input's Dense kernel's one per column present), change in
   number every step: gathered in a call of several steps they failed the
@@ -157,16 +189,12 @@ def test_slices_of_a_changing_count_train_one_step_a_call_as_fit_trains(
   weights are fit's. A TextVectorization makes the tokens' count from
   string batches of fixed shape: judged by the batches' shapes, it ran
   several steps a call and failed so."""
-  model_fn = lambda: _model_fn(kind)
-  dataset_fn = {"padded": _padded_dataset_fn, "text": _text_dataset_fn,
-                "sparse": _sparse_dataset_fn}[kind]
-  result = dist_keras.fit(model_fn, dataset_fn, workdir=str(tmp_path),
-                          config=CONFIG, strategy=mirrored)
+  result, printed = two_replicas(kind)
   assert (f"steps per call: 1 (the gradient of {variable} is gathered as "
-          "slices whose number changes") in capsys.readouterr().out
-  initial = model_fn().get_weights()
+          "slices whose number changes") in printed
+  initial = _model_fn(kind).get_weights()
   for got, want, before in zip(result.model.get_weights(),
-                               _fit_weights(model_fn, dataset_fn), initial):
+                               _fit_weights_of(kind), initial):
     assert np.abs(want - before).max() > 1e-3
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
@@ -176,7 +204,7 @@ def test_slices_of_a_changing_count_train_one_step_a_call_as_fit_trains(
     ("sparse", "clipnorm"), ("sparse", "global_clipnorm"),
     ("padded", "Adam")])
 def test_gathered_slices_train_under_adaptive_optimizers_as_one_device(
-    tmp_path, mirrored, kind, optimizer):
+    tmp_path, mirrored, two_replicas, kind, optimizer):
   """A sparse input's Dense kernel gets a slice per distinct column of the
   batch, summed over its examples (tf.nn.embedding_lookup_sparse's
   tf.unique), which Adam, RMSprop and Adagrad square: a column present in
@@ -185,7 +213,8 @@ def test_gathered_slices_train_under_adaptive_optimizers_as_one_device(
   clipnorm, 0.003 by global_clipnorm). Summed by column after the gather,
   the weights are one device's. An Embedding's slices (one per token,
   repeats kept, as one device's) stay as gathered: summed too, its
-  weights ended 0.13 from one device's."""
+  weights ended 0.13 from one device's. (Adam, _model_fn's own: 2
+  replicas' run is the shared one.)"""
   def model_fn():
     make = {"clipnorm": lambda: keras.optimizers.Adam(0.01, clipnorm=0.05),
             "global_clipnorm": lambda: keras.optimizers.Adam(
@@ -196,12 +225,17 @@ def test_gathered_slices_train_under_adaptive_optimizers_as_one_device(
 
   dataset_fn = {"padded": _padded_dataset_fn,
                 "sparse": _sparse_dataset_fn}[kind]
-  trained = [dist_keras.fit(
-      model_fn, dataset_fn, workdir=str(tmp_path / name),
-      config={**CONFIG, "log.progress": False}, strategy=strategy
-  ).model.get_weights() for name, strategy in (
-      ("one", tf.distribute.OneDeviceStrategy("/cpu:0")), ("m2", mirrored))]
-  for one, two, before in zip(*trained, model_fn().get_weights()):
+
+  def trained(name, strategy):
+    return dist_keras.fit(
+        model_fn, dataset_fn, workdir=str(tmp_path / name),
+        config={**CONFIG, "log.progress": False}, strategy=strategy
+    ).model.get_weights()
+
+  ones = trained("one", tf.distribute.OneDeviceStrategy("/cpu:0"))
+  twos = (two_replicas(kind)[0].model.get_weights() if optimizer == "Adam"
+          else trained("m2", mirrored))
+  for one, two, before in zip(ones, twos, model_fn().get_weights()):
     assert np.abs(one - before).max() > 1e-3
     np.testing.assert_allclose(two, one, rtol=0, atol=1e-6)
 
@@ -270,19 +304,21 @@ def test_a_length_the_model_makes_from_fixed_numbers_is_said_in_one_line(
 
 @pytest.mark.parametrize("kind", ["ragged", "sparse"])
 def test_ragged_and_sparse_features_train_timed_as_fit_trains(
-    tmp_path, mirrored, kind):
+    tmp_path, mirrored, two_replicas, kind):
   """The timed steps (log.sync_timing, on by default) stamp a batch's
   ragged or sparse features by their component tensors (a RaggedTensor
-  has no device: the first step failed); the weights are fit's."""
-  model_fn = lambda: _model_fn(kind)
-  dataset_fn = {"ragged": _ragged_dataset_fn,
-                "sparse": _sparse_dataset_fn}[kind]
-  result = dist_keras.fit(model_fn, dataset_fn, workdir=str(tmp_path),
-                          config={**CONFIG, "train.steps_per_loop": 1},
-                          strategy=mirrored)
+  has no device: the first step failed); the weights are fit's. One step
+  a call: the sparse kind's automatic call size (the shared run, said
+  there), the ragged kind's set."""
+  if kind == "sparse":
+    result = two_replicas(kind)[0]
+  else:
+    result = dist_keras.fit(lambda: _model_fn(kind), _DATASET_FNS[kind],
+                            workdir=str(tmp_path),
+                            config={**CONFIG, "train.steps_per_loop": 1},
+                            strategy=mirrored)
   assert "input_wait_ms" in result.summary
-  for got, want in zip(result.model.get_weights(),
-                       _fit_weights(model_fn, dataset_fn)):
+  for got, want in zip(result.model.get_weights(), _fit_weights_of(kind)):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 

@@ -9,6 +9,7 @@ with the states it stopped with, at 1 and 2 replicas, 2 workers, and from
 2 replicas on one device."""
 import functools
 import os
+import shutil
 import subprocess
 import sys
 
@@ -145,36 +146,55 @@ def _held(workdir, step):
           for i in range(2)]
 
 
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory, mirrored):
+  """The 2 replicas' runs several tests start from (each ~2 fits' worth):
+  'whole', 12 steps, and 'at_6', stopped at 6 (a test goes on from a copy
+  of its workdir, `from_6`)."""
+  folder = tmp_path_factory.mktemp("two_replicas")
+  runs = {"whole": _run(folder / "whole", mirrored),
+          "at_6": _run(folder / "at_6", mirrored, steps=6)}
+
+  def from_6(workdir):
+    shutil.copytree(folder / "at_6", workdir)
+    return workdir
+
+  return {**runs, "folder": folder, "from_6": from_6}
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_a_resumed_run_goes_on_with_the_states_it_stopped_with(
-    tmp_path, mirrored, replicas):
+    tmp_path, mirrored, replicas, request):
   """Stopped at step 6 and resumed, it ends where the uninterrupted run
   ends, weights and states (they restarted at zero: 0.019 apart on one
   device); every checkpoint holds the global batch's rows, one device's."""
   strategy = mirrored if replicas == 2 else ONE_CPU
-  whole = _run(tmp_path / "whole", strategy)
-  for got, want in zip(_held(tmp_path / "whole", 12), _states(whole.model),
+  if replicas == 2:  # The shared runs (a fixture of 2 replicas only).
+    shared = request.getfixturevalue("two_replicas")
+    whole, whole_dir = shared["whole"], shared["folder"] / "whole"
+    resumed_dir = shared["from_6"](tmp_path / "resumed")
+  else:
+    whole, whole_dir = _run(tmp_path / "whole", strategy), tmp_path / "whole"
+    resumed_dir = tmp_path / "resumed"
+    _run(resumed_dir, strategy, steps=6)
+  for got, want in zip(_held(whole_dir, 12), _states(whole.model),
                        strict=True):
     assert got.shape == (GLOBAL, 4)
     np.testing.assert_array_equal(got, want)
-  _run(tmp_path / "resumed", strategy, steps=6)
   start = _AtStart()
-  resumed = _run(tmp_path / "resumed", strategy, callbacks=[start])
-  for got, want in zip(start.states, _held(tmp_path / "resumed", 6),
-                       strict=True):
+  resumed = _run(resumed_dir, strategy, callbacks=[start])
+  for got, want in zip(start.states, _held(resumed_dir, 6), strict=True):
     np.testing.assert_array_equal(got, want)
   _assert_same(resumed, whole, atol=1e-6)
 
 
 def test_a_checkpoint_of_2_replicas_resumes_on_one_device(
-    tmp_path, mirrored):
+    tmp_path, two_replicas):
   """Each replica's rows, saved as one device's batch, go back as one
   device's: it ends where the 2 replicas' whole run ends (2 replicas = one
   device to 1e-5: the first test)."""
-  whole = _run(tmp_path / "whole", mirrored)
-  _run(tmp_path / "moved", mirrored, steps=6)
-  moved = _run(tmp_path / "moved", ONE_CPU)
-  _assert_same(moved, whole, atol=1e-5)
+  moved = _run(two_replicas["from_6"](tmp_path / "moved"), ONE_CPU)
+  _assert_same(moved, two_replicas["whole"], atol=1e-5)
 
 
 def test_a_checkpoint_without_states_resumes_them_at_zero(
@@ -197,10 +217,10 @@ def test_a_checkpoint_without_states_resumes_them_at_zero(
 
 
 def test_the_calibration_leaves_the_states_as_training_left_them(
-    tmp_path, mirrored):
+    tmp_path, mirrored, two_replicas):
   """Its steps after the last (log.calibration_steps, 20 by default) moved
   them on: the model returned was 1.36 off a run without them."""
-  plain = _run(tmp_path / "plain", mirrored, steps=6)
+  plain = two_replicas["at_6"]
   timed = _run(tmp_path / "timed", mirrored, steps=6,
                **{"log.calibration_steps": 4})
   for got, want in zip(_states(timed.model), _states(plain.model),

@@ -134,6 +134,9 @@ def test_a_peer_at_the_final_barrier_says_the_refusers_line(
           "--config.data.name=user_task:dataset_fn",
           "--config.train.global_batch_size=48", "--config.train.steps=4",
           "--config.log.calibration_steps=0", "--config.log.peak_tflops=1.0",
+          # The refusals come after training: no timed step function to
+          # trace (one step function a worker, not two).
+          "--config.log.sync_timing=false",
           f"--workdir={tmp_path / 'run'}"]
   env = {"REFUSER": str(refuser), "LATE": str(late)}
   results = _two_workers(_REFUSES_LAST, *args, env_of_task=(env, env))

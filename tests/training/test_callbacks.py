@@ -4,8 +4,10 @@ An epoch is one eval interval; fit's reference runs epochs of the same
 steps (steps_per_epoch = eval.every) on the same batches. Stopping, the
 best model and the rate under 2 replicas and 2 workers: test_fit_parity.py.
 """
+import functools
 import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -54,12 +56,25 @@ def _same_calls(got, want, rtol=0.0):
       assert logs[key] == pytest.approx(value, rel=rtol, abs=rtol), hook
 
 
-def test_a_custom_callback_sees_fits_hooks_in_fits_order(tmp_path):
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+  """Keras' fit and dist_keras on one device, each with a Recorder of its
+  hooks and a _MetricsAtEpochBegin (it reads, changes nothing): three
+  tests read the same two runs. {"fit": (model, recorder, reader), "ours":
+  (result, recorder, reader)}."""
+  runs = {}
+  for name in ("fit", "ours"):
+    calls, seen = parity_task.Recorder(), _MetricsAtEpochBegin()
+    runs[name] = (_fit([calls, seen]) if name == "fit" else _ours(
+        tmp_path_factory.mktemp("recorded"), [calls, seen]), calls, seen)
+  return runs
+
+
+def test_a_custom_callback_sees_fits_hooks_in_fits_order(recorded):
   """steps_per_execution=4 (epochs of one call, as the loop's) and an eval
   of 4 batches (one call): every hook, index, log key and value is fit's."""
-  fit_calls, our_calls = parity_task.Recorder(), parity_task.Recorder()
-  fitted = _fit([fit_calls])
-  result = _ours(tmp_path, [our_calls])
+  (fitted, fit_calls, _), (result, our_calls, _) = (recorded["fit"],
+                                                    recorded["ours"])
   assert len(fit_calls.calls) == 2 + EPOCHS * 8
   _same_calls(our_calls.calls, fit_calls.calls)
   for a, b in zip(fitted.get_weights(), result.model.get_weights()):
@@ -81,20 +96,18 @@ class _MetricsAtEpochBegin(keras.callbacks.Callback):
                         self.model.get_metrics_result().items()})
 
 
-def test_an_epochs_first_hook_sees_its_metrics_reset_as_under_fit(tmp_path):
+def test_an_epochs_first_hook_sees_its_metrics_reset_as_under_fit(recorded):
   """fit resets the metrics before on_epoch_begin: a callback reading them
   there sees zeros, not the last eval's values."""
-  fit_seen, our_seen = _MetricsAtEpochBegin(), _MetricsAtEpochBegin()
-  _fit([fit_seen])
-  _ours(tmp_path, [our_seen])
+  fit_seen, our_seen = recorded["fit"][2], recorded["ours"][2]
   assert len(our_seen.seen) == EPOCHS - 1
   assert our_seen.seen == fit_seen.seen
 
 
 def test_two_replicas_call_the_same_hooks_with_the_same_logs(tmp_path,
-                                                             mirrored):
-  one, two = parity_task.Recorder(), parity_task.Recorder()
-  _ours(tmp_path / "one", [one])
+                                                             mirrored,
+                                                             recorded):
+  one, two = recorded["ours"][1], parity_task.Recorder()
   _ours(tmp_path / "two", [two], strategy=mirrored)
   _same_calls(two.calls, one.calls, rtol=1e-5)
 
@@ -337,31 +350,53 @@ def _best_restored():
                                        restore_best_weights=True)
 
 
-def test_restored_best_weights_are_saved_reported_and_fits(tmp_path):
+@pytest.fixture(scope="module")
+def best_restored(tmp_path_factory):
+  """One device's run with _best_restored() and a CSVLogger (it only
+  writes its file), its progress printed: three tests read it (a rerun
+  goes on in a copy). {"result", "run": its workdir, "log": the CSV}."""
+  folder = tmp_path_factory.mktemp("best_restored")
+  log = folder / "log.csv"
+  result = _ours(folder / "run", [_best_restored(),
+                                  keras.callbacks.CSVLogger(str(log))],
+                 **{"log.progress": True})
+  return {"result": result, "run": folder / "run", "log": log}
+
+
+def test_restored_best_weights_are_saved_reported_and_fits(best_restored):
   fitted = _fit([_best_restored()])
-  result = _ours(tmp_path, [_best_restored()])
+  result = best_restored["result"]
   best = max(result.history["val_loss"])
   assert best > result.history["val_loss"][-1]
   assert result.summary["eval_loss"] == pytest.approx(best, rel=1e-6)
-  saved = keras.models.load_model(tmp_path / "model.keras")
+  saved = keras.models.load_model(best_restored["run"] / "model.keras")
   for want, ours, kept in zip(fitted.get_weights(),
                               result.model.get_weights(), saved.get_weights()):
     np.testing.assert_array_equal(ours, want)
     np.testing.assert_array_equal(kept, want)
 
 
+def _ema_model():
+  return parity_task._compiled(  # pylint: disable=protected-access
+      keras.optimizers.SGD(0.05, use_ema=True), steps_per_execution=4)
+
+
+@pytest.fixture(scope="module")
+def swapped_ema(tmp_path_factory):
+  """`(swap_on_epoch) -> dist_keras' run` of _ema_model with
+  SwapEMAWeights, one device, made on first use (two tests read True's)."""
+  folder = tmp_path_factory.mktemp("swapped_ema")
+  return functools.cache(lambda swap_on_epoch: _ours(
+      folder / str(swap_on_epoch), [keras.callbacks.SwapEMAWeights(
+          swap_on_epoch=swap_on_epoch)], model_fn=_ema_model))
+
+
 @pytest.mark.parametrize("swap_on_epoch", [False, True])
-def test_swap_ema_weights_evaluates_and_trains_what_fit_does(tmp_path,
+def test_swap_ema_weights_evaluates_and_trains_what_fit_does(swapped_ema,
                                                              swap_on_epoch):
-  def ema_model():
-    return parity_task._compiled(  # pylint: disable=protected-access
-        keras.optimizers.SGD(0.05, use_ema=True), steps_per_execution=4)
-
-  def swap():
-    return keras.callbacks.SwapEMAWeights(swap_on_epoch=swap_on_epoch)
-
-  fitted = _fit([swap()], model_fn=ema_model)
-  ours = _ours(tmp_path, [swap()], model_fn=ema_model)
+  fitted = _fit([keras.callbacks.SwapEMAWeights(swap_on_epoch=swap_on_epoch)],
+                model_fn=_ema_model)
+  ours = swapped_ema(swap_on_epoch)
   assert ours.history["val_loss"] == pytest.approx(
       fitted.history.history["val_loss"], rel=1e-6)
   for a, b in zip(fitted.get_weights(), ours.model.get_weights()):
@@ -370,15 +405,22 @@ def test_swap_ema_weights_evaluates_and_trains_what_fit_does(tmp_path,
 
 @pytest.mark.parametrize("two_replicas", [False, True])
 def test_rerunning_a_finished_workdir_keeps_its_results(tmp_path, capsys,
-                                                        mirrored,
+                                                        mirrored, request,
                                                         two_replicas):
   """summary.json, model.keras (the best epoch's, not the checkpoint's)
   and a CSVLogger's file stay as the run that trained wrote them."""
   log = tmp_path / "log.csv"
   run = tmp_path / "run"
   strategy = mirrored if two_replicas else ONE_CPU
-  first = _ours(run, [_best_restored(), keras.callbacks.CSVLogger(str(log))],
-                strategy=strategy, **{"log.progress": True})
+  if two_replicas:
+    first = _ours(run, [_best_restored(),
+                        keras.callbacks.CSVLogger(str(log))],
+                  strategy=strategy, **{"log.progress": True})
+  else:  # One device's is the shared run (rerun in a copy).
+    shared = request.getfixturevalue("best_restored")
+    shutil.copytree(shared["run"], run)
+    shutil.copy(shared["log"], log)
+    first = shared["result"]
   files = {name: (run / name).read_bytes()
            for name in ("summary.json", "model.keras", "config.json")}
   csv = log.read_bytes()
@@ -475,12 +517,13 @@ class _EpochCounter(keras.callbacks.Callback):
 
 
 def test_early_stopping_keeps_its_best_weights_over_a_resume(tmp_path,
-                                                             capsys):
+                                                             capsys,
+                                                             best_restored):
   """Killed after epoch 2's checkpoint and rerun: its best value, patience
   count and best weights are the checkpoint's, so it restores the weights
   an uninterrupted run restores (its best epoch is before the kill); a
   callback of its own state is named in one line as not kept."""
-  whole = _ours(tmp_path / "whole", [_best_restored()])
+  whole = best_restored["result"]
   with pytest.raises(_Killed):
     _ours(tmp_path / "cut", [_best_restored(), _KillAtEpoch(2)])
   capsys.readouterr()
@@ -510,37 +553,50 @@ def test_early_stopping_keeps_its_best_weights_over_a_resume(tmp_path,
     np.testing.assert_array_equal(ours, want)
 
 
-def test_swapped_ema_weights_are_swapped_back_after_a_resume(tmp_path):
+def test_swapped_ema_weights_are_swapped_back_after_a_resume(tmp_path,
+                                                             swapped_ema):
   """SwapEMAWeights(swap_on_epoch=True) holds the averages in the model at
   an epoch's end, when the checkpoint is saved; after a resume it swaps
   them back as the next epoch begins, as an uninterrupted run does."""
-  def ema_model():
-    return parity_task._compiled(  # pylint: disable=protected-access
-        keras.optimizers.SGD(0.05, use_ema=True), steps_per_execution=4)
-
   def swap():
     return keras.callbacks.SwapEMAWeights(swap_on_epoch=True)
 
-  whole = _ours(tmp_path / "whole", [swap()], model_fn=ema_model)
+  whole = swapped_ema(True)
   with pytest.raises(_Killed):
-    _ours(tmp_path / "cut", [swap(), _KillAtEpoch(2)], model_fn=ema_model)
-  again = _ours(tmp_path / "cut", [swap()], model_fn=ema_model)
+    _ours(tmp_path / "cut", [swap(), _KillAtEpoch(2)], model_fn=_ema_model)
+  again = _ours(tmp_path / "cut", [swap()], model_fn=_ema_model)
   for a, b in zip(whole.model.get_weights(), again.model.get_weights()):
     np.testing.assert_array_equal(b, a)
 
 
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+  """`(workdir) -> the run`: one device's plain run (no callbacks), made
+  once, its finished workdir copied to `workdir` for each test's rerun."""
+  folder = tmp_path_factory.mktemp("finished") / "run"
+  first = _ours(folder, [])
+
+  def copied(workdir):
+    shutil.copytree(folder, workdir)
+    return first
+
+  return copied
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbled"])
 def test_a_damaged_model_keras_is_written_again_by_the_rerun(tmp_path,
-                                                             capsys, damage):
+                                                             capsys, damage,
+                                                             finished):
   """A finished workdir whose model.keras does not read back is finished
   again from its last checkpoint (it was an exit 1 on every rerun)."""
-  first = _ours(tmp_path, [])
-  path = tmp_path / "model.keras"
+  workdir = tmp_path / "run"  # A copy of the shared run.
+  first = finished(workdir)
+  path = workdir / "model.keras"
   saved = path.read_bytes()
   path.write_bytes(saved[:len(saved) // 2] if damage == "truncated"
                    else b"not a zip")
   capsys.readouterr()
-  again = _ours(tmp_path, [], **{"log.progress": True})
+  again = _ours(workdir, [], **{"log.progress": True})
   assert ("model.keras does not read back (a damaged file): this rerun "
           "evaluates the last checkpoint and writes it again") in (
               capsys.readouterr().out)
@@ -551,15 +607,17 @@ def test_a_damaged_model_keras_is_written_again_by_the_rerun(tmp_path,
 
 
 def test_a_finished_workdirs_rerun_says_what_it_did_not_apply(tmp_path,
-                                                              capsys):
-  _ours(tmp_path, [])
+                                                              capsys,
+                                                              finished):
+  workdir = tmp_path / "run"  # A copy of the shared run.
+  finished(workdir)
   capsys.readouterr()
-  _ours(tmp_path, [], **{"log.progress": True, "log.calibration_steps": 5})
+  _ours(workdir, [], **{"log.progress": True, "log.calibration_steps": 5})
   assert ("config changed since this workdir's last run: "
           "log.calibration_steps 0 -> 5, log.progress false -> true (not "
           "applied: the workdir's run had finished, and its config.json is "
           "kept)") in capsys.readouterr().out
-  with open(tmp_path / "config.json", encoding="utf-8") as f:
+  with open(workdir / "config.json", encoding="utf-8") as f:
     assert json.load(f)["log"]["calibration_steps"] == 0
 
 

@@ -75,7 +75,7 @@ def runs(tmp_path_factory):
   """`runs[name]`: {key: array} of run `name`; its group of processes
   starts (in parallel) on first use."""
   out = tmp_path_factory.mktemp("parity")
-  started = functools.cache(lambda group: _run_group(out, group))
+  started = functools.cache(lambda group: _once(out, group))
 
   class ByName:
     folder = out
@@ -83,7 +83,9 @@ def runs(tmp_path_factory):
     def __getitem__(self, name):
       process, run = RUNS[name]
       (group,) = [g for g in GROUPS if process in g]
-      started(group)
+      failed = started(group)
+      if failed:
+        raise failed
       return dict(np.load(out / f"{process}_{run}_0.npz"))
 
   return ByName()
@@ -103,6 +105,17 @@ def _scratch(out):
   return folder
 
 
+def _once(out, group):
+  """_run_group, whose failure every later test of the group re-raises
+  (functools.cache keeps no exception: each of the ~70 tests reran the
+  group, a 900 s timeout each on a loaded host)."""
+  try:
+    _run_group(out, group)
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+  return None
+
+
 def _run_group(out, group):
   procs = {name: subprocess.Popen(
       [sys.executable, *_command(out, name)], stdout=subprocess.PIPE,
@@ -113,9 +126,18 @@ def _run_group(out, group):
       env=dict(ENV, PARITY_BEST=str(out / f"best_{name}.keras"),
                TMPDIR=str(_scratch(out))))
            for name in group}
-  for name, proc in procs.items():
-    log, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, f"{name} failed:\n{log[-3000:]}"
+  try:
+    for name, proc in procs.items():
+      log, _ = proc.communicate(timeout=900)
+      assert proc.returncode == 0, f"{name} failed:\n{log[-3000:]}"
+  finally:  # A failed or timed-out group leaves no process training on
+    for proc in procs.values():  # (SIGTERM: the launcher stops its workers).
+      proc.terminate()
+      try:
+        proc.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _weights(run, model):
@@ -222,10 +244,10 @@ def test_a_models_own_step_is_timed_as_input_wait_and_model_step(runs):
   assert str(runs["one"]["sync_split/plain"]) == "None"  # Timing off.
 
 
-def _embedding_weights(workdir, strategy, name="embedding_adam",
-                       **config) -> list:
-  """The weights dist_keras trains parity_task's model `name` to."""
-  return _embedding_run(workdir, strategy, name, **config)[0]
+def _embedding_weights(workdir, strategy, name) -> dict:
+  """The weights dist_keras trains parity_task's model `name` to, keyed
+  as parity_weights keys them."""
+  return _embedding_run(workdir, strategy, name)[0]
 
 
 def _embedding_run(workdir, strategy, name, **config):
@@ -235,34 +257,38 @@ def _embedding_run(workdir, strategy, name, **config):
   result = dist_keras.fit(getattr(parity_task, name),
                           parity_task.tokens_dataset_fn, workdir=str(workdir),
                           config={**settings, **config}, strategy=strategy)
-  return [w.numpy() for w in result.model.weights], result.summary
+  return parity_weights.weights(name, result.model), result.summary
+
+
+def _one_device(runs, tmp_path, name) -> dict:
+  """One device's weights of model `name`: the one process's run (its
+  models), else trained here."""
+  if name in MODELS:
+    return _weights(runs["one"], name)
+  return _embedding_weights(tmp_path / "one",
+                            tf.distribute.OneDeviceStrategy("/cpu:0"), name)
 
 
 def test_an_embeddings_sparse_gradient_trains_what_fit_trains(tmp_path,
-                                                              mirrored):
+                                                              mirrored, runs):
   """An Embedding's gradient is a tf.IndexedSlices, a slice per looked-up
   token, and Adam squares each slice before a repeated token's add up, as
   fit hands them to it: summed into a dense gradient first, the weights
-  ended 0.11 from fit's. One device = fit; 2 replicas, whose slices are
-  gathered (not summed), = one device, their timed steps and calibration
-  included. In this process: one device and the 2 replicas every test
-  process has."""
-  keras.utils.set_random_seed(0)
-  model = parity_task.embedding_adam()
-  initial = [w.numpy() for w in model.weights]
-  model.fit(parity_task.tokens_dataset_fn("train",
-                                          tf.distribute.InputContext()),
-            epochs=1, steps_per_epoch=parity_weights.STEPS, verbose=0,
-            shuffle=False)
-  one = _embedding_weights(tmp_path / "one",
-                           tf.distribute.OneDeviceStrategy("/cpu:0"))
-  two = _embedding_weights(tmp_path / "m2", mirrored,
-                           **{"log.sync_timing": True,
-                              "log.calibration_steps": 3})
-  for i, expected in enumerate(w.numpy() for w in model.weights):
-    assert np.abs(expected - initial[i]).max() > 1e-4, f"{i} never trained"
-    np.testing.assert_allclose(one[i], expected, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(two[i], one[i], rtol=0, atol=1e-5)
+  ended 0.11 from fit's. One device = fit (the one process's runs, as
+  every model's); 2 replicas, whose slices are gathered (not summed), =
+  one device, their timed steps and calibration included (in this
+  process: the 2 replicas every test process has)."""
+  name = "embedding_adam"
+  fit, one = _weights(runs["fit"], name), _one_device(runs, tmp_path, name)
+  two, _ = _embedding_run(tmp_path / "m2", mirrored, name,
+                          **{"log.sync_timing": True,
+                             "log.calibration_steps": 3})
+  assert fit and fit.keys() == one.keys() == two.keys()
+  for key, expected in fit.items():
+    moved = np.abs(expected - runs["fit"][f"initial/{key}"]).max()
+    assert moved > 1e-4, f"{key} never trained"
+    np.testing.assert_allclose(one[key], expected, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(two[key], one[key], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("name,clip,gathered,summed", [
@@ -270,7 +296,7 @@ def test_an_embeddings_sparse_gradient_trains_what_fit_trains(tmp_path,
     ("embedding_clipnorm", 0.01, (0,), False),
     ("embeddings_mixed", 0.01, (1,), True)])
 def test_an_embeddings_clipped_gradient_trains_what_one_device_trains(
-    tmp_path, mirrored, name, clip, gathered, summed):
+    tmp_path, mirrored, runs, name, clip, gathered, summed):
   """Clipped by Adam's global_clipnorm, an Embedding's slices reach Adam
   as a dense table (Keras' clip densifies them): 2 replicas sum each
   replica's slices into it and all-reduce it, and clip with the norm Keras
@@ -283,7 +309,8 @@ def test_an_embeddings_clipped_gradient_trains_what_one_device_trains(
   Embedding gradient alone is past it). `gathered`: the Embeddings whose
   slices a replica gathers (24 examples of 5 tokens, 4 float32s and an
   int32 index a slice), not their tables; `summed`: whether one is summed
-  (with the float32 sum of its slices' squares)."""
+  (with the float32 sum of its slices' squares). One device: the one
+  process's run where it trains the model, else this process's."""
   keras.utils.set_random_seed(0)
   model = getattr(parity_task, name)()
   (x, y), = parity_task.tokens_dataset_fn(
@@ -293,8 +320,7 @@ def test_an_embeddings_clipped_gradient_trains_what_one_device_trains(
   slices = tape.gradient(loss, model.trainable_variables)[0]
   assert isinstance(slices, tf.IndexedSlices)
   assert float(tf.norm(slices.values)) > 2 * clip
-  one = _embedding_weights(tmp_path / "one",
-                           tf.distribute.OneDeviceStrategy("/cpu:0"), name)
+  one = _one_device(runs, tmp_path, name)
   two, summary = _embedding_run(tmp_path / "m2", mirrored, name,
                                 **{"log.sync_timing": True,
                                    "log.calibration_steps": 3})
@@ -304,5 +330,7 @@ def test_an_embeddings_clipped_gradient_trains_what_one_device_trains(
   nbytes = [v.numpy().nbytes for v in model.trainable_variables]
   assert summary["gradient_bytes"] == sum(nbytes) - sum(
       nbytes[i] for i in gathered) + 4 * summed
-  for i, (got, want) in enumerate(zip(two, one)):
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=str(i))
+  assert one and one.keys() == two.keys()
+  for key, want in one.items():
+    np.testing.assert_allclose(two[key], want, rtol=0, atol=1e-5,
+                               err_msg=key)

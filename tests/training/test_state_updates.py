@@ -7,7 +7,9 @@ Silent before: a counter of aggregation "sum" read 8190 after 12 steps at
 2 replicas (each step 2 x (count + 1)); an add_loss summing over the batch
 was divided by the replicas once too many (weights 0.0128 off one device).
 """
+import contextlib
 import functools
+import io
 
 import keras
 import numpy as np
@@ -102,16 +104,38 @@ def test_a_sum_variable_the_training_call_assigns_is_refused(
   assert float(one.model.get_layer("own").count.numpy()) == STEPS
 
 
+@pytest.fixture(scope="module")
+def mean_runs(tmp_path_factory, mirrored):
+  """(one device's run, 2 replicas' run, what both printed) of the
+  model whose counter and running mean have aggregation="mean" and whose
+  own loss is a mean over the batch: two tests read the same two runs."""
+  folder = tmp_path_factory.mktemp("mean_runs")
+  model_fn = functools.partial(_penalty_model, "mean")
+  with _stdout() as said:
+    one, two = (dist_keras.fit(model_fn, parity_task.dataset_fn,
+                               workdir=str(folder / name), config=CONFIG,
+                               strategy=strategy)
+                for name, strategy in (("one", "one_device"),
+                                       ("two", mirrored)))
+  return one, two, said.getvalue()
+
+
+@contextlib.contextmanager
+def _stdout():
+  """What the run prints (capsys is per test: the fixture is per module)."""
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    yield out
+
+
 def test_a_mean_variable_keeps_one_devices_count_and_running_mean(
-    tmp_path, mirrored, capsys):
+    mean_runs):
   """aggregation="mean": the replicas' mean of their counts and running
   means is one device's; nothing is said."""
-  layer_fn = functools.partial(Tracks, "mean")
-  one = _fit(layer_fn, "one_device", tmp_path / "one")
-  two = _fit(layer_fn, mirrored, tmp_path / "two")
+  one, two, said = mean_runs
   _assert_same(one, two)
   assert float(two.model.get_layer("own").count.numpy()) == STEPS
-  assert "is assigned from the batch" not in capsys.readouterr().out
+  assert "is assigned from the batch" not in said
 
 
 def test_a_replicas_own_statistic_is_said_and_a_counter_is_not(
@@ -169,11 +193,7 @@ def test_an_own_loss_summing_over_the_batch_is_refused(tmp_path, mirrored):
 
 
 def test_an_own_loss_averaging_over_the_batch_trains_one_devices(
-    tmp_path, mirrored):
-  model_fn = functools.partial(_penalty_model, "mean")
-  one, two = (dist_keras.fit(model_fn, parity_task.dataset_fn,
-                             workdir=str(tmp_path / name), config=CONFIG,
-                             strategy=strategy)
-              for name, strategy in (("one", "one_device"),
-                                     ("two", mirrored)))
+    mean_runs):
+  """(mean_runs' model: its own loss is a mean over the batch.)"""
+  one, two, _ = mean_runs
   _assert_same(one, two)
