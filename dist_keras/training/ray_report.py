@@ -56,6 +56,8 @@ def check_workdir(workdir: str) -> None:
   /tmp/ray/session_*/artifacts/<run>/), so the run would land there, not
   where the driver runs, and a rerun, in another session, would start at
   step 0 instead of resuming."""
+  if not isinstance(workdir, (str, os.PathLike)):
+    return  # Not a path at all: build's validate.workdir_named says so.
   path = os.fspath(workdir)
   if (not path or "://" in path or os.path.isabs(path)
       or session() is None):

@@ -718,9 +718,11 @@ def test_per_replica_batch_norm_is_said(mirrored, synchronized, frozen):
       not synchronized and not frozen), notes
 
 
-class _SpareOptimizer(parity_task.Gan):
+class SpareOptimizerGan(parity_task.Gan):
   """A GAN holding a third optimizer its train_step never applies (fit
-  never builds it)."""
+  never builds it). No leading underscore in its name: Keras 3.15 leaves a
+  model's name scope open when TensorFlow refuses '_...' as a root scope
+  name, and every later variable of the process got its prefix."""
 
   def __init__(self):
     super().__init__()
@@ -728,7 +730,7 @@ class _SpareOptimizer(parity_task.Gan):
 
 
 def _spare_optimizer_gan():
-  model = _SpareOptimizer()
+  model = SpareOptimizerGan()
   model.build((None, 2))
   model.compile()
   return model
