@@ -82,10 +82,11 @@ def refuse_two_names(user_set: dict, config, functions: dict) -> None:
   for what, fn in functions.items():
     if not (isinstance(fn, str) or callable(fn)):
       continue  # fit says what it takes (a function or a name) itself.
-    key = ("model" if what == "model_fn" else "data") + ".name"
+    section = "model" if what == "model_fn" else "data"
+    key, named = f"{section}.name", config[section].name
     given = fn if isinstance(fn, str) else imports.name_of(fn)
-    if key in user_set and given != config[key.split(".")[0]].name:
+    if key in user_set and given != named:
       raise UserError(
           f"{user_set[key]} and {what}={given!r} both say what to train; "
           f"drop {key} from config (the {what} argument trains), or pass "
-          f"{what}={config[key.split('.')[0]].name!r}.")
+          f"{what}={named!r}.")
