@@ -124,6 +124,10 @@ def test_bad_values_exit_2_with_one_line_and_write_nothing(tmp_path, override,
      "`--config.train.steps=800`."),
     ("--config=configs/nope.py",
      "--config=configs/nope.py could not be loaded"),
+    # docs/errors.md's rows for a flag and an argument the command lacks.
+    ("--bogus", "Unknown command line flag 'bogus'; see --help."),
+    ("extra", "unexpected arguments ['extra']; the options are --config, "
+     "--workdir, --config.KEY=VALUE."),
 ])
 def test_unknown_keys_wrong_types_and_missing_configs_exit_2(tmp_path,
                                                             override, message):
