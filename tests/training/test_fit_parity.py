@@ -108,10 +108,12 @@ def _scratch(out):
 def _once(out, group):
   """_run_group, whose failure every later test of the group re-raises
   (functools.cache keeps no exception: each of the ~70 tests reran the
-  group, a 900 s timeout each on a loaded host)."""
+  group, a 900 s timeout each on a loaded host). pytest-timeout's own
+  failure (pytest.fail's, no Exception: it comes first, the group's own
+  timeout starts later) is kept too."""
   try:
     _run_group(out, group)
-  except Exception as e:  # pylint: disable=broad-except
+  except (Exception, pytest.fail.Exception) as e:  # pylint: disable=W0718
     return e
   return None
 
