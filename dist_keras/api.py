@@ -12,7 +12,8 @@ import keras
 import tensorflow as tf
 
 from dist_keras import disk, errors, registry, terminal, validate
-from dist_keras.contract import batches, checks, probe, xla_limits
+from dist_keras.contract import batches, checks, probe, traced_limits
+from dist_keras.contract import xla_limits
 from dist_keras.distribute import leaving, peers, pipelines, reports
 from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, batch_losses, checkpoints, compiled
@@ -75,7 +76,10 @@ def run(job: Job) -> FitResult:
   interpreters exit (distribute/leaving.py; the command line's leave at
   its end, and Ray Train ends its workers itself)."""
   try:
-    result, role = _trained(job)
+    # A trace that failed on a layer's name leaves Keras' name-scope stack
+    # pushed: the caller's next model would be named under it.
+    with traced_limits.name_scopes_kept():
+      result, role = _trained(job)
   except BaseException as e:
     leaving.at_exit(None)  # Its peers may never come to the barrier.
     # This worker's own refusal: the others say its line, not a lost peer.
@@ -124,13 +128,9 @@ def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
     with build(job) as trainer:
       try:
         summary = _translated_run(trainer)
-      except (errors.UserError, preemption.StoppedAtOnce) as e:
-        # Refused, or stopped before training began: nothing of the run's
-        # is worth keeping, so a workdir it made goes as the Trainer closes.
-        if (getattr(e, "exit_code", errors.EXIT_CONFIG_ERROR)
-            == errors.EXIT_CONFIG_ERROR
-            and trainer.parts.checkpoints.saved_at is None):
-          run_files.refused(job.workdir)
+      except BaseException as e:
+        if _nothing_kept(trainer, e):
+          run_files.refused(job.workdir)  # It goes as the Trainer closes.
         raise
   except preemption.StoppedAtOnce as e:  # Before training began.
     raise e.error() from None
@@ -146,12 +146,35 @@ def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
       os.path.join(job.workdir, trainer.parts.model_file)), trainer.parts.role
 
 
+def _nothing_kept(trainer, error: BaseException) -> bool:
+  """Whether nothing the run wrote is worth keeping, as it ends in `error`
+  before its first checkpoint: a refusal (exit 2), or any failure before
+  a step was trained (an unexpected error at the first step's trace, a
+  stop request before training began). Its config.json and TensorBoard's
+  events would then hold no step: a rerun would find them as another
+  run's, and the events' start-up records beside its own. Once a step
+  ran, the events keep its curves to the failure."""
+  if trainer.parts.checkpoints.saved_at is not None:
+    return False
+  run = trainer.run_state
+  return (getattr(error, "exit_code", None) == errors.EXIT_CONFIG_ERROR
+          or isinstance(error, preemption.StoppedAtOnce)
+          or run is None or run.step == 0)
+
+
 def _translated_run(trainer) -> dict:
   """trainer.run(), a batch value the model cannot take, a cache file two
   pipelines write, slices that changed count within a call, ops XLA
-  cannot compile and a peer's refusal (reports.stopped), said as such."""
+  cannot compile, a call Keras' TensorFlow backend cannot trace
+  (traced_limits.py) and a peer's refusal (reports.stopped), said as
+  such."""
   try:
     return trainer.run()
+  except ValueError as e:  # Found by the first step's trace.
+    bad = traced_limits.fault(e, trainer.model)
+    if bad is None:
+      raise
+    raise bad from e
   except tf.errors.OpError as e:
     on_tpu = isinstance(trainer.strategy, tf.distribute.TPUStrategy)
     bad = (reports.stopped(e) or batches.data_fault(e)

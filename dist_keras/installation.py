@@ -2,6 +2,7 @@
 user: the extra that installs TensorFlow, the private Keras and TensorFlow
 attributes dist_keras relies on, the docs page for more. Layer 1: no
 TensorFlow import (the command line checks for it before it starts)."""
+import contextlib
 import importlib.metadata
 import importlib.util
 import inspect
@@ -62,3 +63,26 @@ def require(obj, name: str, what: str, where: str):
         f"{owner} has no {name} ({what}): this {library} release changed it;"
         f" dist_keras needs updating ({where}).")
   return value
+
+
+@contextlib.contextmanager
+def keras_name_scopes_kept():
+  """Keras' name-scope stack (a private global of keras.src) as it was
+  before the block, whatever the block raised. Keras pushes a layer's
+  scope before TensorFlow refuses its name (a class `_Net`'s "__net" at a
+  graph's outermost scope: contract/traced_limits.py), and nothing pops
+  it: every later variable of the process would be named under it (a
+  notebook's next model: "__net/sequential/dense/kernel"). Around each
+  trace dist_keras makes that may fail, and around the whole run."""
+  from keras.src.backend.common import global_state  # pylint: disable=g-import-not-at-top
+  where = "dist_keras/installation.py"
+  get = require(global_state, "get_global_attribute", "Keras' state", where)
+  put = require(global_state, "set_global_attribute", "Keras' state", where)
+  stack = get("name_scope_stack")
+  kept = None if stack is None else list(stack)
+  try:
+    yield
+  finally:
+    if stack is not None:
+      stack[:] = kept
+    put("name_scope_stack", stack)

@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import errors, validate
-from dist_keras.contract import fit_args, imports
+from dist_keras.contract import fit_args, imports, traced_limits
 from dist_keras.errors import UserError
 
 
@@ -35,7 +35,8 @@ def check_signature(fn, what: str, params: tuple = ()) -> None:
 
 
 def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
-  """`model_fn()` inside `strategy.scope()`, under train.precision.
+  """`model_fn()` inside `strategy.scope()`, under train.precision; a
+  model Keras' TensorFlow backend cannot trace is refused (traced_limits).
 
   A 16-bit train.precision is Keras' mixed-precision policy while model_fn
   builds (16-bit compute, float32 variables; compile wraps the optimizer in
@@ -64,6 +65,7 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
         f"model_fn returned model {model.name!r} uncompiled; call "
         "model.compile(optimizer=..., loss=..., metrics=[...]) inside "
         "model_fn, as for Keras' fit.")
+  traced_limits.check(model, overrides(model, "train_step"))
   return model
 
 

@@ -7,6 +7,8 @@ import inspect
 import keras
 import tensorflow as tf
 
+from dist_keras.contract import traced_limits
+
 
 def forward(model, x, training: bool):
   """`model(x)` as Keras' train_step and test_step call it: `training`
@@ -43,6 +45,6 @@ def traced(model, strategy, batch_spec, training: bool):
     forward(model, x, training=training)
     found.append(len(model.losses))
 
-  with strategy.scope():
+  with strategy.scope(), traced_limits.name_scopes_kept():
     function = tf.function(call, autograph=False).get_concrete_function(x)
   return function.graph, found[-1]

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from dist_keras import errors
 from dist_keras.contract import batches, checks, features, model_calls
+from dist_keras.contract import traced_limits
 from dist_keras.errors import UserError
 
 
@@ -247,10 +248,13 @@ def zero_prediction(model, x):
   symbolic = tf.nest.map_structure(
       lambda t: keras.KerasTensor(t.shape, t.dtype), x)
   try:
-    if model.built:  # Inference also builds the layers its call builds.
-      spec = model.compute_output_spec(symbolic)
-    else:
-      spec = model_calls.forward(model, symbolic, training=False)
+    # (Keras' inference traces the call in a graph of its own, where a
+    # layer named '_...' is refused and would stay on Keras' scope stack.)
+    with traced_limits.name_scopes_kept():
+      if model.built:  # Inference also builds the layers its call builds.
+        spec = model.compute_output_spec(symbolic)
+      else:
+        spec = model_calls.forward(model, symbolic, training=False)
     return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
   except Exception:  # pylint: disable=broad-except
     pass  # The call below says what is wrong, or works.

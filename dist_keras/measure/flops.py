@@ -34,7 +34,7 @@ import inspect
 import keras
 import tensorflow as tf
 
-from dist_keras import errors, quiet
+from dist_keras import errors, installation, quiet
 from dist_keras.measure import flop_rules
 
 rnn_flops = flop_rules.rnn_flops
@@ -81,14 +81,17 @@ def count(model: keras.Model, batch_spec=None) -> FlopCount:
       keras.utils.unpack_x_y_sample_weight(batch_spec)[0])
   counter = _Counter()
   graph = _graph(model)
-  try:  # A count never stops a run: what it cannot do is listed.
-    if graph is not None:
-      counter.walk(graph, _inputs(graph.inputs, batch_x), "")
-    elif batch_x is None:
-      counter.skip(model.name, model, "a subclassed model, with no batch "
-                   "to trace its call on")
-    else:
-      counter.count_call(model, (_symbolic(batch_x),), {}, "")
+  # A count never stops a run: what it cannot do is listed. (A layer named
+  # '_...' fails its trace and would stay on Keras' scope stack.)
+  try:
+    with installation.keras_name_scopes_kept():
+      if graph is not None:
+        counter.walk(graph, _inputs(graph.inputs, batch_x), "")
+      elif batch_x is None:
+        counter.skip(model.name, model, "a subclassed model, with no batch "
+                     "to trace its call on")
+      else:
+        counter.count_call(model, (_symbolic(batch_x),), {}, "")
   except Exception as error:  # pylint: disable=broad-except
     counter.skip(model.name, model, f"the count failed ({_short(error)})")
   return FlopCount(counter.total // BATCH, counter.uncounted)

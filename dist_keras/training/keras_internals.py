@@ -41,6 +41,9 @@ catch.
 
 `keras.random.SeedGenerator.next` (public, but replaced while a replica's
 step traces, so each replica draws its own numbers) is replica_seeds.py's.
+Keras' name-scope stack (keras.src's global state), which a trace that
+TensorFlow refused a layer's name in leaves pushed, is put back by
+installation.keras_name_scopes_kept (contract/ and measure/ use it too).
 """
 import contextlib
 import threading

@@ -91,8 +91,8 @@ def _new_part(workdir: str) -> str | None:
 # processes at once would interleave checkpoints, config.json, summary.json
 # and model.keras, and both report success.
 _HELD = {}
-# Per held workdir: what prepare() created, and whether the run was
-# refused on a bad value before its first checkpoint (refused()).
+# Per held workdir: what prepare() created, and whether the run ended
+# with nothing worth keeping before its first checkpoint (refused()).
 _CREATED, _REFUSED = {}, set()
 _LOCK_FILE = ".lock"
 # What a run writes before its first checkpoint, and nothing else.
@@ -147,9 +147,9 @@ def check_held(workdir: str, saved: str) -> None:
 
 
 def refused(workdir: str) -> None:
-  """The run failed on a bad value (exit 2), or stopped before training
-  began, before its first checkpoint: release() removes what it wrote
-  (config.json, TensorBoard's events) with the folder prepare() created."""
+  """The run ended before its first checkpoint with nothing worth keeping
+  (api._nothing_kept): release() removes what it wrote (config.json,
+  TensorBoard's events) with the folder prepare() created."""
   _REFUSED.add(os.path.abspath(workdir))
 
 

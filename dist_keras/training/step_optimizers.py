@@ -24,6 +24,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import errors
+from dist_keras.contract import traced_limits
 
 
 def build_applied(model, strategy, optimizers: dict, batch_spec) -> dict:
@@ -84,7 +85,8 @@ def _handed(model, strategy, optimizers, batch_spec):
     return tf.constant(0)
 
   try:
-    with strategy.scope(), contextlib.ExitStack() as stack:
+    with (strategy.scope(), traced_limits.name_scopes_kept(),
+          contextlib.ExitStack() as stack):
       for optimizer in optimizers:
         stack.enter_context(_recording(optimizer, handed))
       tf.function(step, autograph=False).get_concrete_function(batch_spec)

@@ -466,3 +466,19 @@ def test_flatten_layers_reaches_the_layers_of_nested_models():
            if not isinstance(layer, keras.layers.InputLayer)]
   assert names == ["inner", "deep", "shared"], names
   assert outer._flatten_layers()[0] is outer  # pylint: disable=protected-access
+
+
+def test_keras_name_scopes_kept_puts_back_the_scope_a_refused_name_left():
+  """Keras pushes a layer's name scope before TensorFlow refuses its name
+  at a graph's root, and never pops it: the guard puts the stack back
+  (installation.keras_name_scopes_kept, read from keras.src's state)."""
+  from dist_keras import installation  # pylint: disable=g-import-not-at-top
+  layer = keras.layers.Dense(1, name="_private")
+  layer.build((None, 2))
+  trace = tf.function(layer).get_concrete_function
+  with pytest.raises(ValueError, match="not a valid root scope name"):
+    with installation.keras_name_scopes_kept():
+      trace(tf.TensorSpec((None, 2)))
+  after = keras.layers.Dense(1, name="after")
+  after.build((None, 2))
+  assert after.kernel.path == "after/kernel"

@@ -198,3 +198,86 @@ def test_what_prepare_made_goes_when_the_run_fails_before_writing(tmp_path):
   run_files.prepare(str(tmp_path / "mine"))
   run_files.release(str(tmp_path / "mine"))
   assert sorted(os.listdir(tmp_path / "mine")) == [".lock", "notes.txt"]
+
+
+# --- A new workdir whose run fails unexpectedly before its first checkpoint
+
+class _FailsInTraining(keras.Model):
+  """Its training call raises a Python error (found by the first step's
+  trace: the checks before call it in inference); `fail=False`: fixed."""
+
+  def __init__(self, fail=True):
+    super().__init__(name="fails_in_training")
+    self.out, self.fail = keras.layers.Dense(1), fail
+
+  def call(self, x, training=False):
+    if training and self.fail:
+      raise RuntimeError("my call failed in training")
+    return self.out(x)
+
+
+def _failing(fail=True):
+  def model_fn():
+    model = _FailsInTraining(fail)
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+  return model_fn
+
+
+_RUN = {"train.global_batch_size": 48, "train.log_every": 2,
+        "train.checkpoint_every": 100, "eval.every": 0,
+        "log.calibration_steps": 0, "log.peak_tflops": 1.0,
+        "log.progress": False}
+
+
+def test_a_run_failing_unexpectedly_at_step_1_leaves_no_workdir(tmp_path):
+  """Nothing was trained: its config.json and TensorBoard's start-up
+  events go with the folder it made (a rerun would take them for another
+  run's), and the rerun with the model fixed and another config trains
+  there as in a new folder."""
+  import helpers  # pylint: disable=g-import-not-at-top
+  import parity_task  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "w"
+  with pytest.raises(RuntimeError, match="my call failed in training"):
+    helpers.fit_fns(_failing(), parity_task.dataset_fn, workdir,
+                    dict(_RUN, **{"train.steps": 2}))
+  assert not workdir.exists()
+  result = helpers.fit_fns(_failing(fail=False), parity_task.dataset_fn,
+                           workdir, dict(_RUN, **{"train.steps": 3}))
+  assert result.summary["steps"] == 3
+  assert len(helpers.event_files(str(workdir))) == 1
+
+
+class _FailsAtStep2(keras.Model):
+  """Its training call fails at the second step, in TensorFlow."""
+
+  def __init__(self):
+    super().__init__(name="fails_at_step_2")
+    self.out = keras.layers.Dense(1)
+    self.calls = self.add_weight(shape=(), initializer="zeros",
+                                 trainable=False)
+
+  def call(self, x, training=False):
+    if training:
+      self.calls.assign_add(1.0)
+      tf.debugging.assert_less(self.calls, 2.0, "second step")
+    return self.out(x)
+
+
+def test_a_run_failing_unexpectedly_after_a_step_keeps_its_events(
+    tmp_path):
+  """The events hold the curves up to the failure, to debug it with."""
+  import helpers  # pylint: disable=g-import-not-at-top
+  import parity_task  # pylint: disable=g-import-not-at-top
+
+  def model_fn():
+    model = _FailsAtStep2()
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+  with pytest.raises(tf.errors.InvalidArgumentError, match="second step"):
+    helpers.fit_fns(model_fn, parity_task.dataset_fn, tmp_path / "w",
+                    dict(_RUN, **{"train.steps": 4, "train.log_every": 1,
+                                  "train.steps_per_loop": 1}))
+  assert helpers.event_files(str(tmp_path / "w"))
+  assert (tmp_path / "w" / run_files.CONFIG_JSON).exists()

@@ -1,0 +1,232 @@
+"""Models Keras 3's TensorFlow backend cannot trace, on which Keras' fit
+fails alike (contract/traced_limits.py): a name TensorFlow refuses for a
+name scope, a RematScope that rematerializes a call taking keywords. Each
+is refused in one line with nothing left in the workdir, and no run leaves
+Keras' name-scope stack pushed for the process's next model.
+"""
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import helpers
+import parity_task
+from dist_keras.contract import traced_limits
+from dist_keras.errors import UserError
+
+CONFIG = {"train.global_batch_size": parity_task.GLOBAL_BATCH,
+          "train.steps": 2, "train.log_every": 2,
+          "train.checkpoint_every": 2, "eval.every": 0,
+          "log.calibration_steps": 0, "log.peak_tflops": 1.0,
+          "log.progress": False}
+ONE = tf.distribute.InputContext()
+
+
+def _next_models_path() -> str:
+  """The first variable path of a model built now: Keras names it under
+  every name scope its stack holds."""
+  model = keras.Sequential([keras.Input((2,)),
+                            keras.layers.Dense(1, name="after")],
+                           name="next_model")
+  return model.variables[0].path
+
+
+def _keras_fit_error(model_fn):
+  """What Keras' fit of one step raises on one device (None: it trained),
+  Keras' name-scope stack put back after it."""
+  model = model_fn()
+  try:
+    with traced_limits.name_scopes_kept():
+      model.fit(parity_task.dataset_fn("train", ONE), steps_per_epoch=1,
+                verbose=0, shuffle=False)
+  except ValueError as e:
+    return str(e)
+  return None
+
+
+class _Net(keras.Model):  # Keras names it '__net', after its class.
+  """A model class named with a leading '_' (a module's private class)."""
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.out = keras.layers.Dense(1)
+
+  def call(self, x):
+    return self.out(x)
+
+
+def _private_model():
+  model = _Net()
+  model.compile(optimizer="sgd", loss="mse")
+  return model
+
+
+class _Block(keras.layers.Layer):
+  def build(self, shape):
+    self.w = self.add_weight(shape=(shape[-1], 4))
+
+  def call(self, x):
+    return x @ self.w
+
+
+class Blocks(keras.Model):
+  """Its layer '__block' is inside the model's scope in a step, but at the
+  outermost scope of the graph Keras' shape inference traces `call` in."""
+
+  def __init__(self):
+    super().__init__(name="blocks")
+    self.block, self.out = _Block(), keras.layers.Dense(1)
+
+  def call(self, x):
+    return self.out(self.block(x))
+
+
+def _blocks():
+  model = Blocks()
+  model.compile(optimizer="sgd", loss="mse")
+  return model
+
+
+class OwnStep(keras.Model):
+  """A train_step of its own that calls a network named '_inner' itself,
+  at the step's outermost scope."""
+
+  def __init__(self):
+    super().__init__(name="own_step")
+    self.inner = keras.Sequential(
+        [keras.Input((parity_task.FEATURES,)), keras.layers.Dense(1)],
+        name="_inner")
+
+  def call(self, x):
+    return self.inner(x)
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(self.inner(x) - y))
+    variables = self.inner.trainable_variables
+    self.optimizer.apply(tape.gradient(loss, variables), variables)
+    return {"loss": loss}
+
+
+def _own_step():
+  model = OwnStep()
+  model.compile(optimizer="sgd", loss="mse")
+  return model
+
+
+def test_a_model_named_with_a_leading_underscore_is_refused_at_start(
+    tmp_path):
+  """Keras' fit fails on it and leaves '__net' on Keras' stack; dist_keras
+  refuses it before the batches are read, names the model and the fix,
+  leaves no workdir, and the next model's variables are named as usual."""
+  assert "'__net' is not a valid root scope name" in _keras_fit_error(
+      _private_model)
+  read = []
+
+  def dataset_fn(split, context):
+    read.append(split)
+    return parity_task.dataset_fn(split, context)
+
+  with pytest.raises(UserError) as e:
+    helpers.fit_fns(_private_model, dataset_fn, tmp_path / "w", CONFIG)
+  # (Keras numbers the names of a class's later models: '__net_1'.)
+  assert re.match(r"model '__net(_\d+)?' \(class _Net\) cannot be ",
+                  str(e.value)), e.value
+  assert re.search(r"pass it a name such as name='net(_\d+)?' ",
+                   str(e.value))
+  assert read == [] and not os.path.exists(tmp_path / "w")
+  assert _next_models_path() == "next_model/after/kernel"
+
+
+def test_a_layer_its_own_train_step_calls_at_the_root_is_said_at_step_1(
+    tmp_path):
+  assert "'_inner' is not a valid root scope name" in _keras_fit_error(
+      _own_step)
+  with pytest.raises(UserError) as e:
+    helpers.fit_fns(_own_step, parity_task.dataset_fn, tmp_path / "w",
+                    CONFIG)
+  assert str(e.value).startswith(
+      "layer '_inner' of model 'own_step' (class Sequential) cannot be ")
+  assert "pass it a name such as name='inner'" in str(e.value)
+  assert not os.path.exists(tmp_path / "w")
+  assert _next_models_path() == "next_model/after/kernel"
+
+
+def test_a_layer_named_with_a_leading_underscore_trains_and_leaves_no_scope(
+    tmp_path):
+  """Built from its zero batch, Keras' shape inference of it fails (and
+  the probe calls it instead): the run trains, and neither the run's own
+  variables nor the next model's are named under '__block'."""
+  result = helpers.fit_fns(_blocks, parity_task.dataset_fn, tmp_path / "w",
+                           CONFIG)
+  assert np.isfinite(result.summary["train_loss"])
+  assert [v.path for v in result.model.variables][0] == "blocks/__block/variable"
+  assert _next_models_path() == "next_model/after/kernel"
+
+
+REMAT = {"full": {}, "larger_than": {"output_size_threshold": 4},
+         "list_of_layers": {"layer_names": ["hidden"]}}
+
+
+def _remat_model_fn(mode):
+  def model_fn():
+    with keras.RematScope(mode=mode, **REMAT.get(mode, {})):
+      model = keras.Sequential([
+          keras.Input((parity_task.FEATURES,)),
+          keras.layers.Dense(8, activation="relu", name="hidden"),
+          keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+  return model_fn
+
+
+@pytest.mark.parametrize("mode", sorted(REMAT))
+def test_keras_fit_fails_on_a_rematscope_but_activations(mode):
+  """What the refusals below rest on: if a Keras release traces these,
+  this fails, and the refusal should go."""
+  assert ("custom_gradient decorator currently supports keywords"
+          in _keras_fit_error(_remat_model_fn(mode)))
+  assert _keras_fit_error(_remat_model_fn("activations")) is None
+
+
+@pytest.mark.parametrize("mode,who,read", [
+    ("full", "model 'sequential'", []),  # At start: no batch read.
+    ("larger_than", "model 'sequential'", ["train", "eval"]),
+    ("list_of_layers", "layer 'hidden' of model 'sequential'",
+     ["train", "eval"]),
+])
+def test_a_rematscope_keras_cannot_trace_is_refused_in_one_line(
+    tmp_path, mode, who, read):
+  seen = []
+
+  def dataset_fn(split, context):
+    seen.append(split)
+    return parity_task.dataset_fn(split, context)
+
+  with pytest.raises(UserError) as e:
+    helpers.fit_fns(_remat_model_fn(mode), dataset_fn, tmp_path / "w",
+                    CONFIG)
+  assert re.match(re.escape(who).replace("sequential", r"sequential(_\d+)?")
+                  + re.escape(f" was built inside keras.RematScope(mode="
+                              f"{mode!r}), "), str(e.value)), e.value
+  assert "use keras.RematScope(mode='activations')" in str(e.value)
+  assert "\n" not in str(e.value)
+  assert seen == read and not os.path.exists(tmp_path / "w")
+
+
+def test_a_rematscope_of_activations_trains(tmp_path):
+  result = helpers.fit_fns(_remat_model_fn("activations"),
+                           parity_task.dataset_fn, tmp_path / "w", CONFIG)
+  assert np.isfinite(result.summary["train_loss"])
+
+
+def test_other_errors_are_not_taken_for_a_limit():
+  model = _blocks()
+  assert traced_limits.fault(ValueError("shapes (2, 3) and (4,)"),
+                             model) is None
+  assert traced_limits.fault(TypeError("'x' is not a valid scope name"),
+                             model) is None
