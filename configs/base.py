@@ -31,6 +31,10 @@ def _runtime() -> ml_collections.ConfigDict:
   s.collective = "auto"  # auto | ring | nccl (GPUs)
   s.bytes_per_pack = 0  # Gradient pack size for all-reduce; 0: one.
   s.timeout_seconds = 0.0  # Per collective; 0: no timeout.
+  # multi_worker_mirrored: seconds a worker waits for every other task of
+  # TF_CONFIG to start listening before it gives up (exit 200, naming them);
+  # 0: no limit. Long enough for a pod's scheduling and image pull.
+  s.peer_start_timeout_seconds = 600.0
   # float32 | bfloat16 | float16: the gradients' dtype in the all-reduce
   # only (16 bits: half the bytes, summed in 16 bits; see dist_keras/training/allreduce.py).
   s.allreduce_dtype = "float32"

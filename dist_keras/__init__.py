@@ -118,7 +118,8 @@ def _told_to_peers(strategy):
 # and build a strategy (distribute/strategies.py get_strategy).
 _STRATEGY_DECIDES = ("runtime.strategy", "runtime.num_cpu_devices",
                      "runtime.tpu", "runtime.collective",
-                     "runtime.timeout_seconds")
+                     "runtime.timeout_seconds",
+                     "runtime.peer_start_timeout_seconds")
 
 
 def _refuse_ignored(config, given, strategy) -> None:

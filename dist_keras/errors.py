@@ -14,9 +14,11 @@ Exit codes (documented in the README):
       second Ctrl-C stops at once, without the checkpoint.
   143 preempted (SIGTERM): a checkpoint of the current step was saved;
       RETRYABLE, rerunning the same command resumes from it.
-  200 a peer worker was lost: RETRYABLE (>= 128, as Kubernetes' ExitCode
-      restart policy and dist_keras.launch's --max_restarts read it);
-      rerunning the same command resumes from the last checkpoint.
+  200 a peer worker was lost, or never started within
+      runtime.peer_start_timeout_seconds: RETRYABLE (>= 128, as
+      Kubernetes' ExitCode restart policy and dist_keras.launch's
+      --max_restarts read it); rerunning the same command resumes from
+      the last checkpoint.
   201 no checkpoint in the workdir reads back (all damaged): RETRYABLE, a
       copy still arriving or a flaky read heals; else restore the folder.
 """
@@ -72,6 +74,14 @@ class PeerLost(RuntimeError):
   """Another worker of the job stopped answering: retry the whole job."""
 
   exit_code = EXIT_PEER_LOST
+
+
+class PeersNeverStarted(PeerLost):
+  """Other workers of the job never started listening at their TF_CONFIG
+  addresses within runtime.peer_start_timeout_seconds; nothing was written.
+  Retryable as a lost peer: a pod still Pending may be running by the time
+  this one is restarted (a wrong address fails alike each time, and says
+  so each time)."""
 
 
 class Preempted(SystemExit):

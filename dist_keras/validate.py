@@ -175,6 +175,8 @@ def _runtime(runtime) -> None:
             "0: one pack")
   _at_least("runtime.timeout_seconds", runtime.timeout_seconds, 0,
             "0: no timeout")
+  _at_least("runtime.peer_start_timeout_seconds",
+            runtime.peer_start_timeout_seconds, 0, "0: no limit")
   check_choice("runtime.allreduce_dtype", runtime.allreduce_dtype,
                ALLREDUCE_DTYPES)
   if not 0 <= runtime.seed < SEED_LIMIT:

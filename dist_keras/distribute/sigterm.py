@@ -7,11 +7,11 @@ still says SIG_DFL), so a worker that had started ignored SIGTERM until
 training installed dist_keras' own handler (training/preemption.py): one
 building its model, or one whose peers crashed, stayed until SIGKILL.
 
-The wait for the peers itself cannot be helped from Python: TensorFlow
+TensorFlow's own wait for the peers cannot be helped from Python: it
 installs its handler inside the call that waits, and that call holds the
-interpreter (no Python thread runs until it returns; checked on TF 2.21),
-so a worker waiting for peers that never come is stopped by SIGKILL only
-(Kubernetes sends one after the grace period). docs/multi_worker.md says so.
+interpreter (no Python thread runs until it returns; checked on TF 2.21).
+So a worker waits for its peers before that call (rendezvous.py), where
+SIGTERM and Ctrl-C stop it; TensorFlow's wait is then short.
 """
 import contextlib
 import signal

@@ -14,6 +14,7 @@ from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g
 from dist_keras import installation
 from dist_keras import terminal
 from dist_keras.configs import base
+from dist_keras.distribute import rendezvous
 from dist_keras.distribute import sigterm
 from dist_keras.distribute import tfconfig
 from dist_keras.distribute import tpus
@@ -193,22 +194,18 @@ def multi_worker(runtime_cfg,
   Each worker contributes its local GPUs, or ONE CPU device: TensorFlow's
   multi-worker strategy does not split a worker's CPU, so
   `runtime.num_cpu_devices` does not apply. Construction starts this task's
-  gRPC server and waits for every peer to come up.
+  gRPC server and waits for every peer to come up; it starts once every
+  peer listens (rendezvous.wait_for_peers, within
+  `runtime.peer_start_timeout_seconds`).
   """
   options = communication_options(runtime_cfg)
   check_port_free(cluster)
   note = cpu_devices_note(runtime_cfg.num_cpu_devices)
   if note:
     terminal.say(note)
-  # Every worker says it: the wait below prints nothing until every peer is
-  # up (a worker started alone looked hung).
-  others = ", ".join(f"{kind}:{i} at {address}"
-                     for kind, addresses in cluster.cluster.items()
-                     for i, address in enumerate(addresses)
-                     if (kind, i) != (cluster.task_type, cluster.task_index))
-  terminal.say(f"dist_keras: {cluster.task_type}:{cluster.task_index} is "
-               f"starting TensorFlow's collective runtime; it waits until "
-               f"every other task has started ({others})")
+  # TensorFlow's own wait for the peers says nothing, has no deadline and
+  # ignores SIGTERM: ours first (rendezvous.py).
+  rendezvous.wait_for_peers(cluster, runtime_cfg.peer_start_timeout_seconds)
   with sigterm.kept():
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=options)

@@ -203,10 +203,11 @@ def test_only_the_chief_writes_the_workdir(two_workers):
   assert "[w0] done: 6 steps" in stdout
   assert "[w1] done" not in stdout
   assert "[w1] step" not in stdout
-  # Each says it waits for the other as TensorFlow's runtime starts.
-  assert ("[w1] dist_keras: worker:1 is starting TensorFlow's collective "
-          "runtime; it waits until every other task has started (worker:0 "
-          "at ") in stdout
+  # Each says it waits for the other before TensorFlow's runtime starts.
+  assert ("[w1] dist_keras: worker:1 waits for the other tasks to start "
+          "(worker:0 at ") in stdout
+  assert "[w0] dist_keras: worker:0 saw every other task start after " in (
+      stdout)
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["strategy"] == "MultiWorkerMirroredStrategy"
   assert summary["replicas"] == 2 and summary["steps"] == 6
