@@ -88,9 +88,12 @@ class Writer:
         title="sync: where a step's time goes",
         chart=[
             chart("step breakdown (ms, mean over replicas)",
-                  r"^sync/(input_wait|compute|straggler|allreduce|step)_ms$"),
+                  r"^sync/(input_wait|compute|straggler|allreduce|step"
+                  r"|outside)_ms$"),
             chart("synchronisation share of the step", r"^sync/fraction$"),
             chart("compute per replica (ms)", r"^sync_replica/.*/compute_ms$"),
+            chart("input wait per replica (ms)",
+                  r"^sync_replica/.*/input_wait_ms$"),
             chart("throughput (examples/s)", r"^perf/examples_per_sec"),
         ])])
     with self._own(0):

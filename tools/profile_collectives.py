@@ -189,7 +189,8 @@ def job_replicas(workdir: str, scalars: dict):
   try:
     return int(common.read_summary(workdir)["replicas"])
   except (ValueError, KeyError, TypeError):
-    tags = [t for t in scalars if t.startswith("sync_replica/")]
+    tags = [t for t in scalars if t.startswith("sync_replica/")
+            and t.endswith("/compute_ms")]  # (Each replica has several.)
     return len(tags) or None
 
 

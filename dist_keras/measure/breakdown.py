@@ -11,8 +11,8 @@ def split_step(step_start: float, inputs_ready: float, stamps,
     step_start: host stamp before asking for the next distributed batch.
     inputs_ready: stamp once every replica's batch is there.
     stamps: [local replicas, 4] array of STAMPS per replica, in seconds.
-    job_durations: [replicas in sync, 2], time in the reduction and compute
-      of EVERY replica of the job (stamps.gather_durations); default: local.
+    job_durations: [replicas in sync, 5] rows of stamps.gather_durations,
+      EVERY replica of the job's; default: local.
 
   Returns:
     Milliseconds (mean and max over the local replicas; per replica, the four
@@ -27,25 +27,24 @@ def split_step(step_start: float, inputs_ready: float, stamps,
     last waits for no one, so the shortest time in the reduction is the
     all-reduce proper and a replica's excess over it is straggler wait
     (this assumes the replicas finish the reduction together). There
-    `straggler_ms`, `straggler_max_ms` and `per_replica_compute_ms` are
-    EVERY replica's of the job, as on one host (a worker whose replicas
+    the straggler wait and the per-replica lists are EVERY replica's of the
+    job, as on one host (a worker whose replicas
     are the slowest waits for no one, yet the job's others wait for them),
     so the means add up to the step only where this worker's replicas wait
-    as long as the job's.
+    as long as the job's; so are `outside_max_ms` and `callbacks_max_ms`.
   """
   start, ready, reduced, end = np.asarray(stamps, dtype=np.float64).T
   waits = reduced - ready
   across_hosts = (job_durations is not None
                   and len(job_durations) != len(start))
   if across_hosts:  # Replicas on other hosts, other clocks: durations only.
-    job_waits, job_compute = np.asarray(job_durations, np.float64).T
-    job_straggler = job_waits - job_waits.min()
-    straggler = np.maximum(waits - job_waits.min(), 0.0)
+    job = np.asarray(job_durations, np.float64)
+    straggler = np.maximum(waits - job[:, 0].min(), 0.0)
   else:  # Every replica is here, on one clock: the last arrival is known.
     straggler = ready.max() - ready
   per_replica = {
-      # Until the replica holds its batch: the host's wait for the next
-      # distributed batch plus handing it to the replica.
+      # Until the replica holds its own part of the batch: the host's wait
+      # for it plus handing it to the replica.
       "input_wait_ms": np.maximum(start - step_start, 0.0),
       "compute_ms": (ready - start) + (end - reduced),
       "straggler_ms": straggler,
@@ -56,12 +55,32 @@ def split_step(step_start: float, inputs_ready: float, stamps,
   for name, values in per_replica.items():
     out[name] = 1e3 * float(values.mean())
     out[name.replace("_ms", "_max_ms")] = 1e3 * float(values.max())
-  out["per_replica_compute_ms"] = (1e3 * per_replica["compute_ms"]).tolist()
+    if name in PER_REPLICA:
+      out[f"per_replica_{name}"] = (1e3 * values).tolist()
   out["fraction"] = float(waits.mean()) / max(end.max() - step_start, 1e-12)
   if across_hosts:
-    out["straggler_ms"] = 1e3 * float(job_straggler.mean())
-    out["straggler_max_ms"] = 1e3 * float(job_straggler.max())
-    out["per_replica_compute_ms"] = (1e3 * job_compute).tolist()
+    out.update(_jobs(job))
+  return out
+
+
+# What each replica's own tags (sync_replica/<i>/NAME) say, from the local
+# stamps on one host, from every replica's gathered durations across hosts
+# (there also each replica's worker's host time outside the calls).
+PER_REPLICA = ("input_wait_ms", "compute_ms")
+_GATHERED = ("compute_ms", "input_wait_ms", "outside_ms", "callbacks_ms")
+
+
+def _jobs(job) -> dict:
+  """The job-wide figures of split_step from gathered rows [replicas, 5]:
+  the straggler wait's mean and max, every replica's own figures, and the
+  worst worker's host time outside the calls."""
+  job_straggler = job[:, 0] - job[:, 0].min()
+  out = {"straggler_ms": 1e3 * float(job_straggler.mean()),
+         "straggler_max_ms": 1e3 * float(job_straggler.max())}
+  for column, name in enumerate(_GATHERED, start=1):
+    out[f"per_replica_{name}"] = (1e3 * job[:, column]).tolist()
+  for name in ("outside_ms", "callbacks_ms"):
+    out[name.replace("_ms", "_max_ms")] = max(out[f"per_replica_{name}"])
   return out
 
 
@@ -94,7 +113,8 @@ class SyncLog:
   (kept as sums, which a resumed run carries on from its checkpoint's)."""
 
   COMPONENTS = ("input_wait_ms", "compute_ms", "straggler_ms", "allreduce_ms")
-  _AVERAGED = (*COMPONENTS, "model_step_ms", "step_ms", "fraction")
+  _AVERAGED = (*COMPONENTS, "model_step_ms", "step_ms", "fraction",
+               "outside_ms", "callbacks_ms")
 
   def __init__(self, count: int = 0, sums: dict | None = None):
     self.count = count  # Steps recorded.
@@ -107,9 +127,12 @@ class SyncLog:
       if k in split:
         self.sums[k] = self.sums.get(k, 0.0) + float(split[k])
     values = {f"sync/{k}": v for k, v in split.items()
-              if k != "per_replica_compute_ms"}
-    for i, ms in enumerate(split.get("per_replica_compute_ms", ())):
-      values[f"sync_replica/{i}/compute_ms"] = ms
+              if not k.startswith("per_replica_")}
+    for key, per_replica in split.items():
+      if key.startswith("per_replica_"):
+        name = key[len("per_replica_"):]
+        values.update({f"sync_replica/{i}/{name}": ms
+                       for i, ms in enumerate(per_replica)})
     return values
 
   def means(self) -> dict:

@@ -27,15 +27,20 @@ class RunMeters:
     self.calls = timing.CallTimes()  # This process's: what calibration reads.
     # A resumed run's: what its figures cover (training/segments.py).
     self.segments = None
+    # Wall seconds paused out of the closed windows (evals, checkpoints,
+    # epoch ends; not the final eval, after the last window): this
+    # process's and the processes' before it, as a checkpoint keeps them.
+    self.paused_seconds = 0.0
 
   def ran(self, steps: int, out: dict) -> None:
     """Counts a call of `steps` steps; keeps the sync breakdown of a timed
     step but the one that traced the function (the process's first: it
     also started the input pipeline, which a resume makes skip). `out`'s
     "started" is when the call began (calls.Calls), its results read since."""
-    self.window.ran(steps, "traced" in out)
+    seconds = time.perf_counter() - out.get("started", time.perf_counter())
+    self.window.ran(steps, "traced" in out, seconds)
     if "traced" not in out and "started" in out:
-      self.calls.add(steps, time.perf_counter() - out["started"])
+      self.calls.add(steps, seconds)
     if "sent_bytes" in out:
       self.traffic = costmodel.Traffic(
           *(int(b) for b in np.asarray(out["sent_bytes"])))
@@ -54,6 +59,7 @@ class RunMeters:
     None for a window of no steps, which a divergence's go-back emptied)."""
     window, self.window = self.window, timing.Window()
     seconds = window.elapsed()
+    self.paused_seconds += window.paused_seconds
     values = {}
     # The calls that traced a function left out.
     steps, counted = (window.steps - window.traced_steps,
@@ -65,11 +71,24 @@ class RunMeters:
                      "perf/examples_per_sec_per_replica": eps / self.replicas,
                      **self.utilisation.scalars(eps)})
     if window.breakdown:
-      values.update(self.sync_log.add(window.breakdown))
+      outside, callbacks = window.outside()
+      values.update(self.sync_log.add({
+          **window.breakdown, "outside_ms": 1e3 * outside,
+          "callbacks_ms": 1e3 * callbacks}))
       values["sync/gradient_bytes"] = self.traffic.allreduced
       if self.traffic.gathered:
         values["sync/gathered_bytes"] = self.traffic.gathered
     return values, (seconds / window.steps if window.steps else None)
+
+  def host_figures(self) -> tuple[float, float]:
+    """This worker's window so far, for the timed call about to start:
+    (host seconds outside the calls, of which in the users' callbacks) per
+    step, that step counted (stamps.gather_durations hands them on)."""
+    return self.window.outside(steps_ahead=1)
+
+  def in_callbacks(self, seconds: float) -> None:
+    """Counts time in the users' callbacks (actions.UsersClock)."""
+    self.window.in_callbacks(seconds)
 
   def kept(self, arrays: dict) -> dict:
     """What the throughput and the sync means are computed from, for a
@@ -77,7 +96,8 @@ class RunMeters:
     arrays[_WINDOW_MS] = np.asarray(self.throughput.window_ms, np.float64)
     return {"steps": self.throughput.steps,
             "seconds": self.throughput.seconds,
-            "sync_steps": self.sync_log.count, "sync_sums": self.sync_log.sums}
+            "sync_steps": self.sync_log.count, "sync_sums": self.sync_log.sums,
+            "paused_seconds": self.paused_seconds}
 
   def carry_on(self, kept: dict, arrays: dict) -> None:
     """Goes on from `kept` (the record of the checkpoint a run resumed
@@ -87,6 +107,8 @@ class RunMeters:
                                                       kept["seconds"])
     self.throughput.window_ms = arrays[_WINDOW_MS].tolist()
     self.sync_log = breakdown.SyncLog(kept["sync_steps"], kept["sync_sums"])
+    # (A checkpoint written before 2026-12-06 kept none.)
+    self.paused_seconds = kept.get("paused_seconds", 0.0)
 
   def seconds_left(self, steps_left: int, window_seconds: float) -> float:
     """The ETA: the run's counted step time, else the last window's."""

@@ -75,17 +75,24 @@ def after_stamp(stamp, tensors):
 STAMPS = ("start", "grads_ready", "reduced", "end")
 
 
-def gather_durations(start, grads_ready, reduced, end):
-  """Every replica's (time in the reduction, compute), on every worker (in
-  replica): [replicas in sync, 2], rows in TF's replica order (the chief's,
-  or worker 0's, first), so the chief can tell which worker is slow.
+def gather_durations(start, grads_ready, reduced, end, step_start, host):
+  """Every replica's (time in the reduction, compute, input wait, host time
+  outside the calls, of which in the users' callbacks), on every worker (in
+  replica): [replicas in sync, 5] seconds, rows in TF's replica order (the
+  chief's, or worker 0's, first), so the chief can tell which worker is
+  slow, and at what.
 
   Durations, not times of day, so they compare across hosts whose clocks
   differ; gathered after the step's last stamp so they time nothing
   themselves. Compute is breakdown.split_step's: until the gradients, plus
-  the update after the reduction.
+  the update after the reduction. The input wait runs from the worker's
+  `step_start` to the replica's own start; `host` is its worker's
+  meters.RunMeters.host_figures (per step, seconds: the same on its
+  replicas).
   """
-  durations = tf.stack([reduced - grads_ready,
-                        (grads_ready - start) + (end - reduced)])
-  durations = after_stamp(end, tf.reshape(durations, [1, 2]))
+  durations = tf.concat([tf.stack([reduced - grads_ready,
+                                   (grads_ready - start) + (end - reduced),
+                                   start - step_start]),
+                         tf.cast(tf.reshape(host, [2]), tf.float64)], 0)
+  durations = after_stamp(end, tf.reshape(durations, [1, 5]))
   return tf.distribute.get_replica_context().all_gather(durations, axis=0)

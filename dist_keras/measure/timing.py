@@ -107,17 +107,41 @@ class Window:
     # Of the calls that traced and compiled their function (with the hooks
     # before them): not throughput.
     self.traced_steps, self.traced_seconds = 0, 0.0
+    # Of the other calls: inside them (from the call until its results
+    # were read) and in the users' callbacks between them.
+    self.in_calls, self.callbacks = 0.0, 0.0
+    self._callbacks_since = 0.0  # Since the last call: its gap's.
     self._seconds, self._paused = 0.0, 0
+    self.paused_seconds = 0.0  # Of the pauses ended in the window.
     self._start = self._since = time.perf_counter()
 
-  def ran(self, steps: int, traced: bool) -> None:
-    """Counts a call that has just ended."""
+  def ran(self, steps: int, traced: bool, call_seconds: float = 0.0) -> None:
+    """Counts a call that has just ended, which took `call_seconds`."""
     now = time.perf_counter()
     self.steps += steps
-    if traced:
+    if traced:  # Its gap is left out with it.
       self.traced_steps += steps
       self.traced_seconds += now - self._since
-    self._since = now
+    else:
+      self.in_calls += call_seconds
+      self.callbacks += self._callbacks_since
+    self._since, self._callbacks_since = now, 0.0
+
+  def in_callbacks(self, seconds: float) -> None:
+    """Counts `seconds` in the users' callbacks, since the last call."""
+    self._callbacks_since += seconds
+
+  def outside(self, steps_ahead: int = 0) -> tuple[float, float]:
+    """(host seconds outside the calls, of which in the users' callbacks)
+    per step of the window's calls that did not trace, so far; with
+    `steps_ahead`, as if that many more steps ran now without time
+    (a call about to start: its gap is over)."""
+    steps = self.steps - self.traced_steps + steps_ahead
+    if steps <= 0:
+      return 0.0, 0.0
+    counted = self.elapsed() - self.traced_seconds
+    callbacks = self.callbacks + (self._callbacks_since if steps_ahead else 0)
+    return (max(counted - self.in_calls, 0.0) / steps, callbacks / steps)
 
   def pause(self):
     """Stops the clock; pauses nest (a checkpoint saved at the epoch end
@@ -126,11 +150,13 @@ class Window:
     self._paused += 1
     if self._paused == 1:
       self._seconds += time.perf_counter() - self._start
+      self._paused_at = time.perf_counter()
 
   def resume(self):
     self._paused -= 1
     if not self._paused:
       self._start = self._since = time.perf_counter()
+      self.paused_seconds += self._start - self._paused_at
 
   def elapsed(self) -> float:
     if self._paused:

@@ -25,8 +25,11 @@ class Calls:
   run traces two functions either way)."""
 
   def __init__(self, strategy, model, options: steps.StepOptions,
-               own_step: bool, call_watch: watch.CallWatch):
+               own_step: bool, call_watch: watch.CallWatch,
+               host_figures=lambda: (0.0, 0.0)):
     self.watch = call_watch  # Lines while a call runs long.
+    # Read as a timed call starts (meters.RunMeters.host_figures).
+    self.host_figures = host_figures
     if own_step:
       jit = options.jit is not steps.Jit.OFF
       self.timed = model_step.make_train_step(strategy, model, True, jit)
@@ -54,17 +57,28 @@ class Calls:
     minutes for a large model, which the loop reports)."""
     function = self.timed if timed else self.plain
     traces = function.experimental_get_tracing_count()
+    argument = tf.constant(self.host_figures(), tf.float64) if timed else (
+        tf.constant(n))
     started = time.perf_counter()
     kind = "timed" if timed else "plain"
     with self.watch.call(f"tracing and compiling the {kind} step function"
                          if not traces else
                          f"running a call of {n} step{'s' * (n > 1)}"):
-      out = function(iterator) if timed else function(iterator,
-                                                      tf.constant(n))
+      out = function(iterator, argument)
     if function.experimental_get_tracing_count() > traces:
       out["traced"] = kind
     out["started"] = started  # The call's time (meters.RunMeters.ran).
     return out
+
+
+def of_trainer(trainer) -> Calls:
+  """The calls of a loop.Trainer's run, its meters started."""
+  options = trainer.settings.step_options
+  return Calls(trainer.strategy, trainer.model, steps.StepOptions(
+      jit=steps.Jit.of(options["jit_compile"]),
+      allreduce_dtype=options["allreduce_dtype"],
+      bytes_per_pack=options["bytes_per_pack"]), trainer.custom_step,
+      trainer.call_watch, trainer.meters.host_figures)
 
 
 def run_dry_error(trainer, run, n: int) -> UserError:

@@ -24,7 +24,7 @@ from dist_keras.measure.meters import RunMeters
 from dist_keras.training import actions, allreduce, calls, divergence
 from dist_keras.training import compiled, ending, evaluation, lr, metrics
 from dist_keras.training import preemption, ray_report, report, run_files
-from dist_keras.training import run_record, steps, watch
+from dist_keras.training import run_record, watch
 from dist_keras.training import user_callbacks
 from dist_keras.training.checkpoints import Checkpoints
 from dist_keras.training.settings import Settings, auto_steps_per_call
@@ -214,7 +214,8 @@ class Trainer:
         after.insert(0, actions.AgreeToStop(run, self.strategy, batch_logs))
       self.history = keras.callbacks.History()
       hooks = keras.callbacks.CallbackList(
-          [*before, *users, self.history, *after],
+          [*before, *user_callbacks.clocked(users, self.meters.in_callbacks),
+           self.history, *after],
           model=self.model, verbose=0, epochs=run.schedule.epochs,
           steps=run.schedule.epoch_steps)
       self._batch_logs_wanted = batch_logs
@@ -238,12 +239,7 @@ class Trainer:
     return self.train_metrics.epoch(step, logs)
 
   def _step_functions(self) -> calls.Calls:
-    options = self.settings.step_options
-    return calls.Calls(self.strategy, self.model, steps.StepOptions(
-        jit=steps.Jit.of(options["jit_compile"]),
-        allreduce_dtype=options["allreduce_dtype"],
-        bytes_per_pack=options["bytes_per_pack"]), self.custom_step,
-        self.call_watch)
+    return calls.of_trainer(self)
 
   def _call(self, run, call, iterator) -> None:
     """One call of steps after run.step; checked before anything reads or

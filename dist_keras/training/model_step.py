@@ -12,7 +12,8 @@ and the model's step only (its all-reduce cannot be timed apart).
 import tensorflow as tf
 
 from dist_keras.measure import stamps
-from dist_keras.training import replica_seeds, shared_slices, steps
+from dist_keras.training import batch_read, replica_seeds, shared_slices
+from dist_keras.training import steps
 
 _MEAN = tf.distribute.ReduceOp.MEAN
 
@@ -29,9 +30,10 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
   clock = stamps.make_clock(strategy) if timed else None
   own_step = _own_step(model, jit)
 
-  def replica_step(batch, inputs_ready=None):
-    if timed:
-      start = stamps.stamp_after([batch, inputs_ready], clock)
+  def replica_step(batch, step_start=None, host=None):
+    del host  # Gathered by dist_keras' own step only.
+    if timed:  # Once this replica's own part of the batch is here.
+      start = stamps.stamp_after([batch, step_start], clock)
       batch = stamps.after_stamp(start, batch)
     logs = own_step(batch)
     if not timed:
@@ -45,8 +47,9 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
   replica_step = shared_slices.knowing_batch(replica_step)
   replica_step = replica_seeds.per_replica(replica_step)
 
-  def one_step(iterator):
-    out, batch, kwargs = steps.read_batch(strategy, iterator, timed)
+  def one_step(iterator, host=None):
+    out, batch, kwargs = batch_read.read_batch(strategy, iterator, timed,
+                                               host)
     logs, stamped = strategy.run(replica_step, args=(batch,), kwargs=kwargs)
     out["logs"] = _mean_logs(strategy, logs)
     out["finite"] = all_finite(out["logs"])

@@ -196,7 +196,10 @@ def measured_fields(run, meters) -> dict:
       "sync_split": split if means else None,
       "sync_fraction": means.get("fraction"),
       **{k: means.get(k) for k in (*breakdown.SyncLog.COMPONENTS,
-                                   "model_step_ms", "step_ms")},
+                                   "model_step_ms", "step_ms", "outside_ms",
+                                   "callbacks_ms")},
+      # Wall seconds the throughput leaves out: evals, checkpoints.
+      "paused_s": meters.paused_seconds,
       "skipped_steps": run.skipped_steps,
       "skipped_after_divergence": run.skipped,
       # Wall seconds of the calls that traced and compiled a function.

@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from dist_keras.contract import model_calls
 from dist_keras.measure import stamps
-from dist_keras.training import (allreduce, keras_internals, replica_seeds,
-                                 shared_slices, sparse_grads)
+from dist_keras.training import (allreduce, batch_read, keras_internals,
+                                 replica_seeds, shared_slices, sparse_grads)
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -142,7 +142,9 @@ def make_train_step(strategy, model, options: StepOptions = StepOptions(),
   finite) and 'skipped'; the compiled metrics are updated in place. With
   `timed`, the step is instrumented with in-graph stamps (stamps.STAMPS)
   and the dict also holds 'step_start', 'inputs_ready', per-replica
-  'stamps' and every replica's 'job_durations' for breakdown.split_step.
+  'stamps' and every replica's 'job_durations' for breakdown.split_step;
+  the timed function takes the worker's host figures too (`host`:
+  batch_read.read_batch).
   Either way it holds 'sent_bytes' (allreduce.sent_bytes, the first
   replica's).
 
@@ -180,9 +182,9 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
   compute = _compute_fn(model, optimizer, compile_compute)
   update = _update_fn(optimizer, variables)
 
-  def replica_step(batch, inputs_ready=None):
-    if timed:
-      start = stamps.stamp_after([batch, inputs_ready], clock)
+  def replica_step(batch, step_start=None, host=None):
+    if timed:  # Once this replica's own part of the batch is here.
+      start = stamps.stamp_after([batch, step_start], clock)
       batch = stamps.after_stamp(start, batch)
     loss, grads = compute(batch)
     # Under a global-norm clip an Embedding's slices are summed here, into
@@ -207,7 +209,8 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
       return loss, finite, (), (), sent
     # Reading every variable orders the last stamp after all their updates.
     end = stamps.stamp_after([tf.identity(v.value) for v in variables], clock)
-    job = stamps.gather_durations(start, grads_ready, reduced, end)
+    job = stamps.gather_durations(start, grads_ready, reduced, end,
+                                  step_start, host)
     return (loss, finite, tf.stack([start, grads_ready, reduced, end]),
             job, sent)
 
@@ -255,8 +258,9 @@ def _distributed_step(strategy, replica_step, optimizer, timed):
   scale = loss_scale_of(optimizer)
   replica_step = replica_seeds.per_replica(replica_step)
 
-  def one_step(iterator):
-    out, batch, kwargs = read_batch(strategy, iterator, timed)
+  def one_step(iterator, host=None):
+    out, batch, kwargs = batch_read.read_batch(strategy, iterator, timed,
+                                               host)
     loss, finite, stamped, job, sent = strategy.run(
         replica_step, args=(batch,), kwargs=kwargs)
     out["loss"] = strategy.reduce(_SUM, loss, axis=None)
@@ -272,21 +276,6 @@ def _distributed_step(strategy, replica_step, optimizer, timed):
     return out
 
   return step_function(one_step)
-
-
-def read_batch(strategy, iterator, timed: bool):
-  """({stamps}, the next distributed batch, the replica step's kwargs); the
-  stamps around the read when `timed`."""
-  if not timed:
-    return {}, next(iterator), {}
-  out = {"step_start": tf.timestamp()}
-  with tf.control_dependencies([out["step_start"]]):
-    batch = next(iterator)
-  out["inputs_ready"] = stamps.stamp_after(
-      [strategy.experimental_local_results(t) for t in tf.nest.flatten(batch)])
-  # Replicas start after this stamp; otherwise, with every core busy
-  # computing, TensorFlow may run it late and inflate the input wait.
-  return out, batch, {"inputs_ready": out["inputs_ready"]}
 
 
 def step_function(one_step):

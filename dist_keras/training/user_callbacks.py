@@ -10,6 +10,7 @@ callback on the same values; files go where the chief writes them, and to
 a scratch folder on other workers (as Keras does for multi-worker).
 """
 import os
+import time
 
 import keras
 
@@ -161,3 +162,32 @@ def _overrides(callback, hook: str) -> bool:
   method = getattr(callback, hook)
   return getattr(method, "__func__", method) is not getattr(
       keras.callbacks.Callback, hook)
+
+
+def clocked(callbacks: list, count) -> list:
+  """`callbacks` between two clock marks that hand `count` the seconds the
+  hooks between them took, at the hooks that run inside a log window
+  (batch begin and end, epoch begin: an epoch's end is paused out): what
+  sync/callbacks_ms reports."""
+  if not callbacks:
+    return []
+  began = [0.0]
+  return [_Mark(began, None), *callbacks, _Mark(began, count)]
+
+
+class _Mark(keras.callbacks.Callback):
+  """Where the users' callbacks begin (`count` None) or end."""
+
+  def __init__(self, began: list, count):
+    super().__init__()
+    self.began, self.count = began, count
+
+  def _mark(self, *args, **kwargs):
+    del args, kwargs
+    now = time.perf_counter()
+    if self.count is None:
+      self.began[0] = now
+    else:
+      self.count(now - self.began[0])
+
+  on_train_batch_begin = on_train_batch_end = on_epoch_begin = _mark

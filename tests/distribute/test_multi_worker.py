@@ -443,8 +443,14 @@ def test_the_chief_logs_the_jobs_straggler_wait_when_it_is_the_slowest(
   for (_, mean), (_, worst) in zip(tags["sync/straggler_ms"],
                                    tags["sync/straggler_max_ms"]):
     assert mean == pytest.approx(worst / 2, rel=1e-6)  # (0 + wait) / 2
-  assert sorted(t for t in tags if t.startswith("sync_replica/")) == [
-      "sync_replica/0/compute_ms", "sync_replica/1/compute_ms"], tags
+  assert sorted(t for t in tags if t.startswith("sync_replica/")) == sorted(
+      f"sync_replica/{i}/{name}" for i in (0, 1) for name in (
+          "compute_ms", "input_wait_ms", "outside_ms", "callbacks_ms")), tags
+  # Both workers' host time between calls reaches the chief: the worst's.
+  for (_, worst), (_, chief), (_, other) in zip(
+      tags["sync/outside_max_ms"], tags["sync_replica/0/outside_ms"],
+      tags["sync_replica/1/outside_ms"]):
+    assert worst == max(chief, other) >= 0
   for (_, own), (_, chief), (_, other) in zip(
       tags["sync/compute_ms"], tags["sync_replica/0/compute_ms"],
       tags["sync_replica/1/compute_ms"]):

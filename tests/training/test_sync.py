@@ -84,10 +84,14 @@ def test_breakdown_splits_a_step_exactly():
   assert b["fraction"] == pytest.approx(3.0 / 16.5)
 
 
-def _job(waits, compute):
-  """stamps.gather_durations' rows: (time in the reduction, compute) of
-  every replica of the job, given in ms, in seconds."""
-  return 1e-3 * np.array([waits, compute]).T
+def _job(waits, compute, input_wait=None, outside=None, callbacks=None):
+  """stamps.gather_durations' rows: (time in the reduction, compute, input
+  wait, host time outside the calls, of which in callbacks) of every
+  replica of the job, given in ms, in seconds (the last three 0 unless
+  given)."""
+  zeros = [0.0] * len(waits)
+  return 1e-3 * np.array([waits, compute, input_wait or zeros,
+                          outside or zeros, callbacks or zeros]).T
 
 
 def test_the_chief_logs_every_replicas_compute_of_the_job():
@@ -105,9 +109,33 @@ def test_the_chief_logs_every_replicas_compute_of_the_job():
   assert b["compute_max_ms"] == pytest.approx(11.5)
   assert b["straggler_max_ms"] == pytest.approx(41.0)
   tags = breakdown.SyncLog().add(b)
-  assert [t for t in tags if t.startswith("sync_replica/")] == [
-      f"sync_replica/{i}/compute_ms" for i in range(4)]
+  assert sorted(t for t in tags if t.startswith("sync_replica/")) == sorted(
+      f"sync_replica/{i}/{name}" for i in range(4) for name in (
+          "compute_ms", "input_wait_ms", "outside_ms", "callbacks_ms"))
   assert tags["sync_replica/3/compute_ms"] == pytest.approx(50.0)
+
+
+def test_the_chief_names_the_worker_slow_at_its_input_or_between_steps():
+  """2 workers, 2 replicas each. The other worker's replica 3 waited 36 ms
+  for its batch (its compute as everyone's), and that worker spent 60 ms a
+  step in a callback, its host 70 ms outside the calls; the chief, waiting
+  for it at the host's agreement, 65 ms outside, 0 in callbacks. Compute
+  alone named no one: the chief's per-replica tags name the worker and
+  what it was slow at, and the worst worker's outside time."""
+  stamps = 1e-3 * np.array([[1.0, 10.0, 55.0, 56.0],
+                            [1.0, 10.0, 55.0, 56.0]]) + 1e6
+  b = breakdown.split_step(1e6, 1e6, stamps, _job(
+      waits=[45.0, 45.0, 45.0, 9.0], compute=[10.0] * 4,
+      input_wait=[1.0, 1.0, 1.0, 37.0], outside=[65.0, 65.0, 70.0, 70.0],
+      callbacks=[0.0, 0.0, 60.0, 60.0]))
+  tags = breakdown.SyncLog().add(b)
+  waits = [tags[f"sync_replica/{i}/input_wait_ms"] for i in range(4)]
+  assert waits == pytest.approx([1.0, 1.0, 1.0, 37.0])
+  assert [tags[f"sync_replica/{i}/callbacks_ms"] for i in range(4)] == (
+      pytest.approx([0.0, 0.0, 60.0, 60.0]))
+  assert tags["sync/outside_max_ms"] == pytest.approx(70.0)
+  assert tags["sync/callbacks_max_ms"] == pytest.approx(60.0)
+  assert tags["sync/input_wait_ms"] == pytest.approx(1.0)  # The chief's own.
 
 
 def test_one_host_logs_its_own_stamps_whatever_was_gathered():
