@@ -17,8 +17,9 @@ from dist_keras.contract import xla_limits
 from dist_keras.distribute import leaving, peers, pipelines, reports
 from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, batch_losses, checkpoints, compiled
-from dist_keras.training import loop, lr, own_losses, preemption, ray_report
-from dist_keras.training import run_files, same_model, settings, state_updates
+from dist_keras.training import loop, lr, own_losses, preemption, process_state
+from dist_keras.training import ray_report, run_files, same_model, settings
+from dist_keras.training import state_updates
 from dist_keras.training import user_callbacks
 from dist_keras.training import varying_slices
 
@@ -188,9 +189,9 @@ def _translated_run(trainer) -> dict:
 def build(job: Job) -> loop.Trainer:
   """The whole run, in order, built but not trained (tools and tests that
   drive steps themselves use it too; use the Trainer in a `with`: it lets
-  go of its writers and scratch files, the workdir and the stop signals).
-  Nothing is written before every check has passed: a run refused here
-  removes the workdir it made (it held only the lock)."""
+  go of writers, scratch files, workdir and stop signals, and puts back
+  what the run changed in the process). Nothing is written before every
+  check has passed: a refused run removes its workdir (only the lock)."""
   config, workdir = job.config, job.workdir
   validate.workdir_named(workdir)  # (The command line's, before TF.)
   strategy = job.strategy or strategies.get_strategy(config.runtime)
@@ -212,7 +213,7 @@ def build(job: Job) -> loop.Trainer:
     allreduce.check_same_config(strategy, config.to_dict())
     model_fn, dataset_fn = registry.resolve(config, *job.functions)
     resume = checkpoints.find_resume(workdir)  # Where the data resumes.
-    keras.utils.set_random_seed(config.runtime.seed)
+    kept = undo.enter_context(process_state.kept(config.runtime.seed))
     with same_model.shapes_said():
       model = checks.call_model_fn(model_fn, strategy, config.train.precision)
     same_model.refuse_different(strategy, model)  # (Each worker's own.)
@@ -231,17 +232,17 @@ def build(job: Job) -> loop.Trainer:
     # The batch-size rule; every optimizer built in scope (compiled.py).
     optimizers = compiled.optimizers_of(model)
     rate = lr.apply(model.optimizer, config.train, others=list(optimizers)[1:])
-    compiled.prepare_optimizers(model, strategy, batch_spec, optimizers)
+    compiled.prepare_optimizers(model, strategy, batch_spec, optimizers, kept)
     saved, resumed = checkpoints.restored(workdir, model, optimizers, role,
                                           config.train.max_checkpoints, resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
     parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate,
-                       optimizers, stop, callbacks, evaluates, batch_spec,
-                       model_file)
+                       optimizers, stop, kept, callbacks, evaluates,
+                       batch_spec, model_file)
     notes += [*said, weights_only, note, *settings.notes(config, on_tpu),
               resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,
         config.to_dict(), notes=[n for n in notes if n])
-    undo.pop_all()  # The Trainer's close lets go of both.
+    undo.pop_all()  # The Trainer's close lets go of them.
   return trainer

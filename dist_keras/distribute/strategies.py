@@ -83,9 +83,13 @@ def _options_key(runtime_cfg) -> tuple:
 # 1, instances from 100), and TensorFlow's collective runtime remembers for
 # the rest of the process what each key first did: a sweep's second strategy
 # object doing something else under a key the first used failed ("Collective
-# instance 110 expected type 2 and data_type 3 but got type 0"; Keras' own
-# fit gets "Shape mismatch in the collective instance 100"). The gap leaves
-# an earlier strategy room to trace more if it is trained under again.
+# instance 110 expected type 2 and data_type 3 but got type 0"). The first
+# strategy moves too: dist_keras' collectives (all-gathers, integer sums)
+# under 100... broke every later multi-replica run of the process, Keras'
+# own fit under a new strategy included (it starts at 100), and a Keras fit
+# before broke dist_keras' ("Restart your program to reset"). The gap leaves
+# an earlier strategy room to trace more if it is trained under again, and
+# Keras' fit under new strategies room below the first.
 _KEY_GAP = 100_000
 _KEYS_SEEN = []  # Each strategy's CollectiveKeys: small, kept past it.
 # TensorFlow's private key table, read here alone: a release that renames
@@ -94,9 +98,10 @@ _HERE = "dist_keras/distribute/strategies.py"
 
 
 def own_collective_keys(strategy) -> None:
-  """Starts an unused MirroredStrategy's collective instance keys past every
-  key of the strategies trained under before in this process (a strategy
-  seen before, or already used, keeps its own)."""
+  """Moves the collective instance keys of a MirroredStrategy not trained
+  under before in this process past TensorFlow's start, its own (a
+  strategy Keras' fit used) and those of every strategy trained under
+  before; one seen before keeps its own."""
   if not isinstance(strategy, tf.distribute.MirroredStrategy):
     return
   keys = installation.require(strategy.extended, "_collective_keys",
@@ -105,16 +110,14 @@ def own_collective_keys(strategy) -> None:
     return
   groups = installation.require(keys, "_instance_key_table", "its instance keys",
                           _HERE).values()
-  used = [key for seen in _KEYS_SEEN
-          for group in seen._instance_key_table.values()  # pylint: disable=protected-access
-          for key in group.values()]
   first = installation.require(cross_device_utils, "INSTANCE_KEY_START_NUMBER",
                          "the first instance key", _HERE)
-  unused = all(key == first for group in groups for key in group.values())
-  if used and unused:
-    start = max(used) + _KEY_GAP
-    for group in groups:
-      group.update(dict.fromkeys(group, start))
+  # Keys only grow: functions traced under the strategy before keep theirs.
+  start = max([first] + [key for seen in [*_KEYS_SEEN, keys]
+                         for group in seen._instance_key_table.values()  # pylint: disable=protected-access
+                         for key in group.values()]) + _KEY_GAP
+  for group in groups:
+    group.update(dict.fromkeys(group, start))
   _KEYS_SEEN.append(keys)
 
 

@@ -17,7 +17,7 @@ import tensorflow as tf
 from dist_keras.contract import batches
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
-from dist_keras.training import model_step, steps, watch
+from dist_keras.training import keras_internals, model_step, steps, watch
 
 
 class Calls:
@@ -130,7 +130,7 @@ def _compiled_steps(one_step):
     del out["stop"]
     return out
 
-  return train_steps
+  return keras_internals.made_per_run(train_steps)
 
 
 def _diverged(out):
@@ -160,4 +160,4 @@ def _own_steps(one_step):
         run_one, (tf.constant(1), first["logs"], first["finite"]))
     return {"logs": logs, "finite": finite, "steps": done}
 
-  return train_steps
+  return keras_internals.made_per_run(train_steps)

@@ -17,8 +17,8 @@ import tensorflow as tf
 from dist_keras import errors, validate
 from dist_keras.distribute import leaving, strategies
 from dist_keras.errors import UserError
-from dist_keras.training import allreduce, checkpoint_files, run_files
-from dist_keras.training import rnn_states, run_record
+from dist_keras.training import allreduce, checkpoint_files, keras_internals
+from dist_keras.training import rnn_states, run_files, run_record
 
 
 def _folder(workdir: str) -> str:
@@ -244,9 +244,13 @@ class Checkpoints:
     if not any(key.startswith("record/") for key in saved):
       record = {}
     self.record.restored = None
-    (self.checkpoint if record and rnn is self.rnn.parts() else
-     tf.train.Checkpoint(**self._variables, **rnn, **record)
-     ).restore(path).assert_consumed()
+    into = (self.checkpoint if record and rnn is self.rnn.parts() else
+            tf.train.Checkpoint(**self._variables, **rnn, **record))
+    try:
+      into.restore(path).assert_consumed()
+    except (AssertionError, ValueError, tf.errors.OpError):
+      keras_internals.restore_abandoned(into)
+      raise
     return self.rnn.put_back(saved, os.path.basename(path))
 
   def close(self) -> None:

@@ -169,13 +169,16 @@ def _inner(optimizer):
   return getattr(optimizer, "inner_optimizer", optimizer)
 
 
-def prepare_optimizers(model, strategy, batch_spec, optimizers: dict):
+def prepare_optimizers(model, strategy, batch_spec, optimizers: dict,
+                       kept):
   """Builds the compiled optimizer in scope (a replica function may not
   create its slots), and every other one the model's train_step applies,
   on the variables it hands it, traced on a batch of `batch_spec` (as its
   first apply would under fit: step_optimizers.py); then routes the
   gradient all-reduce: in `apply` for a model's own step, else off (the
-  compiled step reduces itself). `optimizers`: optimizers_of(model).
+  compiled step reduces itself). `optimizers`: optimizers_of(model);
+  `kept` (an ExitStack, process_state.kept) puts it back as the run
+  ends.
 
   Raises:
     UserError: an optimizer attribute that is not built and the trace
@@ -194,6 +197,7 @@ def prepare_optimizers(model, strategy, batch_spec, optimizers: dict):
         "would be created inside a replica's step, where TensorFlow cannot,"
         f" so call {name}.build(<the variables it updates>) in model_fn, "
         "after building the model.")
+  kept.callback(keras_internals.hooks_put_back(optimizers.values()))
   for optimizer in optimizers.values():
     if reduce_in_apply:
       keras_internals.reduce_in_apply(optimizer, _all_reduce)

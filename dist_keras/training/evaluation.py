@@ -86,11 +86,7 @@ def make_eval_pass(strategy, model):
   def eval_pass(dataset):
     return _reduce(dataset, add_batch, keeps_logs)
 
-  # Traced once a run. TensorFlow counts traces by the code's object, not the
-  # function's: a process calling fit 5 times or more (a sweep, a notebook)
-  # was warned of "retracing" as if one function traced again and again.
-  eval_pass._omit_frequent_tracing_warning = True  # pylint: disable=protected-access
-  return eval_pass
+  return keras_internals.made_per_run(eval_pass)  # Traced once a run.
 
 
 def _never_empty(batch, has_examples):

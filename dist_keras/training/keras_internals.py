@@ -39,6 +39,10 @@ catch.
   own clip is the identity meanwhile (clipping_done); an optimizer class
   that clips its own way keeps Keras' (clips_as_keras).
 
+- TensorFlow's `_omit_frequent_tracing_warning` on a tf.function
+  (made_per_run), and a checkpoint's `_deferred_dependencies`, whose
+  restore a refusal abandons (restore_abandoned).
+
 `keras.random.SeedGenerator.next` (public, but replaced while a replica's
 step traces, so each replica draws its own numbers) is replica_seeds.py's.
 Keras' name-scope stack (keras.src's global state), which a trace that
@@ -142,6 +146,57 @@ _UNCLIPPED_LOCK = threading.Lock()
 
 def _as_given(grads):
   return grads
+
+
+def made_per_run(function):
+  """`function`, a tf.function each run makes anew, without TensorFlow's
+  "triggered tf.function retracing" warning: TensorFlow counts traces by
+  the Python code, not by the function, so from about a process's fifth
+  fit (a sweep, a notebook) it warned as if one function traced again and
+  again."""
+  _require(function, "_omit_frequent_tracing_warning",
+           "TensorFlow's retracing warning switch")
+  function._omit_frequent_tracing_warning = True  # pylint: disable=protected-access
+  return function
+
+
+def restore_abandoned(checkpoint) -> None:
+  """Marks a restore into `checkpoint` that failed (another model's
+  checkpoint: refused) as partial, as its status' expect_partial() would
+  (one that raised has none): the values it left waiting for objects not
+  made yet (the checkpoint's save_counter) printed TensorFlow's "...
+  being deleted with unrestored values" lines as they were collected,
+  after the run's one-line refusal (a notebook's next cell)."""
+  waiting = _require(checkpoint, "_deferred_dependencies",
+                     "TensorFlow's deferred restores")
+  for positions in waiting.values():
+    for position in positions:
+      _require(position, "checkpoint", "its restore").expect_partial = True
+
+
+def hooks_put_back(optimizers):
+  """A function that gives each of `optimizers` (and a LossScaleOptimizer's
+  inner one) back the attributes the hooks here replace, as they are now
+  (the class's own where the instance has none): the run's are put back
+  as it ends, so that Keras' fit of the returned model all-reduces as its
+  own would."""
+  saved = [(opt, name, vars(opt).get(name)) for optimizer in optimizers
+           for opt in (optimizer, getattr(optimizer, "inner_optimizer", None))
+           if opt is not None for name in _HOOKED]
+
+  def put_back():
+    for opt, name, own in saved:
+      if own is not None:
+        setattr(opt, name, own)
+      elif name in vars(opt):
+        delattr(opt, name)
+
+  return put_back
+
+
+# What disable_optimizer_allreduce, reduce_in_apply and
+# update_without_merge_call replace on an optimizer.
+_HOOKED = (ALLREDUCE_HOOK, "apply", "_backend_apply_gradients")
 
 
 def update_without_merge_call(optimizer) -> None:

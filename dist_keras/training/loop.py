@@ -42,6 +42,7 @@ class Parts:
   optimizers: dict  # {name: each one the model holds}: optimizers_of.
   # SIGTERM/Ctrl-C's handler, set once the strategy exists; close() ends it.
   stop: preemption.StopRequest
+  kept: contextlib.ExitStack  # process_state.kept: close() puts it back.
   callbacks: list = dataclasses.field(default_factory=list)  # The users'.
   evaluates: bool = True  # Has a loss to evaluate (checks.evaluates).
   batch_spec: object = None  # The train batches' (for the FLOPs).
@@ -76,14 +77,14 @@ class Trainer:
 
   def close(self) -> None:
     """Closes the summaries, deletes a non-chief's scratch files, lets go
-    of the workdir and of the stop signals (api.build took both)."""
+    of the workdir and the stop signals, puts the process back (api.build)."""
     try:
-      self.call_watch.close()
-      self.tensorboard.close()
-      self.parts.checkpoints.close()
+      for part in (self.call_watch, self.tensorboard, self.parts.checkpoints):
+        part.close()
     finally:
       run_files.release(self.workdir)  # (Held by the chief alone.)
       self.stop.__exit__(None, None, None)
+      self.parts.kept.close()
 
   def __enter__(self):
     return self
@@ -173,11 +174,10 @@ class Trainer:
         self.settings.peak_tflops, self.workers, self.chief)
     if not counted.known:
       self.say(mfu.unknown_line(counted))
+    dtype = self.settings.step_options["allreduce_dtype"]
     self.meters = RunMeters(
         self.settings.global_batch_size, self.replicas, utilisation,
-        allreduce.gradient_bytes(self.model.trainable_variables,
-                                 self.settings.step_options[
-                                     "allreduce_dtype"]))
+        allreduce.gradient_bytes(self.model.trainable_variables, dtype))
     self.run_state = actions.RunState(
         self.settings.schedule, checkpoints.saved_at or 0,
         multi_worker=self.workers > 1,

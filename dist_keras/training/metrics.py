@@ -16,6 +16,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from dist_keras.training import keras_internals
+
 
 class MetricState:
   """Reads the model's metric state and computes metric values from it."""
@@ -26,9 +28,9 @@ class MetricState:
     # Cross-replica context: each variable's value summed over every replica
     # and worker. Under MultiWorkerMirroredStrategy this is a collective:
     # every worker reads at the same points.
-    self._read = tf.function(
+    self._read = keras_internals.made_per_run(tf.function(
         lambda: [tf.identity(v.value) for v in self.variables],
-        autograph=False)
+        autograph=False))
     place = {id(v): i for i, v in enumerate(self.variables)}
     # Each metric's variables' places in a state: what tells whether the
     # steps updated it.

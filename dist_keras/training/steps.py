@@ -283,5 +283,5 @@ def step_function(one_step):
   fit (its step functions are marked do_not_convert): nothing here branches
   on tensors, and converting the step cost ~1 s of tracing before the first
   step (LSTM default)."""
-  return tf.function(tf.autograph.experimental.do_not_convert(one_step),
-                     autograph=False)
+  return keras_internals.made_per_run(tf.function(
+      tf.autograph.experimental.do_not_convert(one_step), autograph=False))

@@ -251,9 +251,53 @@ def test_fits_under_a_new_mirrored_strategy_each_do_not_share_collectives(
   assert result.stdout.count("fitted") == 2, result.stderr[-3000:]
 
 
-def test_an_unused_strategy_gets_keys_of_its_own(monkeypatch):
-  """The second new strategy's instance keys start past the first's (with
-  room for the first to trace more); one already used keeps its own."""
+_KERAS_AND_DIST_KERAS_FITS = """
+import sys, tempfile
+import tensorflow as tf
+from dist_keras.distribute import strategies
+strategies.split_cpu(2)
+import dist_keras, user_task
+
+def keras_fit():  # As Keras' docs: a new strategy, the global batch.
+  with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+    model = user_task.model_fn()
+  model.fit(user_task.dataset_fn("train", tf.distribute.InputContext()),
+            steps_per_epoch=4, epochs=1, verbose=0)
+  print("keras fitted", flush=True)
+
+for _ in range(2):
+  keras_fit()
+  dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                 workdir=tempfile.mkdtemp(dir=sys.argv[1]),
+                 strategy=tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+                 config={"train.steps": 4, "eval.every": 2,
+                         "train.global_batch_size": 48,
+                         "log.calibration_steps": 0})
+  print("dist_keras fitted", flush=True)
+"""
+
+
+def test_keras_fit_and_dist_keras_fit_under_new_strategies_mix(tmp_path):
+  """A notebook: Keras' own fit under a new MirroredStrategy, then
+  dist_keras.fit under another, and again. Both numbered their collectives
+  from TensorFlow's start: dist_keras' first fit failed ("Collective
+  instance 101 expected type 0 and data_type 1 but got type 2 and
+  data_type 3 ... Restart your program to reset"), and so did every
+  later multi-replica run of the process, Keras' included."""
+  result = helpers.run_module(
+      ["-c", _KERAS_AND_DIST_KERAS_FITS, str(tmp_path)],
+      env={"PYTHONPATH": f"{helpers.REPO}:{helpers.REPO}/tests"}, timeout=240)
+  fitted = [line for line in result.stdout.splitlines()
+            if line.endswith(" fitted")]
+  assert fitted == ["keras fitted", "dist_keras fitted"] * 2, (
+      result.stderr[-3000:])
+
+
+def test_a_strategy_new_to_dist_keras_gets_keys_of_its_own(monkeypatch):
+  """The first strategy's instance keys start past TensorFlow's start (where
+  Keras' fit under a new strategy numbers its own), the next past the
+  first's (with room for the first to trace more); one Keras' fit used
+  past its own; one seen before keeps its own."""
   monkeypatch.setattr(strategies, "_KEYS_SEEN", [])
   devices = ["/cpu:0", "/cpu:1"]
   first, second, used = (tf.distribute.MirroredStrategy(devices)
@@ -263,16 +307,24 @@ def test_an_unused_strategy_gets_keys_of_its_own(monkeypatch):
     table = strategy.extended._collective_keys._instance_key_table  # pylint: disable=protected-access
     return {key for group in table.values() for key in group.values()}
 
-  for strategy in (first, used):  # One collective traced: keys 100, 101.
+  def trace_one(strategy):  # One collective: its keys move on by one.
     keys = strategy.extended._collective_keys  # pylint: disable=protected-access
     keys.get_instance_key(keys.get_group_key(strategy.extended.worker_devices),
                           strategy.extended.worker_devices[0])
-  used_before = starts(used)
-  for strategy in (first, second, used, second):
-    strategies.own_collective_keys(strategy)
-  assert starts(first) == {100, 101}
-  assert starts(second) == {101 + strategies._KEY_GAP}  # pylint: disable=protected-access
-  assert starts(used) == used_before
+
+  gap = strategies._KEY_GAP  # pylint: disable=protected-access
+  strategies.own_collective_keys(first)
+  assert starts(first) == {100 + gap}
+  trace_one(first)
+  strategies.own_collective_keys(second)
+  assert starts(second) == {101 + 2 * gap}
+  for _ in range(3):
+    trace_one(used)
+  strategies.own_collective_keys(used)
+  assert starts(used) == {101 + 3 * gap}
+  trace_one(first)
+  strategies.own_collective_keys(first)  # Seen: trained under again.
+  assert starts(first) == {100 + gap, 102 + gap}
 
 
 @pytest.mark.parametrize("owner,name,line", [

@@ -10,6 +10,7 @@ only minutes later and without naming the cause. Each test here fails on
 its own, naming the private name it guards; run this file first after
 upgrading Keras or TensorFlow.
 """
+import logging
 import types
 
 import keras
@@ -482,3 +483,29 @@ def test_keras_name_scopes_kept_puts_back_the_scope_a_refused_name_left():
   after = keras.layers.Dense(1, name="after")
   after.build((None, 2))
   assert after.kernel.path == "after/kernel"
+
+
+def test_made_per_run_omits_tensorflows_retracing_warning():
+  """TensorFlow warns when 5 of a code object's last calls traced, over
+  every tf.function made of it; one made_per_run marks is not counted
+  (the control, unmarked, is)."""
+
+  def make():
+    return tf.function(lambda x: x + 1)
+
+  warned = []
+  handler = logging.Handler()
+  handler.emit = lambda record: warned.append(record.getMessage())
+  logger = logging.getLogger("tensorflow")
+  logger.addHandler(handler)
+  try:
+    for _ in range(6):
+      keras_internals.made_per_run(make())(tf.constant(1.0))
+    quiet = list(warned)
+    for _ in range(6):
+      make()(tf.constant(1.0))
+  finally:
+    logger.removeHandler(handler)
+  assert not quiet
+  assert any("triggered tf.function retracing" in w for w in warned)
+
