@@ -508,4 +508,3 @@ def test_made_per_run_omits_tensorflows_retracing_warning():
     logger.removeHandler(handler)
   assert not quiet
   assert any("triggered tf.function retracing" in w for w in warned)
-
