@@ -121,6 +121,33 @@ def run_module(args, timeout=300, env=None, cwd=REPO):
                         check=False)
 
 
+def stop(procs) -> None:
+  """SIGTERM to each process (a launcher stops its workers), SIGKILL to
+  one that has not ended within 60 s."""
+  for proc in procs:
+    proc.terminate()
+    try:
+      proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
+
+
+@contextlib.contextmanager
+def logged(name: str = "tensorflow"):
+  """The messages logger `name` logs in the block, as a list."""
+  import logging  # pylint: disable=g-import-not-at-top
+  messages = []
+  handler = logging.Handler()
+  handler.emit = lambda record: messages.append(record.getMessage())
+  logger = logging.getLogger(name)
+  logger.addHandler(handler)
+  try:
+    yield messages
+  finally:
+    logger.removeHandler(handler)
+
+
 def scalar_tags(logdir: str) -> dict:
   """{tag: [(step, value), ...]} of every scalar under `logdir`."""
   return tensorboard_events.read_scalars(logdir)

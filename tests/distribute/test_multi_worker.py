@@ -103,19 +103,9 @@ def _train_both(out, n, mirrored):
       result[kind] = [dict(np.load(out / f"{kind}{n}_{i}.npz"))
                       for i in range(files)]
   finally:  # A failed or timed-out set-up leaves no process training on
-    _stop(procs.values())  # (SIGTERM: the launcher stops its workers).
+    helpers.stop(procs.values())  # (SIGTERM: the launcher stops its workers).
   result["eval_ids"] = [np.load(out / f"ids{n}_{i}.npy") for i in range(n)]
   return result
-
-
-def _stop(procs):
-  for proc in procs:
-    proc.terminate()
-    try:
-      proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      proc.wait()
 
 
 # Three workers (an odd count) in the slow set: CI runs two.

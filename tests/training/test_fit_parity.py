@@ -132,14 +132,8 @@ def _run_group(out, group):
     for name, proc in procs.items():
       log, _ = proc.communicate(timeout=900)
       assert proc.returncode == 0, f"{name} failed:\n{log[-3000:]}"
-  finally:  # A failed or timed-out group leaves no process training on
-    for proc in procs.values():  # (SIGTERM: the launcher stops its workers).
-      proc.terminate()
-      try:
-        proc.wait(timeout=60)
-      except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+  finally:  # A failed or timed-out group leaves no process training on.
+    helpers.stop(procs.values())
 
 
 def _weights(run, model):

@@ -10,7 +10,6 @@ only minutes later and without naming the cause. Each test here fails on
 its own, naming the private name it guards; run this file first after
 upgrading Keras or TensorFlow.
 """
-import logging
 import types
 
 import keras
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import helpers
 from dist_keras import models, validate
 from dist_keras.training import allreduce, keras_internals, sparse_grads
 
@@ -493,18 +493,11 @@ def test_made_per_run_omits_tensorflows_retracing_warning():
   def make():
     return tf.function(lambda x: x + 1)
 
-  warned = []
-  handler = logging.Handler()
-  handler.emit = lambda record: warned.append(record.getMessage())
-  logger = logging.getLogger("tensorflow")
-  logger.addHandler(handler)
-  try:
+  with helpers.logged() as warned:
     for _ in range(6):
       keras_internals.made_per_run(make())(tf.constant(1.0))
     quiet = list(warned)
     for _ in range(6):
       make()(tf.constant(1.0))
-  finally:
-    logger.removeHandler(handler)
   assert not quiet
   assert any("triggered tf.function retracing" in w for w in warned)

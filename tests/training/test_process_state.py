@@ -114,18 +114,11 @@ def test_fits_in_one_process_are_not_warned_of_retracing(monkeypatch,
   monkeypatch.setattr(
       polymorphic_function, "_frequent_tracing_detector_manager",
       polymorphic_function._FrequentTracingDetectorManager())  # pylint: disable=protected-access
-  warned = []
-  handler = logging.Handler()
-  handler.emit = lambda record: warned.append(record.getMessage())
-  logger = logging.getLogger("tensorflow")
-  logger.addHandler(handler)
-  try:
+  with helpers.logged() as warned:
     for i in range(5):
       helpers.fit_fns(user_task.model_fn, user_task.dataset_fn,
                       tmp_path / str(i), {
                           "train.steps": 3, "eval.every": 0,
                           "train.global_batch_size": 48,
                           "log.calibration_steps": 0})
-  finally:
-    logger.removeHandler(handler)
   assert not [line[:120] for line in warned if "retracing" in line]
