@@ -68,13 +68,18 @@ def test_default_lstm_longmem_learns(tmp_path):
   assert "tensorboard --logdir RUN" in stdout
   # docs/outputs.md: "The README's default run wrote exactly the fields
   # listed above" and every tag is explained there or in sync_breakdown.md.
-  fields = _documented("outputs.md", "## summary.json",
+  listed = _documented("outputs.md", "## summary.json",
                        "Fields that were not measured")
-  assert not set(summary) - fields, set(summary) - fields
-  # The list's other backticked words: values, examples, a config key.
-  not_fields = {"dist_keras", "model", "test_step", "global_clipnorm",
-                "train_NAME", "eval_NAME", "eval_reg_loss"}
-  assert fields - set(summary) == not_fields
+  explained = _documented("outputs.md", "## summary.json", "## TensorBoard")
+  assert not set(summary) - explained, set(summary) - explained
+  # The list's other backticked words: values, examples, a config key; a
+  # failed all-reduce fit (noise on a busy host) leaves its fields out.
+  not_written = {"dist_keras", "model", "test_step", "global_clipnorm",
+                 "train_NAME", "eval_NAME", "eval_reg_loss"}
+  if "allreduce_fit_error" in summary:
+    not_written |= {"allreduce_alpha_us", "allreduce_bandwidth_GBps",
+                    "allreduce_measured_over_predicted"}
+  assert listed - set(summary) == not_written
   names = (_documented("outputs.md", "## TensorBoard")
            | _documented("sync_breakdown.md", "# "))
   assert not _undocumented_tags(_tags(workdir), names)
