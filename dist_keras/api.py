@@ -11,7 +11,8 @@ import os
 import keras
 import tensorflow as tf
 
-from dist_keras import disk, errors, registry, terminal, validate
+from dist_keras import disk, errors, installation, registry, terminal
+from dist_keras import validate
 from dist_keras.contract import batches, checks, probe, traced_limits
 from dist_keras.contract import xla_limits
 from dist_keras.distribute import leaving, peers, pipelines, reports
@@ -79,7 +80,7 @@ def run(job: Job) -> FitResult:
   try:
     # A trace that failed on a layer's name leaves Keras' name-scope stack
     # pushed: the caller's next model would be named under it.
-    with traced_limits.name_scopes_kept():
+    with installation.keras_name_scopes_kept():
       result, role = _trained(job)
   except BaseException as e:
     leaving.at_exit(None)  # Its peers may never come to the barrier.

@@ -7,7 +7,7 @@ import inspect
 import keras
 import tensorflow as tf
 
-from dist_keras.contract import traced_limits
+from dist_keras import installation
 
 
 def forward(model, x, training: bool):
@@ -45,6 +45,6 @@ def traced(model, strategy, batch_spec, training: bool):
     forward(model, x, training=training)
     found.append(len(model.losses))
 
-  with strategy.scope(), traced_limits.name_scopes_kept():
+  with strategy.scope(), installation.keras_name_scopes_kept():
     function = tf.function(call, autograph=False).get_concrete_function(x)
   return function.graph, found[-1]

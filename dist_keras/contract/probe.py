@@ -15,9 +15,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from dist_keras import errors
+from dist_keras import errors, installation
 from dist_keras.contract import batches, checks, features, model_calls
-from dist_keras.contract import traced_limits
 from dist_keras.errors import UserError
 
 
@@ -250,7 +249,7 @@ def zero_prediction(model, x):
   try:
     # (Keras' inference traces the call in a graph of its own, where a
     # layer named '_...' is refused and would stay on Keras' scope stack.)
-    with traced_limits.name_scopes_kept():
+    with installation.keras_name_scopes_kept():
       if model.built:  # Inference also builds the layers its call builds.
         spec = model.compute_output_spec(symbolic)
       else:

@@ -14,14 +14,12 @@ first step's trace meets it (fault). Both are exit 2, as any refusal.
   activation functions alone, called positionally: it traces.
 
 Keras' name-scope stack is left pushed by such a name's refusal:
-installation.keras_name_scopes_kept puts it back (name_scopes_kept).
+installation.keras_name_scopes_kept puts it back.
 """
 import re
 
-from dist_keras import installation
 from dist_keras.errors import UserError
 
-name_scopes_kept = installation.keras_name_scopes_kept
 # TensorFlow's patterns (tensorflow/python/framework/ops.py): a graph's
 # outermost scope's name; its refusal names the name it refused.
 _ROOT_SCOPE = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*$")

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from dist_keras import installation
-from dist_keras.contract import batches, model_calls, traced_limits
+from dist_keras.contract import batches, model_calls
 from dist_keras.errors import UserError
 from dist_keras.training import state_updates
 
@@ -109,7 +109,7 @@ def _values(model, x, twice_x, training: bool):
   spec = tf.nest.map_structure(
       lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), x)
   try:
-    with traced_limits.name_scopes_kept():
+    with installation.keras_name_scopes_kept():
       function = tf.function(losses, autograph=False).get_concrete_function(
           spec)
   except Exception:  # pylint: disable=broad-except

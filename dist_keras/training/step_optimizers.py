@@ -23,8 +23,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from dist_keras import errors
-from dist_keras.contract import traced_limits
+from dist_keras import errors, installation
 
 
 def build_applied(model, strategy, optimizers: dict, batch_spec) -> dict:
@@ -85,7 +84,7 @@ def _handed(model, strategy, optimizers, batch_spec):
     return tf.constant(0)
 
   try:
-    with (strategy.scope(), traced_limits.name_scopes_kept(),
+    with (strategy.scope(), installation.keras_name_scopes_kept(),
           contextlib.ExitStack() as stack):
       for optimizer in optimizers:
         stack.enter_context(_recording(optimizer, handed))

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import helpers
 import parity_task
+from dist_keras import installation
 from dist_keras.contract import traced_limits
 from dist_keras.errors import UserError
 
@@ -39,7 +40,7 @@ def _keras_fit_error(model_fn):
   Keras' name-scope stack put back after it."""
   model = model_fn()
   try:
-    with traced_limits.name_scopes_kept():
+    with installation.keras_name_scopes_kept():
       model.fit(parity_task.dataset_fn("train", ONE), steps_per_epoch=1,
                 verbose=0, shuffle=False)
   except ValueError as e:
