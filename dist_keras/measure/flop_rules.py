@@ -67,19 +67,6 @@ _UNSIZED_OPS = {"Tensordot", "Inner", "Vdot", "Correlate", "Convolve",
                 "ISTFT", "Map", "Scan", "AssociativeScan", "Switch",
                 "WhileLoop", "ForiLoop", "Cond", "VectorizedMap"}
 
-# TensorFlow ops with matmuls inside (a layer traced as a TensorFlow graph
-# has no FLOPs if its graph, loop bodies included, has none of them).
-TF_MATMUL_OPS = {
-    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
-    "SparseMatMul", "SparseTensorDenseMatMul", "_FusedMatMul", "Conv",
-    "Conv2D", "Conv3D", "_FusedConv2D", "DepthwiseConv2dNative",
-    "Conv2DBackpropInput", "Conv3DBackpropInputV2", "MatrixSolve",
-    "MatrixInverse", "MatrixTriangularSolve", "Cholesky", "Qr", "Svd",
-    "SelfAdjointEigV2", "Eig", "Lu", "MatrixSolveLs", "FFT", "FFT2D",
-    "FFT3D", "IFFT", "IFFT2D", "IFFT3D", "RFFT", "IRFFT", "RFFT2D",
-    "IRFFT2D"}
-
-
 class UnknownShape(Exception):
   pass
 
@@ -183,11 +170,13 @@ def _operation(op, arguments, out_shapes):
 
 
 def einsum_flops(subscripts: str, shapes: list) -> int | str:
-  """2 x the product of every index's size, for two operands (each
-  combination of indices is one multiply-add); 0 for one (a transpose or
-  a sum); '...' dimensions are matched from the right, as they
-  broadcast."""
-  terms = subscripts.replace(" ", "").split("->")[0].split(",")
+  """2 x the product of every index's size, for two operands with an index
+  summed over (each combination of indices is one multiply-add); 0 for one
+  operand (a transpose or a sum) or none summed over (an elementwise or
+  outer product, a multiply as keras.ops.multiply's). '...' dimensions
+  are matched from the right, as they broadcast."""
+  inputs, arrow, output = subscripts.replace(" ", "").partition("->")
+  terms = inputs.split(",")
   if len(terms) == 1:
     return 0
   if len(terms) != 2 or len(shapes) != 2:
@@ -201,7 +190,12 @@ def einsum_flops(subscripts: str, shapes: list) -> int | str:
       if size is None:
         raise UnknownShape()
       sizes[name] = max(size, sizes.get(name, 1))
-  return 2 * math.prod(sizes.values())
+  # Without '->', the output is the indices written once, and the '...'.
+  kept = set(output) if arrow else {
+      i for i in inputs if inputs.count(i) == 1 or i == "."}
+  summed = [name for name in sizes if
+            ("." if name.startswith("...") else name) not in kept]
+  return 2 * math.prod(sizes.values()) if summed else 0
 
 
 def _shape(x) -> tuple:

@@ -19,10 +19,12 @@ recursed into, and a dimension the model leaves None (a sequence length)
 is the one the batches have when their spec is given. A layer with no rule
 (a custom layer, MultiHeadAttention, a Lambda) is traced: its `call` is run
 on symbolic inputs and the layers and keras.ops it calls are counted; so is
-a subclassed model's call, given the batches' spec. Whatever cannot be
-counted (a call that cannot be traced and has matmuls, a None dimension
-the batches do not fill) is LISTED in `FlopCount.uncounted`, and the count
-is then unknown, never a partial figure.
+a subclassed model's call, given the batches' spec. A call symbolic inputs
+cannot run (TensorFlow ops, keras_hub's transformer layers) is counted
+from its TensorFlow graph (flop_graph.py). Whatever cannot be counted (a
+matmul in a TensorFlow loop, a linear-algebra op, a None dimension the
+batches do not fill) is LISTED in `FlopCount.uncounted`, and the count is
+then unknown, never a partial figure.
 
 `profiler_forward_flops` counts the same forward pass from the TensorFlow
 graph instead (TF's own per-op FLOP statistics), as a cross-check.
@@ -35,6 +37,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import errors, installation, quiet
+from dist_keras.measure import flop_graph
 from dist_keras.measure import flop_rules
 
 rnn_flops = flop_rules.rnn_flops
@@ -153,8 +156,8 @@ class _Counter:
   def trace(self, op, args, kwargs, prefix: str) -> tuple:
     """(FLOPs or why not, outputs) of a call of a layer with no rule: its
     `call` run on symbolic inputs, each layer and keras.ops operation it
-    calls counted. A call written with TensorFlow ops (which symbolic
-    inputs cannot run) is 0 if its TensorFlow graph has no matmul."""
+    calls counted. A call symbolic inputs cannot run (TensorFlow ops) is
+    counted from its TensorFlow graph instead."""
     flat = [keras.Input(batch_shape=x.shape, dtype=x.dtype)
             if isinstance(x, keras.KerasTensor) else x
             for x in keras.tree.flatten((args, kwargs))]
@@ -172,8 +175,8 @@ class _Counter:
 
 
 def _tf_graph_flops(op, args, kwargs, error) -> int | str:
-  """0 if `op`'s call, traced as a TensorFlow graph, has no matmul (loop
-  bodies included); else why its FLOPs are unknown."""
+  """FLOPs of `op`'s call traced as a TensorFlow graph on the same shapes
+  (flop_graph.py sizes its matmuls and convolutions), or why not known."""
   specs = keras.tree.map_structure(
       lambda x: tf.TensorSpec(x.shape, x.dtype)
       if isinstance(x, keras.KerasTensor) else x, (args, kwargs))
@@ -183,12 +186,7 @@ def _tf_graph_flops(op, args, kwargs, error) -> int | str:
           *specs).graph
   except Exception:  # pylint: disable=broad-except
     return f"its call could not be traced ({_short(error)})"
-  graph_def = graph.as_graph_def()
-  types = {n.op for n in graph_def.node} | {
-      n.op for f in graph_def.library.function for n in f.node_def}
-  found = sorted(types & flop_rules.TF_MATMUL_OPS)
-  return (f"its call has TensorFlow {', '.join(found)} ops, which the count "
-          "cannot size" if found else 0)
+  return flop_graph.graph_flops(graph)
 
 
 @contextlib.contextmanager

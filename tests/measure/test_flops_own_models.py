@@ -50,14 +50,15 @@ class _Rows(keras.layers.Layer):
     return keras.ops.reshape(rows, (-1, x.shape[1], 3))
 
 
-class _TfMatmul(keras.layers.Layer):
-  """TensorFlow ops, which a symbolic trace cannot run: a matmul."""
+class _TfSolve(keras.layers.Layer):
+  """TensorFlow ops, which a symbolic trace cannot run: a linear solve,
+  which no rule sizes (a TensorFlow matmul is sized)."""
 
   def build(self, input_shape):
-    self.k = self.add_weight(shape=(input_shape[-1], 4))
+    self.k = self.add_weight(shape=(input_shape[-1], input_shape[-1]))
 
   def call(self, x):
-    return tf.matmul(x, self.k)
+    return tf.transpose(tf.linalg.solve(self.k, tf.transpose(x)))
 
 
 class _TfScale(keras.layers.Layer):
@@ -190,18 +191,18 @@ def _no_call_message(model) -> str:
 def test_an_uncountable_call_makes_the_flops_unknown_not_partial():
   """A layer the count cannot size made the rest pass for the model."""
   x = keras.Input((6,))
-  h = _TfMatmul(name="tf_matmul")(keras.layers.Dense(6)(x))
+  h = _TfSolve(name="tf_solve")(keras.layers.Dense(6)(x))
   counted = flops.count(keras.Model(x, _TfScale(name="scale")(h)))
   assert counted.uncounted == [
-      "tf_matmul (_TfMatmul): its call has TensorFlow MatMul ops, which the "
-      "count cannot size"]  # The weighted, matmul-free scale is not listed.
+      "tf_solve (_TfSolve): its call has TensorFlow MatrixSolve ops, which "
+      "the count cannot size"]  # The weighted, matmul-free scale is not listed.
   usage = mfu.Utilisation(counted, mfu.Peak(1.0, "configured", 1, "worker"),
                           "float32")
   assert (usage.summary(100.0)["flops_per_example"],
           usage.summary(100.0)["mfu"]) == (None, None)
   assert usage.scalars(100.0) == {"perf/model_tflops": None,
                                   "perf/mfu": None}
-  assert usage.line(100.0).startswith("model FLOPs unknown (tf_matmul ")
+  assert usage.line(100.0).startswith("model FLOPs unknown (tf_solve ")
 
 
 def _sequences(split, input_context):
@@ -220,7 +221,7 @@ def _compiled(model):
 
 def _uncountable():
   x = keras.Input((STEPS, FEATURES))
-  return keras.Model(x, keras.layers.Dense(2)(_TfMatmul(name="tf_matmul")(
+  return keras.Model(x, keras.layers.Dense(2)(_TfSolve(name="tf_solve")(
       keras.layers.LSTM(4)(x))))
 
 
@@ -240,7 +241,7 @@ def test_a_run_reports_the_whole_models_flops_or_none(tmp_path, capsys,
     assert summary["mfu"] > 0 and "perf/mfu" in tags
     return
   assert (summary["flops_per_example"], summary["mfu"]) == (None, None)
-  assert summary["flops_uncounted"][0].startswith("tf_matmul (_TfMatmul)")
+  assert summary["flops_uncounted"][0].startswith("tf_solve (_TfSolve)")
   assert "perf/mfu" not in tags and "perf/model_tflops" not in tags
-  assert ("model FLOPs unknown, so no MFU; not counted: tf_matmul "
-          "(_TfMatmul): its call has TensorFlow MatMul ops") in out
+  assert ("model FLOPs unknown, so no MFU; not counted: tf_solve "
+          "(_TfSolve): its call has TensorFlow MatrixSolve ops") in out
