@@ -70,8 +70,14 @@ class Writer:
         for index, element in np.ndenumerate(np.asarray(value)):
           tf.summary.scalar(f"{name}/{'_'.join(map(str, index))}", element)
 
-  def config(self, config_dict: dict, step: int = 0) -> None:
-    """The resolved config as pretty JSON in the Text tab."""
+  def config(self, config_dict: dict, step: int) -> None:
+    """The resolved config as pretty JSON in the Text tab, at `step`: the
+    step the run starts from (the resumed checkpoint's, 0 for a new run).
+    Each segment's config stays, told apart by its step: at one shared
+    step the Rust loader keeps only the last (a point drops its tag's
+    points at its step and after) and the Python one shows all alike.
+    Written after `start`, whose marker at `step` + 1 purges nothing
+    at `step`."""
     text = "```\n" + json.dumps(config_dict, indent=2, sort_keys=True) + "\n```"
     if self.enabled:
       with self._own(step):

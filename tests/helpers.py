@@ -158,11 +158,43 @@ def served_scalars(logdir: str) -> dict:
   TensorBoard's default loader serves them: the Rust data server
   (tensorboard-data-server, `--load_fast=true`), asked over its gRPC
   interface as TensorBoard asks it. Skips the test where it is missing."""
+  from tensorboard.data.proto import data_provider_pb2 as pb  # pylint: disable=g-import-not-at-top
+
+  def read(stub):
+    request = pb.ReadScalarsRequest(
+        plugin_filter=pb.PluginFilter(plugin_name="scalars"),
+        downsample=pb.Downsample(num_points=10**6))
+    return {tag.tag_name: list(zip(tag.data.step, tag.data.value))
+            for run in stub.ReadScalars(request, timeout=10).runs
+            for tag in run.tags}
+  return _served(logdir, read)
+
+
+def served_texts(logdir: str) -> dict:
+  """{tag: [(step, text), ...]} of every text summary under `logdir` (the
+  Text tab's) as the Rust data server serves them (see served_scalars)."""
+  from tensorboard.data.proto import data_provider_pb2 as pb  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+
+  def read(stub):
+    request = pb.ReadTensorsRequest(
+        plugin_filter=pb.PluginFilter(plugin_name="text"),
+        downsample=pb.Downsample(num_points=10**6))
+    return {tag.tag_name: [
+        (step, tensor_util.make_ndarray(value).item().decode())
+        for step, value in zip(tag.data.step, tag.data.value)]
+            for run in stub.ReadTensors(request, timeout=10).runs
+            for tag in run.tags}
+  return _served(logdir, read)
+
+
+def _served(logdir: str, read) -> dict:
+  """What `read(stub)` reads from a Rust data server over `logdir`, once
+  two reads agree."""
   import time  # pylint: disable=g-import-not-at-top
   import grpc  # pylint: disable=g-import-not-at-top
   import pytest  # pylint: disable=g-import-not-at-top
   from tensorboard.data import server_ingester  # pylint: disable=g-import-not-at-top
-  from tensorboard.data.proto import data_provider_pb2 as pb  # pylint: disable=g-import-not-at-top
   from tensorboard.data.proto import data_provider_pb2_grpc  # pylint: disable=g-import-not-at-top
   try:
     binary = server_ingester.get_server_binary().path
@@ -183,23 +215,28 @@ def served_scalars(logdir: str) -> dict:
       port = int(open(port_file, encoding="utf-8").read())
       with grpc.insecure_channel(f"localhost:{port}") as channel:
         stub = data_provider_pb2_grpc.TensorBoardDataProviderStub(channel)
-        request = pb.ReadScalarsRequest(
-            plugin_filter=pb.PluginFilter(plugin_name="scalars"),
-            downsample=pb.Downsample(num_points=10**6))
         # It serves while it loads (--reload=once loads in the background):
         # read until two reads agree.
         before, now = None, {}
         while now != before or not now:
           assert time.monotonic() < deadline, "the data server read nothing"
           time.sleep(0.2)
-          before, now = now, {
-              tag.tag_name: list(zip(tag.data.step, tag.data.value))
-              for run in stub.ReadScalars(request, timeout=10).runs
-              for tag in run.tags}
+          before, now = now, read(stub)
         return now
     finally:
       server.kill()
       server.wait()
+
+
+def config_texts(logdir: str) -> list:
+  """[(step, text), ...] of the `config` text summaries under `logdir` as
+  TensorBoard's Python loader (`--load_fast=false`) keeps them."""
+  from tensorboard.backend.event_processing import plugin_event_accumulator as pea  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  acc = pea.EventAccumulator(logdir, size_guidance={pea.TENSORS: 0})
+  acc.Reload()
+  return [(e.step, tensor_util.make_ndarray(e.tensor_proto).item().decode())
+          for e in acc.Tensors("config")]
 
 
 def event_files(root: str) -> list[str]:

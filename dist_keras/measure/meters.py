@@ -69,7 +69,11 @@ class RunMeters:
       values.update({"perf/step_ms": 1e3 * counted / steps,
                      "perf/examples_per_sec": eps,
                      "perf/examples_per_sec_per_replica": eps / self.replicas,
-                     **self.utilisation.scalars(eps)})
+                     **self.utilisation.scalars(eps),
+                     # What perf/mfu divides by (per device; x peak_devices):
+                     # a measured peak is timed by each process, so MFU can
+                     # jump at a resume where the throughput did not.
+                     "perf/peak_tflops": self.utilisation.peak.tflops})
     if window.breakdown:
       outside, callbacks = window.outside()
       values.update(self.sync_log.add({

@@ -166,7 +166,7 @@ class Trainer:
       run_files.write_json(self.workdir, run_files.CONFIG_JSON,
                              self.config_dict)
     self.tensorboard.start(checkpoints.saved_at or 0)
-    self.tensorboard.config(self.config_dict)
+    self.tensorboard.config(self.config_dict, checkpoints.saved_at or 0)
     self.tensorboard.sync_layout()
     counted = flops.count(self.model, self.parts.batch_spec)
     utilisation = mfu.for_run(
