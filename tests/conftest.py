@@ -54,6 +54,18 @@ def no_network(monkeypatch):
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", refuse)
 
 
+def pytest_sessionstart(session):
+  """The tests' subprocesses get a temporary folder under pytest's basetemp
+  (TMPDIR): TensorFlow's autograph writes a module per converted function
+  there and deletes them at a normal exit only, so each run a test kills
+  left ~10 in /tmp (~150 an hour of testing); pytest prunes old basetemps.
+  Set here, before the test files are imported: some copy os.environ."""
+  factory = session.config._tmp_path_factory  # pylint: disable=protected-access
+  temp = factory.getbasetemp() / "tmp"
+  temp.mkdir(exist_ok=True)
+  os.environ["TMPDIR"] = str(temp)
+
+
 def pytest_addoption(parser):
   parser.addoption("--record-durations", action="store_true",
                    help=f"write each file's seconds to {DURATIONS}")

@@ -113,12 +113,16 @@ class SyncLog:
   (kept as sums, which a resumed run carries on from its checkpoint's)."""
 
   COMPONENTS = ("input_wait_ms", "compute_ms", "straggler_ms", "allreduce_ms")
-  _AVERAGED = (*COMPONENTS, "model_step_ms", "step_ms", "fraction",
-               "outside_ms", "callbacks_ms")
+  _HOST = ("outside_ms", "callbacks_ms")  # Host clocks: no timed step.
+  _AVERAGED = (*COMPONENTS, "model_step_ms", "step_ms", "fraction", *_HOST)
 
-  def __init__(self, count: int = 0, sums: dict | None = None):
+  def __init__(self, count: int = 0, sums: dict | None = None,
+               host_only: int = 0):
     self.count = count  # Steps recorded.
     self.sums = dict(sums or {})  # Their _AVERAGED values, summed.
+    # Log windows with no timed step (log.sync_timing off, TPUs) whose
+    # _HOST figures are in `sums` too.
+    self.host_only = host_only
 
   def add(self, split: dict) -> dict:
     """Records one step's breakdown; returns its `sync/*` scalars."""
@@ -135,7 +139,21 @@ class SyncLog:
                        for i, ms in enumerate(per_replica)})
     return values
 
+  def add_host(self, host: dict) -> dict:
+    """Records the _HOST figures of a log window without a timed step;
+    returns their `sync/*` scalars."""
+    self.host_only += 1
+    for k in self._HOST:
+      self.sums[k] = self.sums.get(k, 0.0) + float(host[k])
+    return {f"sync/{k}": host[k] for k in self._HOST}
+
   def means(self) -> dict:
     """Mean of every component over the recorded steps ({} if none; a
-    model's own step has input_wait_ms, model_step_ms and step_ms only)."""
-    return {k: v / self.count for k, v in self.sums.items()}
+    model's own step has input_wait_ms, model_step_ms and step_ms only;
+    outside_ms and callbacks_ms also over windows of no timed step)."""
+    out = {}
+    for k, v in self.sums.items():
+      count = self.count + (self.host_only if k in self._HOST else 0)
+      if count:
+        out[k] = v / count
+    return out

@@ -64,7 +64,8 @@ class RunMeters:
     # The calls that traced a function left out.
     steps, counted = (window.steps - window.traced_steps,
                       seconds - window.traced_seconds)
-    if self.throughput.add(steps, counted):
+    throughput = self.throughput.add(steps, counted)  # Not the warm-up.
+    if throughput:
       eps = self.global_batch_size * steps / counted
       values.update({"perf/step_ms": 1e3 * counted / steps,
                      "perf/examples_per_sec": eps,
@@ -74,14 +75,15 @@ class RunMeters:
                      # a measured peak is timed by each process, so MFU can
                      # jump at a resume where the throughput did not.
                      "perf/peak_tflops": self.utilisation.peak.tflops})
+    outside, callbacks = window.outside()
+    host = {"outside_ms": 1e3 * outside, "callbacks_ms": 1e3 * callbacks}
     if window.breakdown:
-      outside, callbacks = window.outside()
-      values.update(self.sync_log.add({
-          **window.breakdown, "outside_ms": 1e3 * outside,
-          "callbacks_ms": 1e3 * callbacks}))
+      values.update(self.sync_log.add({**window.breakdown, **host}))
       values["sync/gradient_bytes"] = self.traffic.allreduced
       if self.traffic.gathered:
         values["sync/gathered_bytes"] = self.traffic.gathered
+    elif throughput:  # No timed step; the host's clocks cost nothing.
+      values.update(self.sync_log.add_host(host))
     return values, (seconds / window.steps if window.steps else None)
 
   def host_figures(self) -> tuple[float, float]:
@@ -101,6 +103,7 @@ class RunMeters:
     return {"steps": self.throughput.steps,
             "seconds": self.throughput.seconds,
             "sync_steps": self.sync_log.count, "sync_sums": self.sync_log.sums,
+            "sync_host_only": self.sync_log.host_only,
             "paused_seconds": self.paused_seconds}
 
   def carry_on(self, kept: dict, arrays: dict) -> None:
@@ -110,7 +113,10 @@ class RunMeters:
     self.throughput.steps, self.throughput.seconds = (kept["steps"],
                                                       kept["seconds"])
     self.throughput.window_ms = arrays[_WINDOW_MS].tolist()
-    self.sync_log = breakdown.SyncLog(kept["sync_steps"], kept["sync_sums"])
+    # (An older checkpoint kept no host figures of windows without a timed
+    # step: 0 of them.)
+    self.sync_log = breakdown.SyncLog(kept["sync_steps"], kept["sync_sums"],
+                                      kept.get("sync_host_only", 0))
     # (A checkpoint written before 2026-12-06 kept none.)
     self.paused_seconds = kept.get("paused_seconds", 0.0)
 

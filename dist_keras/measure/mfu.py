@@ -8,7 +8,11 @@ The peak per device, in order:
   2. a table of accelerators' dense peaks, by device name and precision
      ("table:<name>");
   3. a measured matmul ("measured matmul"): on CPUs always, on a GPU the
-     table does not know.
+     table does not know. Timed as the run starts (for the values logged
+     while it trains) and again after its last step, the higher kept for
+     summary.json and the last line: on a shared host a reading taken
+     while other work holds the cores is low, and an MFU over it too high
+     (though often still under 100%, so nothing looks wrong).
 On CPU the devices are the WORKER PROCESSES: dist_keras's logical CPU
 devices split a process's cores only nominally (they share TensorFlow's one
 intra-op thread pool), so one large matmul using every thread measures the
@@ -17,51 +21,20 @@ one machine each count the chief's peak: right when each has cores of its
 own (pinned), more than the machine has when they share them.
 """
 import dataclasses
-import functools
 import os
-import re
 import time
 
 import tensorflow as tf
 
 from dist_keras import installation
 from dist_keras.measure import flops
+from dist_keras.measure import peak_tables
 
-# Dense (no 2:4 sparsity) peak TFLOP/s per GPU, from NVIDIA's datasheets:
-# A100 (nvidia.com/en-us/data-center/a100, 2021), H100 SXM and PCIe
-# (nvidia.com/en-us/data-center/h100; its table states sparse figures:
-# halved here), V100 (SXM2 / PCIe), T4, L4 (datasheets; L4's tensor
-# figures are sparse: halved). "tf32" is what TensorFlow runs float32
-# matmuls and convs in on Ampere and later while TensorFloat-32 is on (its
-# default: tf.config.experimental.enable_tensor_float_32_execution).
-# Matched in order: the first pattern found in the lower-cased device name
-# (e.g. 'NVIDIA A100-SXM4-40GB', 'Tesla V100-PCIE-16GB') wins. An H100 NVL
-# matches 'H100 SXM', which may overstate it: set log.peak_tflops there.
-GPU_PEAKS = (
-    ("H100 PCIe", r"\bh100\b.*\bpcie\b",
-     {"bfloat16": 756.0, "float16": 756.0, "tf32": 378.0, "float32": 51.2}),
-    ("H100 SXM", r"\bh100\b",
-     {"bfloat16": 989.0, "float16": 989.0, "tf32": 494.7, "float32": 66.9}),
-    ("A100", r"\ba100\b",
-     {"bfloat16": 312.0, "float16": 312.0, "tf32": 156.0, "float32": 19.5}),
-    ("L4", r"\bl4\b",
-     {"bfloat16": 121.0, "float16": 121.0, "tf32": 60.0, "float32": 30.3}),
-    # Volta and Turing have no bfloat16 tensor cores: no bfloat16 entry.
-    ("V100 PCIe", r"\bv100\b.*\bpcie\b", {"float16": 112.0, "float32": 14.0}),
-    ("V100 SXM2", r"\bv100\b", {"float16": 125.0, "float32": 15.7}),
-    ("T4", r"\bt4\b", {"float16": 65.0, "float32": 8.1}),
-)
-# Peak bf16 TFLOP/s per TPU CHIP, from Google Cloud's TPU pages
-# (cloud.google.com/tpu/docs/v2, v3, v4, v5e, v5p, v6e), and the TensorFlow
-# devices (replicas) per chip: v2 and v3 chips have two TensorCores, each
-# its own device; v4 and v5p join theirs into one megacore device; v5e and
-# v6e have one. TPUs run float32 matmuls as bfloat16 multiplies with float32
-# accumulation by default, so float32 uses the bf16 peak too.
-TPU_PEAKS = {"v2": (45.0, 2), "v3": (123.0, 2), "v4": (275.0, 1),
-             "v5e": (197.0, 1), "v5p": (459.0, 1), "v6e": (918.0, 1)}
-_TPU_NAME = re.compile(r"v(\d)\s*(litepod|lite|e|p)?")
-
-MATMUL_SECONDS = 0.5  # Time spent measuring a peak (once per process).
+MATMUL_SECONDS = 0.5  # Time one reading of a measured peak takes.
+MEASURED = "measured matmul"
+# The best matmul reading of this process by (dtype, device): its later runs
+# (a notebook's, a test session's) start from it instead of timing again.
+_BEST = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,74 +46,75 @@ class Peak:
     source: 'configured', 'table:<name>', 'measured matmul', or why unknown.
     devices: devices (accelerators in sync, or worker processes on CPU).
     unit: 'device' or 'worker'.
+    timings: a measured peak's readings, ((when, TFLOP/s), ...); `tflops`
+      is the highest.
+    matmul: a measured peak's (dtype, device), to time it again.
   """
   tflops: float | None
   source: str
   devices: int
   unit: str = "device"
+  timings: tuple = ()
+  matmul: tuple = ()
 
   @property
   def total_tflops(self) -> float | None:
     return self.tflops * self.devices if self.tflops else None
 
+  def timed_again(self, when: str) -> "Peak":
+    """A measured peak with one more reading, taken now: the higher
+    kept. Any other peak as it is."""
+    if self.source != MEASURED:
+      return self
+    reading = measure_matmul_tflops(*self.matmul)
+    _BEST[self.matmul] = max(_BEST.get(self.matmul, 0.0), reading)
+    return dataclasses.replace(self, tflops=max(self.tflops, reading),
+                               timings=(*self.timings, (when, reading)))
 
-def gpu_peak(device_name: str, precision: str,
-             tf32: bool = True) -> tuple[str, float] | None:
-  """(table name, dense peak TFLOP/s) of a GPU at `precision`, or None."""
-  name = device_name.lower()
-  for table_name, pattern, peaks in GPU_PEAKS:
-    if re.search(pattern, name):
-      key = "tf32" if precision == "float32" and tf32 and "tf32" in peaks \
-          else precision
-      return (table_name, peaks[key]) if key in peaks else None
-  return None
-
-
-def tpu_peak(accelerator_type: str,
-             precision: str) -> tuple[str, float] | None:
-  """(table name, peak TFLOP/s per TensorFlow device) of a TPU, or None.
-
-  `accelerator_type` as Cloud names it ('v4-8', 'v5litepod-16', 'v6e-8',
-  'TPU v3'); bf16 and float32 share the peak (see TPU_PEAKS).
-  """
-  if precision not in ("bfloat16", "float32"):
-    return None
-  match = _TPU_NAME.search(accelerator_type.lower().replace("tpu", ""))
-  if not match:
-    return None
-  version, variant = match.group(1), (match.group(2) or "").strip()
-  key = f"v{version}" + ("e" if variant in ("lite", "litepod", "e") else
-                         "p" if variant == "p" else "")
-  if key not in TPU_PEAKS:
-    return None
-  per_chip, devices_per_chip = TPU_PEAKS[key]
-  return f"TPU {key}", per_chip / devices_per_chip
+  def readings(self) -> str:
+    """'; timed 31.2 GFLOP/s at the start, 152 GFLOP/s at the end: the
+    higher kept' for a peak timed more than once, else ''."""
+    if len(self.timings) < 2:
+      return ""
+    said = ", ".join(f"{_si(tflops * 1e12)}FLOP/s at the {when}"
+                     for when, tflops in self.timings)
+    return f"; timed {said}: the higher kept"
 
 
-@functools.lru_cache(maxsize=None)
+def _measured(dtype: str, device: str, devices: int, unit: str) -> Peak:
+  """A run's start peak: this process's best reading, timed now if it
+  has none."""
+  if (dtype, device) not in _BEST:
+    _BEST[dtype, device] = measure_matmul_tflops(dtype, device)
+  reading = _BEST[dtype, device]
+  return Peak(reading, MEASURED, devices, unit, (("start", reading),),
+              (dtype, device))
+
+
+# One function for every reading (a run times two) and side tried:
+# reduce_retracing traces one for any side (TensorFlow warns about a
+# function traced once per shape, or defined again for each reading).
+@tf.function(reduce_retracing=True)
+def _matmul(a, b):
+  return tf.reduce_sum(tf.matmul(a, b))  # One scalar back: a sync point.
+
+
 def measure_matmul_tflops(dtype: str = "float32", device: str = "/cpu:0",
                           seconds: float = MATMUL_SECONDS) -> float:
   """Best TFLOP/s of one square matmul on `device`, over about `seconds`.
 
   The side doubles from 512 until one matmul takes >= 20 ms (at most
   8192), so the matmul is large enough to reach the peak on a CPU or a
-  GPU; then it repeats until `seconds` have passed. Cached: measured once
-  per process. Inputs are constants, not random, so the run's random
-  streams are untouched.
+  GPU; then it repeats until `seconds` have passed. Inputs are constants,
+  not random, so the run's random streams are untouched.
   """
-
-  # reduce_retracing: one trace for every side tried (TensorFlow warns about
-  # a function traced once per shape).
-  @tf.function(reduce_retracing=True)
-  def matmul(a, b):
-    return tf.reduce_sum(tf.matmul(a, b))  # One scalar back: a sync point.
 
   def timed(n: int) -> tuple[float, float]:
     """(TFLOP/s, seconds) of one n x n matmul (traced already)."""
     with tf.device(device):
       a = tf.fill((n, n), tf.constant(0.5, dtype))
       start = time.perf_counter()
-      matmul(a, a).numpy()
+      _matmul(a, a).numpy()
       elapsed = time.perf_counter() - start
     return 2 * n**3 / elapsed / 1e12, elapsed
 
@@ -149,7 +123,7 @@ def measure_matmul_tflops(dtype: str = "float32", device: str = "/cpu:0",
   best, elapsed = timed(n)
   while elapsed < 0.02 and n < 8192:
     n *= 2
-    timed(n)  # Traces this size.
+    timed(n)  # Warms this size up (a first one traces).
     best, elapsed = timed(n)
   while time.perf_counter() < deadline:
     best = max(best, timed(n)[0])
@@ -176,13 +150,13 @@ def find_peak(strategy, precision: str, configured_tflops: float, workers: int,
     return Peak(configured_tflops, "configured", devices, unit)
   if kind == "TPU":
     name = os.environ.get("TPU_ACCELERATOR_TYPE", "")
-    found = tpu_peak(name, precision)
+    found = peak_tables.tpu_peak(name, precision)
     if found:
       return Peak(found[1], f"table:{found[0]}", devices)
     return Peak(None, f"unknown TPU {name or '(TPU_ACCELERATOR_TYPE unset)'} "
                 f"at {precision}", devices)
   if kind == "GPU":
-    found = gpu_peak(
+    found = peak_tables.gpu_peak(
         _gpu_name(), precision,
         tf.config.experimental.tensor_float_32_execution_enabled())
     if found:
@@ -191,8 +165,7 @@ def find_peak(strategy, precision: str, configured_tflops: float, workers: int,
     return Peak(None, "not measured on this worker", devices, unit)
   dtype = "float32" if precision == "float32" else precision
   device = "/gpu:0" if kind == "GPU" else "/cpu:0"
-  return Peak(measure_matmul_tflops(dtype, device), "measured matmul",
-              devices, unit)
+  return _measured(dtype, device, devices, unit)
 
 
 def device_kind(strategy) -> str:
@@ -228,6 +201,12 @@ class Utilisation:
       return None
     return self.achieved_tflops(examples_per_sec) / self.peak.total_tflops
 
+  def time_peak_again(self, examples_per_sec: float | None) -> None:
+    """Times a measured peak again, once the run's timed steps are done
+    (its cost outside them), where an MFU will be reported."""
+    if examples_per_sec and self.flops.known:
+      self.peak = self.peak.timed_again("end")
+
   def scalars(self, examples_per_sec: float) -> dict:
     """TensorBoard values for one logged step (perf/mfu None if unknown)."""
     return {"perf/model_tflops": self.achieved_tflops(examples_per_sec),
@@ -240,6 +219,8 @@ class Utilisation:
             "peak_tflops": self.peak.tflops,
             "peak_source": self.peak.source,
             "peak_devices": self.peak.devices,
+            # A measured peak's readings ({"start": TFLOP/s, "end": ...}).
+            "peak_timed": dict(self.peak.timings) or None,
             "mfu": self.mfu(examples_per_sec)}
 
   def line(self, examples_per_sec: float | None) -> str:
@@ -264,7 +245,7 @@ class Utilisation:
            if self.peak.devices > 1 else "")
     text = (f"{text} = {100 * mfu:.1f}% MFU of "
             f"{_si(self.peak.total_tflops * 1e12)}FLOP/s ({self.peak.source} "
-            f"peak, {self.precision}{per})")
+            f"peak, {self.precision}{per}{self.peak.readings()})")
     if mfu > 1:  # A matmul timed on a busy host, or a wrong table/setting.
       text += ("; over 100%: that peak is too low, set log.peak_tflops to "
                f"the {self.peak.unit}'s peak TFLOP/s")

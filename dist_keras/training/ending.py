@@ -2,7 +2,8 @@
 (a callback may restore others, as EarlyStopping(restore_best_weights=True)
 does), its results (summary.json, model.keras, or model.weights.h5 for a
 model Keras cannot save whole: run_files.model_file), and a rerun of a
-workdir whose training has ended.
+workdir whose training has ended; and a measured peak's second reading
+(TimePeakAgain), where training ends.
 
 summary.json's eval is of the model saved there, and a rerun
 of a finished workdir keeps what its run wrote (the checkpoint holds the
@@ -18,8 +19,27 @@ import keras
 import tensorflow as tf
 
 from dist_keras import validate
+from dist_keras.training import actions
 from dist_keras.training import allreduce, compiled, ray_report, report
 from dist_keras.training import run_files, run_record
+
+
+class TimePeakAgain(actions.Boundary):
+  """Times a measured peak again where training ends (measure/mfu.py),
+  paused out of the throughput, before the last checkpoint keeps the
+  run's measurements (what a rerun that trains nothing reports). Not when
+  a stop request ended training: a preemption's grace is short."""
+
+  def __init__(self, run: actions.RunState, meters, stop_request):
+    super().__init__(run)
+    self.meters, self.stop_request = meters, stop_request
+
+  def at(self, step: int, epoch_end: bool) -> None:
+    if epoch_end and self.run.finishing and not self.stop_request.requested:
+      self.meters.pause()
+      self.meters.utilisation.time_peak_again(
+          self.meters.throughput.examples_per_sec)
+      self.meters.resume()
 
 
 def fingerprint(model) -> str:

@@ -204,7 +204,8 @@ class Trainer:
                 actions.LogWindow(run, self),
                 actions.Profile(run, prof),
                 actions.Calibrate(run, self, iterator, stop)]
-      after = [run_record.Keep(run, self, users),
+      after = [ending.TimePeakAgain(run, self.meters, stop),
+               run_record.Keep(run, self, users),
                actions.SaveCheckpoints(run, self.parts.checkpoints,
                                        self.meters),
                *ray_report.for_session(run, self.parts.checkpoints,

@@ -191,9 +191,10 @@ def measured_fields(run, meters) -> dict:
       **timing.step_time_stats(meters.throughput.window_ms),
       "gradient_bytes": meters.traffic.allreduced,
       "gathered_bytes": meters.traffic.gathered,
-      # Means over the instrumented steps (None with log.sync_timing off).
+      # Means over the instrumented steps (None with log.sync_timing off,
+      # but outside_ms and callbacks_ms: host clocks, every log window).
       # A model's own train_step splits into input wait and model_step only.
-      "sync_split": split if means else None,
+      "sync_split": split if meters.sync_log.count else None,
       "sync_fraction": means.get("fraction"),
       **{k: means.get(k) for k in (*breakdown.SyncLog.COMPONENTS,
                                    "model_step_ms", "step_ms", "outside_ms",

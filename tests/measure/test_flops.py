@@ -1,4 +1,6 @@
-"""Model FLOPs (measure/flops.py), peak FLOP/s and MFU (measure/mfu.py)."""
+"""Model FLOPs (measure/flops.py), peak FLOP/s (measure/mfu.py,
+peak_tables.py) and MFU (measure/mfu.py); a measured peak's timings in
+test_peak.py."""
 import json
 import os
 import re
@@ -11,6 +13,7 @@ from dist_keras import data
 from dist_keras import models, validate
 from dist_keras.measure import flops
 from dist_keras.measure import mfu
+from dist_keras.measure import peak_tables
 from dist_keras.errors import UserError
 
 
@@ -197,12 +200,12 @@ def test_profiler_agrees_for_an_unrolled_rnn(cell):
     ("NVIDIA L40S", "bfloat16", None),  # Not L4.
 ])
 def test_gpu_peak_table(name, precision, expected):
-  assert mfu.gpu_peak(name, precision) == expected
+  assert peak_tables.gpu_peak(name, precision) == expected
 
 
 def test_gpu_float32_without_tf32_uses_the_plain_float32_peak():
-  assert mfu.gpu_peak("NVIDIA A100-SXM4-40GB", "float32",
-                      tf32=False) == ("A100", 19.5)
+  assert peak_tables.gpu_peak("NVIDIA A100-SXM4-40GB", "float32",
+                              tf32=False) == ("A100", 19.5)
 
 
 @pytest.mark.parametrize("name,expected", [
@@ -211,7 +214,7 @@ def test_gpu_float32_without_tf32_uses_the_plain_float32_peak():
     ("v5p-8", ("TPU v5p", 459.0)), ("v6e-4", ("TPU v6e", 918.0)),
     ("TPU v5 lite", ("TPU v5e", 197.0)), ("", None), ("v9-8", None)])
 def test_tpu_peak_table(name, expected):
-  assert mfu.tpu_peak(name, "bfloat16") == expected
+  assert peak_tables.tpu_peak(name, "bfloat16") == expected
 
 
 def test_configured_peak_wins_and_cpu_counts_workers(mirrored):
@@ -241,6 +244,8 @@ def test_tiny_run_logs_mfu_and_writes_it_to_summary(tmp_path, mirrored,
   on_disk = json.load(open(os.path.join(tmp_path, "summary.json")))
   assert on_disk["peak_source"] == "measured matmul"
   assert on_disk["peak_tflops"] > 0 and on_disk["peak_devices"] == 1
+  timed = on_disk["peak_timed"]  # The higher of the start's and the end's.
+  assert on_disk["peak_tflops"] == max(timed.values()) and len(timed) == 2
   assert on_disk["flops_uncounted"] == []
   # Embedding(16, 8) + LSTM(16) over 12 steps + Dense(16 -> 4), x 3.
   expected = 3 * (2 * 4 * (8 + 16) * 16 * 12 + 2 * 16 * 4)
@@ -251,8 +256,9 @@ def test_tiny_run_logs_mfu_and_writes_it_to_summary(tmp_path, mirrored,
   eps = dict(tags["perf/examples_per_sec"])[8]
   achieved = dict(tags["perf/model_tflops"])[8]
   assert achieved == pytest.approx(expected * eps / 1e12, rel=1e-5)
+  # Logged while training: against the start's reading.
   assert dict(tags["perf/mfu"])[8] == pytest.approx(
-      achieved / on_disk["peak_tflops"], rel=1e-5)
+      achieved / timed["start"], rel=1e-5)
   out = capsys.readouterr().out
   assert "FLOP/example (analytic, training = 3x forward)" in out
   assert "% MFU of" in out and "measured matmul peak, float32" in out

@@ -102,6 +102,23 @@ def test_host_time_between_steps_is_logged_and_adds_up(tmp_path, mirrored):
     assert wall - outside < 5 * logged["sync/step_ms"][step] + 20
 
 
+def test_host_time_is_logged_without_timed_steps(tmp_path, mirrored):
+  """With log.sync_timing off (always on a TPU) nothing of the host time
+  was logged, though its clocks run anyway: now sync/outside_ms and
+  sync/callbacks_ms are, and their means; the split's fields stay null."""
+  summary, tags = _fit(tmp_path, mirrored, _dataset_fn(),
+                       [_SlowBetweenSteps()], **{"log.sync_timing": False})
+  assert 0.8e3 * SLEEP_S <= summary["callbacks_ms"] <= summary["outside_ms"]
+  assert (summary["sync_split"], summary["step_ms"],
+          summary["compute_ms"]) == (None, None, None)
+  assert sorted(t for t in tags if t.startswith("sync")) == [
+      "sync/callbacks_ms", "sync/outside_ms"]
+  wall, outside = dict(tags["perf/step_ms"]), dict(tags["sync/outside_ms"])
+  assert wall and sorted(wall) == sorted(outside)
+  for step in wall:
+    assert 0.8e3 * SLEEP_S <= outside[step] < wall[step]
+
+
 def test_without_callbacks_none_of_the_host_time_is_theirs(tmp_path, mirrored):
   summary, tags = _fit(tmp_path, mirrored, _dataset_fn())
   assert summary["callbacks_ms"] == 0.0
