@@ -200,9 +200,8 @@ def build(job: Job) -> loop.Trainer:
   strategies.own_collective_keys(strategy)
   role = strategies.Role.of(strategy, config.data.pipeline_per_replica)
   with contextlib.ExitStack() as undo:
-    # SIGTERM's and Ctrl-C's handler from here to the run's last line, set
-    # once the strategy exists: a multi-worker one sets TensorFlow's own
-    # while it starts (distribute/sigterm.py).
+    # SIGTERM's and Ctrl-C's handler to the run's last line, set once the
+    # strategy exists (a multi-worker one sets TF's own as it starts).
     stop = undo.enter_context(preemption.StopRequest(
         strategy, role.workers > 1,
         config.train.log_every, keep=job.to_exit, before_training=True))
@@ -211,7 +210,8 @@ def build(job: Job) -> loop.Trainer:
       # run is writing there is not another model's, nor damaged.
       run_files.prepare(workdir)
       undo.callback(run_files.release, workdir, started=False)
-    allreduce.check_same_config(strategy, config.to_dict())
+    asked = config.to_dict()  # config.json's, before values are chosen.
+    allreduce.check_same_config(strategy, asked)
     model_fn, dataset_fn = registry.resolve(config, *job.functions)
     resume = checkpoints.find_resume(workdir)  # Where the data resumes.
     kept = undo.enter_context(process_state.kept(config.runtime.seed))
@@ -232,7 +232,7 @@ def build(job: Job) -> loop.Trainer:
     model_file, weights_only = run_files.model_file(model)
     # The batch-size rule; every optimizer built in scope (compiled.py).
     optimizers = compiled.optimizers_of(model)
-    rate = lr.apply(model.optimizer, config.train, others=list(optimizers)[1:])
+    rate = lr.apply(optimizers, config.train)
     compiled.prepare_optimizers(model, strategy, batch_spec, optimizers, kept)
     saved, resumed = checkpoints.restored(workdir, model, optimizers, role,
                                           config.train.max_checkpoints, resume)
@@ -244,6 +244,6 @@ def build(job: Job) -> loop.Trainer:
               resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,
-        config.to_dict(), notes=[n for n in notes if n])
+        asked, notes=[n for n in notes if n])
     undo.pop_all()  # The Trainer's close lets go of them.
   return trainer

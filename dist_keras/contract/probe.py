@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from dist_keras import errors, installation
 from dist_keras.contract import batches, checks, features, model_calls
+from dist_keras.contract import traced_limits
 from dist_keras.errors import UserError
 
 
@@ -72,6 +73,8 @@ def meet(model, strategy, batch_spec, eval_spec=None,
     with strategy.scope():
       met, loss = _probe(model, batch_spec, "train", builtin_data)
   has_eval_loss = evaluates(model, strategy, batch_spec, eval_spec)
+  if has_eval_loss and not checks.overrides(model, "test_step"):
+    traced_limits.check_eval(model)  # (Keras' train_step's: call_model_fn.)
   if probed:
     if (eval_spec is not None and has_eval_loss
         and not checks.overrides(model, "test_step")):

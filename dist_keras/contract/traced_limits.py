@@ -23,6 +23,7 @@ from dist_keras.errors import UserError
 # TensorFlow's patterns (tensorflow/python/framework/ops.py): a graph's
 # outermost scope's name; its refusal names the name it refused.
 _ROOT_SCOPE = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\\/>-]*$")
+_SCOPE = re.compile(r"^[A-Za-z0-9_.\\/>-]*$")  # Inside another scope.
 _REFUSED_NAME = re.compile(r"'([^']*)' is not a valid (?:root )?scope name")
 _KEYWORDS_EAGER_ONLY = "custom_gradient decorator currently supports keywords"
 _REMATERIALIZED = ("full", "larger_than", "list_of_layers")
@@ -34,9 +35,23 @@ def check(model, own_train_step: bool) -> None:
   rematerialized with keyword arguments (built inside a RematScope)."""
   if own_train_step:
     return  # Whether its step calls the model at all is found at step 1.
-  if not _ROOT_SCOPE.match(model.name):
-    raise UserError(_scope_line(model, model.name))
-  # Keras' train_step passes `training` to a call that takes it, and
+  _check_call(model, _ROOT_SCOPE, "the train step")
+
+
+def check_eval(model) -> None:
+  """Refuses a model with its own train_step whose eval, Keras' test_step,
+  cannot trace its call (found at the first eval otherwise, after training
+  steps): its name refused inside a graph's scope (the eval calls it inside
+  its loop over the batches), or its call rematerialized with keywords."""
+  _check_call(model, _SCOPE, "Keras' test_step (the eval)")
+
+
+def _check_call(model, scope, where: str) -> None:
+  """Refuses a model called as Keras' steps call it, `where` a scope of
+  its name must match `scope`."""
+  if not scope.match(model.name):
+    raise UserError(_scope_line(model, model.name, where))
+  # Keras' steps pass `training` to a call that takes it, and
   # Keras passes `mask` to one that takes it: keywords, always.
   params = getattr(model, "call_signature_parameters", ())
   mode = _rematerialized(model)
@@ -67,7 +82,7 @@ def fault(error: BaseException, model) -> UserError | None:
       "positionally.")
 
 
-def _scope_line(model, name: str) -> str:
+def _scope_line(model, name: str, where: str = "the train step") -> str:
   layer = next((l for l in _layers(model) if l.name == name), None)
   what = (f"model {name!r}" if layer is model else
           f"layer {name!r} of model {model.name!r}" if layer is not None
@@ -76,7 +91,7 @@ def _scope_line(model, name: str) -> str:
   better = re.sub(r"[^A-Za-z0-9_.>-]", "", name).lstrip("_->") or "net"
   return (
       f"{what}{cls} cannot be traced: TensorFlow refuses {name!r} as a name "
-      "scope where the train step calls it (at a graph's outermost scope a "
+      f"scope where {where} calls it (at a graph's outermost scope a "
       "name must begin with a letter, digit or '.'; inside, letters, digits"
       " and _.->\\ only), and Keras' fit fails on it alike; pass it a name"
       f" such as name={better!r} (Keras names it after its class: one "

@@ -18,7 +18,7 @@ from dist_keras import errors, validate
 from dist_keras.distribute import leaving, strategies
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce, checkpoint_files, keras_internals
-from dist_keras.training import rnn_states, run_files, run_record
+from dist_keras.training import rnn_states, run_config, run_files, run_record
 
 
 def _folder(workdir: str) -> str:
@@ -110,8 +110,7 @@ def _repair_state(folder: str, resume: Resume) -> str | None:
     return None
   kept = ([step for step in sorted(_steps_saved(folder))
            if step <= resume.step] if resume.path else [])
-  # CheckpointManager deletes only those with a timestamp.
-  now = time.time()
+  now = time.time()  # CheckpointManager deletes only those with a time.
   checkpoint_files.write_list(folder, [(step, now) for step in kept])
   return (f"{run_files.CHECKPOINTS}/{_STATE_FILE} (TensorFlow's list of the "
           "checkpoints) was unreadable: rewritten from the checkpoint files")
@@ -216,6 +215,7 @@ class Checkpoints:
     self.saved_at = step  # (Not a save that failed.)
     if self._scratch is None:
       run_files.check_held(self.workdir, os.path.basename(path))
+      run_config.saved(self.workdir)  # A resumed run's config.json.
     return path
 
   @property

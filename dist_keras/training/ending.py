@@ -21,7 +21,7 @@ import tensorflow as tf
 from dist_keras import validate
 from dist_keras.training import actions
 from dist_keras.training import allreduce, compiled, ray_report, report
-from dist_keras.training import run_files, run_record
+from dist_keras.training import run_config, run_files, run_record
 
 
 class TimePeakAgain(actions.Boundary):
@@ -189,8 +189,9 @@ def finished_before(trainer) -> dict | None:
                   "file): this rerun evaluates the last checkpoint and "
                   "writes it again")
     return None
-  changed = (run_files.config_changes(trainer.workdir, trainer.config_dict,
-                                     applied=False) if trainer.chief else "")
+  changed = (run_config.config_changes(
+      trainer.workdir, trainer.config_dict, kept=run_config.NOT_APPLIED)
+             if trainer.chief else "")
   for note in [*trainer.notes, changed]:
     if note:
       trainer.say(note)

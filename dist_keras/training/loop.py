@@ -24,7 +24,7 @@ from dist_keras.measure.meters import RunMeters
 from dist_keras.training import actions, allreduce, calls, divergence
 from dist_keras.training import compiled, ending, evaluation, lr, metrics
 from dist_keras.training import preemption, ray_report, report, run_files
-from dist_keras.training import run_record, watch
+from dist_keras.training import run_config, run_record, watch
 from dist_keras.training import user_callbacks
 from dist_keras.training.checkpoints import Checkpoints
 from dist_keras.training.settings import Settings, auto_steps_per_call
@@ -153,18 +153,18 @@ class Trainer:
 
   def _start(self) -> actions.RunState:
     """The run's notes, config, TensorBoard layout and meters."""
-    changed = (run_files.config_changes(self.workdir, self.config_dict)
-               if self.chief else "")
     checkpoints = self.parts.checkpoints
+    changed = (run_config.record(self.workdir, self.config_dict,
+                                 checkpoints.saved_at is not None)
+               if self.chief else "")
     past = ending.past_steps_line(checkpoints.saved_at,
                                   self.settings.schedule.steps,
                                   bool(checkpoints.stopped.numpy()))
-    for note in [*self.notes, changed, past, self.parts.rate.line]:
+    kept = self.parts.rate.kept_line(self.parts.optimizers,
+                                     f"ckpt-{checkpoints.saved_at}")
+    for note in [*self.notes, changed, past, self.parts.rate.line, kept]:
       if note:
         self.say(note)
-    if self.chief:
-      run_files.write_json(self.workdir, run_files.CONFIG_JSON,
-                             self.config_dict)
     self.tensorboard.start(checkpoints.saved_at or 0)
     self.tensorboard.config(self.config_dict, checkpoints.saved_at or 0)
     self.tensorboard.sync_layout()
@@ -195,7 +195,8 @@ class Trainer:
     api.build installed)."""
     users = user_callbacks.for_worker(
         self.parts.callbacks, self.chief,
-        os.path.join(self.parts.checkpoints.scratch or "", "callbacks"))
+        os.path.join(self.parts.checkpoints.scratch or "", "callbacks"),
+        self.parts.kept)
     batch_logs = user_callbacks.want_batch_logs(users)
     stop = self.stop
     with profiler.Profiler(self.settings.profile_steps, self.workdir,

@@ -42,15 +42,36 @@ def warmup_to(initial: float, peak: float, warmup_steps: int):
 
 @dataclasses.dataclass(frozen=True)
 class Rate:
-  """The compiled rate and the rate after warmup (None: a user's schedule)."""
+  """The compiled rate and the rate after warmup (None: a user's schedule);
+  `asked`: this run's constant rates, {optimizer's name: rate}, before a
+  resume restores the checkpoint's (kept_line)."""
   base: float | None
   peak: float | None
   line: str | None = None  # What was done, for the start of the run.
+  asked: dict = dataclasses.field(default_factory=dict, compare=False)
+
+  def kept_line(self, optimizers: dict, checkpoint: str) -> str | None:
+    """The line naming each rate `checkpoint` (restored) set in place of
+    this run's (an edit of model_fn's rate, a callback's change), as Keras'
+    BackupAndRestore keeps it too; None where they agree."""
+    kept = []
+    for name, rate in self.asked.items():
+      now = _constant_rate(_inner(optimizers[name]))
+      if now != rate:
+        named = "" if name == "optimizer" else f"{name} "
+        kept.append(f"{named}{now:g} (this run's: {rate:g})")
+    if not kept:
+      return None
+    return (f"learning rate {', '.join(kept)} kept from {checkpoint}: a "
+            "resumed run goes on with the optimizer state it saved, as "
+            "under Keras' BackupAndRestore; pass a new workdir to train at "
+            "this run's from step 0")
 
 
-def apply(optimizer, train_cfg, others: list = ()) -> Rate:
-  """Applies train.lr_scaling and warmup_steps to `optimizer`'s rate;
-  `others`: the names of the model's other optimizers (a GAN's).
+def apply(optimizers: dict, train_cfg) -> Rate:
+  """Applies train.lr_scaling and warmup_steps to the compiled optimizer's
+  rate (`optimizers`: {name: each optimizer the model holds}, the compiled
+  one first: compiled.optimizers_of).
 
   Raises:
     UserError: scaling was asked for but the compiled rate is a schedule
@@ -58,16 +79,16 @@ def apply(optimizer, train_cfg, others: list = ()) -> Rate:
       or the model's own step also steps other optimizers (which scaling
       the compiled one would leave as they are).
   """
-  inner = getattr(optimizer, "inner_optimizer", optimizer)  # float16
+  inner = _inner(optimizers["optimizer"])
   base = _constant_rate(inner)
   if train_cfg.lr_scaling == "none":
-    return Rate(base, base)
-  if others:
+    return Rate(base, base, asked=_constant_rates(optimizers))
+  if len(optimizers) > 1:
     raise UserError(
         f"train.lr_scaling={train_cfg.lr_scaling!r} scales the compiled "
         f"optimizer's learning rate, but the model also holds "
-        f"{', '.join(others)}, which it would leave as they are; scale their"
-        " rates in model_fn, or set train.lr_scaling=none.")
+        f"{', '.join(list(optimizers)[1:])}, which it would leave as they "
+        "are; scale their rates in model_fn, or set train.lr_scaling=none.")
   if base is None:
     raise UserError(
         f"train.lr_scaling={train_cfg.lr_scaling!r} scales a constant "
@@ -75,7 +96,19 @@ def apply(optimizer, train_cfg, others: list = ()) -> Rate:
         "in your schedule, or set train.lr_scaling=none.")
   peak = base * factor(train_cfg)
   inner.learning_rate = warmup_to(base, peak, train_cfg.warmup_steps)
-  return Rate(base, peak, describe(train_cfg, base))
+  return Rate(base, peak, describe(train_cfg, base),
+              _constant_rates(optimizers))
+
+
+def _inner(optimizer):
+  return getattr(optimizer, "inner_optimizer", optimizer)  # float16
+
+
+def _constant_rates(optimizers: dict) -> dict:
+  """{name: rate} of the optimizers whose rate is a constant: a variable,
+  which a checkpoint holds (a schedule's is computed, none is kept)."""
+  rates = {name: _constant_rate(_inner(o)) for name, o in optimizers.items()}
+  return {name: rate for name, rate in rates.items() if rate is not None}
 
 
 def _constant_rate(optimizer) -> float | None:

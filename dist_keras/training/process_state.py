@@ -15,6 +15,10 @@ found it, as after Keras' own fit.
   notebook's, a plain script's): every TensorFlow warning then printed
   twice, and the user's own logging.basicConfig(...) did nothing
   (root_logger_kept).
+- The file paths of the users' Keras callbacks, which a worker other than
+  the chief points into its scratch folder (user_callbacks.for_worker):
+  left so, a notebook's next model.fit with the same callbacks wrote in
+  a folder deleted at the run's end.
 
 api.build makes the stack (`kept`); the Trainer's close, or a build that
 fails, closes it.

@@ -213,48 +213,6 @@ def read_json(workdir: str, name: str):
     return json.load(f)
 
 
-def config_changes(workdir: str, config: dict, shown: int = 6,
-                   applied: bool = True) -> str:
-  """One line naming each key whose value differs from the workdir's
-  config.json (the run that wrote it last), "" for none or no file: a
-  rerun in the same folder resumes whatever was trained there, so a
-  changed batch size, task or rate must not pass unsaid, nor a config.json
-  that cannot be compared. `applied`: whether this run writes its own
-  config.json (a finished workdir's rerun writes nothing)."""
-  kept = ("config.json now holds this run's" if applied else
-          "not applied: the workdir's run had finished, and its config.json "
-          "is kept")
-  if not tf.io.gfile.exists(os.path.join(workdir, CONFIG_JSON)):
-    return ""
-  try:
-    before = _flat(read_json(workdir, CONFIG_JSON))
-  except (tf.errors.OpError, OSError, ValueError, AttributeError) as e:
-    return (f"this workdir's config.json is unreadable ({type(e).__name__}), "
-            f"so what changed since its last run is unknown ({kept})")
-  now = _flat(json.loads(json.dumps(config)))  # Tuples as JSON has them.
-  changed = [f"{key} {json.dumps(before.get(key))} -> "
-             f"{json.dumps(now.get(key))}"
-             for key in sorted(before.keys() | now.keys())
-             if before.get(key) != now.get(key)]
-  if not changed:
-    return ""
-  more = (f" and {len(changed) - shown} more" if len(changed) > shown
-          else "")
-  return (f"config changed since this workdir's last run: "
-          f"{', '.join(changed[:shown])}{more} ({kept})")
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-  """{"section.key": value} of a nested dict."""
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(_flat(value, f"{prefix}{key}."))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
-
-
 def model_file(model) -> tuple[str, str | None]:
   """The file the run's end saves `model` as: MODEL_FILE, or WEIGHTS_FILE
   where Keras cannot serialize the model (contract/saving.py); and the

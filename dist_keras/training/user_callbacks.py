@@ -109,9 +109,11 @@ def check_for_model(callbacks: list, model) -> None:
           "the optimizer with a float learning_rate, or remove the callback.")
 
 
-def for_worker(callbacks: list, chief: bool, scratch: str) -> list:
+def for_worker(callbacks: list, chief: bool, scratch: str, kept) -> list:
   """On a worker that is not the chief, points every Keras file-writing
-  callback into `scratch` (the chief writes the real files)."""
+  callback into `scratch` (the chief writes the real files), until `kept`
+  (process_state.kept) closes: the user's objects then write where they
+  did, in Keras' fit after the run too."""
   if chief:
     return callbacks
   for callback in callbacks:
@@ -122,6 +124,7 @@ def for_worker(callbacks: list, chief: bool, scratch: str) -> list:
         os.makedirs(folder, exist_ok=True)  # CSVLogger makes none.
         setattr(callback, name, os.path.join(
             folder, os.path.basename(os.path.normpath(path))))
+        kept.callback(setattr, callback, name, path)
   return callbacks
 
 

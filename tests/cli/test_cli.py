@@ -377,8 +377,8 @@ def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert f"at step {step}" in resumed.stdout
   assert ("config changed since this workdir's last run: train.steps "
-          f"100000 -> {step + 5} (config.json now holds this run's)"
-          in resumed.stdout)
+          f"100000 -> {step + 5} (config.json takes this run's with its "
+          "first checkpoint)" in resumed.stdout)
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["steps"] == step + 5
 

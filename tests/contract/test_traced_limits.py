@@ -157,6 +157,59 @@ def test_a_layer_its_own_train_step_calls_at_the_root_is_said_at_step_1(
   assert _next_models_path() == "next_model/after/kernel"
 
 
+class OwnStepKerasEval(keras.Model):
+  """A train_step of its own that calls its layer; its eval is Keras'
+  test_step, which calls the model by its name, `name`."""
+
+  def __init__(self, name):
+    super().__init__(name=name)
+    self.out = keras.layers.Dense(1)
+
+  def call(self, x):
+    return self.out(x)
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(self.out(x) - y))
+    variables = self.out.trainable_variables
+    self.optimizer.apply(tape.gradient(loss, variables), variables)
+    return {"loss": loss}
+
+
+def _own_step_keras_eval(name):
+  def model_fn():
+    model = OwnStepKerasEval(name)
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+  return model_fn
+
+
+def test_an_own_train_steps_eval_keras_cannot_trace_is_refused_at_start(
+    tmp_path):
+  """Its train_step traces; Keras' evaluate fails on the model's name, so
+  the first eval would refuse it after training steps (a checkpoint each
+  here): it is refused before step 1, naming the eval."""
+  model = _own_step_keras_eval("own step")()
+  with pytest.raises(ValueError, match="'own step' is not a valid"):
+    with installation.keras_name_scopes_kept():
+      model.evaluate(parity_task.dataset_fn("eval", ONE), steps=1, verbose=0)
+  with pytest.raises(UserError) as e:
+    helpers.fit_fns(_own_step_keras_eval("own step"), parity_task.dataset_fn,
+                    tmp_path / "w", {**CONFIG, "train.checkpoint_every": 1})
+  assert str(e.value).startswith(
+      "model 'own step' (class OwnStepKerasEval) cannot be traced: "
+      "TensorFlow refuses 'own step' as a name scope where Keras' test_step "
+      "(the eval) calls it"), e.value
+  assert not os.path.exists(tmp_path / "w")  # Not a step trained.
+  assert _next_models_path() == "next_model/after/kernel"
+  # A leading '_' is a name the eval takes (it calls the model inside its
+  # loop over the batches, not at a graph's root): it trains, evaluated.
+  result = helpers.fit_fns(_own_step_keras_eval("_own"),
+                           parity_task.dataset_fn, tmp_path / "ok", CONFIG)
+  assert np.isfinite(result.summary["eval_loss"])
+
+
 def test_a_layer_named_with_a_leading_underscore_trains_and_leaves_no_scope(
     tmp_path):
   """Built from its zero batch, Keras' shape inference of it fails (and

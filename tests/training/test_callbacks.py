@@ -305,10 +305,17 @@ def test_file_writing_callbacks_write_where_the_chief_writes(tmp_path):
 
 def test_other_workers_write_their_callbacks_files_to_scratch(
     tmp_path, monkeypatch):
+  """Until the run ends: then the user's callback objects write where
+  they did again (a notebook's Keras fit with them next: not in the
+  deleted scratch folder)."""
   monkeypatch.setattr(strategies, "is_chief", lambda strategy: False)
-  _ours(tmp_path / "run", _file_writers(tmp_path))
+  callbacks = _file_writers(tmp_path)
+  _ours(tmp_path / "run", callbacks)
   assert not any(os.path.exists(tmp_path / name)
                  for name in ("log.csv", "tb", "last.keras"))
+  assert [callbacks[0].filename, callbacks[1].log_dir,
+          callbacks[2].filepath] == [
+              str(tmp_path / n) for n in ("log.csv", "tb", "last.keras")]
 
 
 def test_terminate_on_nan_is_met_by_the_loops_own_divergence_check(
@@ -619,6 +626,57 @@ def test_a_finished_workdirs_rerun_says_what_it_did_not_apply(tmp_path,
           "kept)") in capsys.readouterr().out
   with open(workdir / "config.json", encoding="utf-8") as f:
     assert json.load(f)["log"]["calibration_steps"] == 0
+
+
+class _BatchEnds(keras.callbacks.Callback):
+  def on_train_batch_end(self, batch, logs=None):
+    del batch, logs  # Its hook makes the run's calls one step each.
+
+
+def _config_json(workdir) -> dict:
+  with open(workdir / "config.json", encoding="utf-8") as f:
+    return json.load(f)
+
+
+def test_config_json_holds_what_was_asked_not_the_steps_per_call_chosen(
+    tmp_path, capsys):
+  """A callback's batch hooks make the calls one step each (asked:
+  train.steps_per_loop=0, automatic): config.json keeps the 0, and the
+  rerun without that callback names no key the user did not change."""
+  _ours(tmp_path, [_BatchEnds()], model_fn=parity_task.plain,
+        **{"train.steps": EPOCH})
+  assert _config_json(tmp_path)["train"]["steps_per_loop"] == 0
+  capsys.readouterr()
+  _ours(tmp_path, [], model_fn=parity_task.plain,
+        **{"train.steps": 2 * EPOCH, "log.progress": True})
+  assert ("config changed since this workdir's last run: log.progress "
+          f"false -> true, train.steps {EPOCH} -> {2 * EPOCH} (config.json "
+          "takes this run's with its first checkpoint)\n") in (
+              capsys.readouterr().out)
+
+
+def test_a_rerun_failing_before_its_first_checkpoint_leaves_config_json(
+    tmp_path, capsys):
+  """config.json is of the run the checkpoints are of: a rerun (other
+  values) that fails before saving one leaves the earlier run's, which the
+  next rerun compares itself with; its first checkpoint writes its own."""
+
+  class Fails(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+      raise RuntimeError("a bug in my callback")
+
+  _ours(tmp_path, [], model_fn=parity_task.plain, **{"train.steps": EPOCH})
+  with pytest.raises(RuntimeError, match="a bug in my callback"):
+    _ours(tmp_path, [Fails()], model_fn=parity_task.plain,
+          **{"train.steps": 3 * EPOCH, "eval.steps": 2})
+  assert _config_json(tmp_path)["train"]["steps"] == EPOCH
+  capsys.readouterr()
+  _ours(tmp_path, [], model_fn=parity_task.plain,
+        **{"train.steps": 2 * EPOCH, "log.progress": True})
+  assert ("config changed since this workdir's last run: log.progress "
+          f"false -> true, train.steps {EPOCH} -> {2 * EPOCH} (config.json "
+          "takes") in capsys.readouterr().out
+  assert _config_json(tmp_path)["train"]["steps"] == 2 * EPOCH
 
 
 @pytest.mark.parametrize("callbacks,message", [

@@ -45,8 +45,8 @@ def test_scaling_factor_and_peak(rule, batch, expected_factor):
   cfg = _train_cfg(lr_scaling=rule, global_batch_size=batch,
                    learning_rate=0.003)
   assert lr.factor(cfg) == pytest.approx(expected_factor)
-  assert lr.apply(models.make_optimizer(cfg), cfg).peak == pytest.approx(
-      0.003 * expected_factor)
+  rate = lr.apply({"optimizer": models.make_optimizer(cfg)}, cfg)
+  assert rate.peak == pytest.approx(0.003 * expected_factor)
 
 
 def _optimizer(**train):
@@ -58,7 +58,7 @@ def test_nothing_scaled_keeps_the_compiled_rate():
   optimizer, cfg = _optimizer()
   assert (cfg.lr_scaling, cfg.base_batch_size, cfg.warmup_steps) == (
       "none", 256, 0)
-  rate = lr.apply(optimizer, cfg)
+  rate = lr.apply({"optimizer": optimizer}, cfg)
   assert rate == lr.Rate(pytest.approx(0.003), pytest.approx(0.003), None)
   assert not isinstance(optimizer._learning_rate,  # pylint: disable=protected-access
                         keras.optimizers.schedules.LearningRateSchedule)
@@ -69,7 +69,7 @@ def test_the_schedule_is_keras_own_and_survives_serialization():
   schedule (CosineDecay with alpha=1), not a dist_keras class."""
   optimizer, cfg = _optimizer(lr_scaling="sqrt", global_batch_size=1024,
                               warmup_steps=10)
-  lr.apply(optimizer, cfg)
+  lr.apply({"optimizer": optimizer}, cfg)
   config = keras.optimizers.serialize(optimizer)
   assert "dist_keras" not in str(config)
   restored = keras.optimizers.deserialize(config)
@@ -84,8 +84,9 @@ def test_scaling_a_compiled_schedule_is_refused():
   optimizer = keras.optimizers.SGD(
       keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.5))
   with pytest.raises(UserError, match="compiled optimizer's is a schedule"):
-    lr.apply(optimizer, cfg)
-  assert lr.apply(optimizer, _train_cfg()).base is None  # Unscaled: kept.
+    lr.apply({"optimizer": optimizer}, cfg)
+  unscaled = lr.apply({"optimizer": optimizer}, _train_cfg())
+  assert unscaled.base is None  # Kept.
 
 
 def test_scaling_a_model_that_steps_other_optimizers_is_refused(tmp_path):
@@ -104,6 +105,51 @@ def test_scaling_a_model_that_steps_other_optimizers_is_refused(tmp_path):
       "would leave as they are; scale their rates in model_fn, or set "
       "train.lr_scaling=none.")
   assert not (tmp_path / "w").exists()
+
+
+def test_a_rate_the_checkpoint_sets_is_named_beside_this_runs():
+  """A resume restores the optimizer's rate variable (Keras'
+  BackupAndRestore keeps it too): a rate it changes is said, one agreed
+  on is not, and a schedule (no variable) has nothing to say."""
+  optimizer = keras.optimizers.Adam(0.001)
+  rate = lr.apply({"optimizer": optimizer}, _train_cfg())
+  assert rate.kept_line({"optimizer": optimizer}, "ckpt-4") is None
+  optimizer.learning_rate.assign(0.01)  # As the restore of ckpt-4 does.
+  assert rate.kept_line({"optimizer": optimizer}, "ckpt-4") == (
+      "learning rate 0.01 (this run's: 0.001) kept from ckpt-4: a resumed "
+      "run goes on with the optimizer state it saved, as under Keras' "
+      "BackupAndRestore; pass a new workdir to train at this run's from "
+      "step 0")
+  scheduled = keras.optimizers.SGD(
+      keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.5))
+  assert lr.apply({"optimizer": scheduled}, _train_cfg()).asked == {}
+
+
+def test_a_resume_after_model_fns_rate_was_edited_says_which_trains(
+    tmp_path, capsys):
+  """A notebook's rerun with the rate edited in model_fn: the run goes on
+  at the checkpoint's, which the resume says (it was silent)."""
+  import parity_task  # pylint: disable=g-import-not-at-top
+
+  def edited():
+    model = parity_task.plain()  # SGD(0.05)
+    model.optimizer.learning_rate = 0.01
+    return model
+
+  config = {"train.global_batch_size": parity_task.GLOBAL_BATCH,
+            "train.steps": 2, "train.checkpoint_every": 2, "eval.every": 0,
+            "log.calibration_steps": 0, "log.peak_tflops": 1.0}
+  helpers.fit_fns(parity_task.plain, parity_task.dataset_fn,
+                  tmp_path / "w", config)
+  capsys.readouterr()
+  result = helpers.fit_fns(edited, parity_task.dataset_fn, tmp_path / "w",
+                           {**config, "train.steps": 4})
+  out = capsys.readouterr().out
+  assert "resumed from ckpt-2 at step 2" in out
+  assert ("learning rate 0.05 (this run's: 0.01) kept from ckpt-2: a "
+          "resumed run goes on") in out, out
+  assert float(result.model.optimizer.learning_rate) == pytest.approx(0.05)
+  assert "learning rate" not in out.split("resumed run goes on")[1]  # Once.
 
 
 def test_the_start_line_says_the_rule():

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from dist_keras.errors import UserError
-from dist_keras.training import run_files
+from dist_keras.training import run_config, run_files
 
 
 class _Died(Exception):
@@ -147,18 +147,18 @@ def test_the_saved_file_replaces_the_other_kind(tmp_path):
 
 def test_config_changes_name_each_changed_key_once(tmp_path):
   workdir = str(tmp_path)
-  assert run_files.config_changes(workdir, {"a": 1}) == ""  # No file yet.
+  assert run_config.config_changes(workdir, {"a": 1}) == ""  # No file yet.
   before = {"data": {"seq_len": 50, "name": "longmem"},
             "train": {"steps": 100, "shape": (1, 2)}, "gone": 1}
   run_files.write_json(workdir, run_files.CONFIG_JSON, before)
-  assert run_files.config_changes(workdir, before) == ""  # Tuples as lists.
+  assert run_config.config_changes(workdir, before) == ""  # Tuples as lists.
   now = {"data": {"seq_len": 30, "name": "longmem"},
          "train": {"steps": 200, "shape": (1, 2)}, "new": "x"}
-  assert run_files.config_changes(workdir, now) == (
+  assert run_config.config_changes(workdir, now) == (
       "config changed since this workdir's last run: data.seq_len 50 -> 30, "
       "gone 1 -> null, new null -> \"x\", train.steps 100 -> 200 "
       "(config.json now holds this run's)")
-  line = run_files.config_changes(workdir, now, shown=2)
+  line = run_config.config_changes(workdir, now, shown=2)
   assert line.endswith("gone 1 -> null and 2 more (config.json now holds "
                        "this run's)")
 
@@ -168,7 +168,7 @@ def test_config_changes_name_each_changed_key_once(tmp_path):
 def test_an_unreadable_config_json_is_said_before_it_is_replaced(
     tmp_path, text, error):
   (tmp_path / run_files.CONFIG_JSON).write_text(text)
-  assert run_files.config_changes(str(tmp_path), {"a": 1}) == (
+  assert run_config.config_changes(str(tmp_path), {"a": 1}) == (
       f"this workdir's config.json is unreadable ({error}), so what changed "
       "since its last run is unknown (config.json now holds this run's)")
 
