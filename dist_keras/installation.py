@@ -65,6 +65,22 @@ def require(obj, name: str, what: str, where: str):
   return value
 
 
+def layers_in(layer, include_self: bool) -> list:
+  """Every layer inside Keras layer or model `layer`, each once (a shared
+  one too), at any depth: a nested model's layers and a subclassed
+  layer's own sublayers as well as the model's; `layer` itself first with
+  `include_self`. In Keras' own order, the same in every process for the
+  same model (the checkpoints number stateful RNNs' states in it).
+
+  Through Keras' private Layer._flatten_layers (recursive=True): Keras 3
+  has no public walk (`model.layers` stops at a nested model, and holds no
+  subclassed layer's sublayers). tests/training/test_keras_internals.py
+  checks what it yields."""
+  walk = require(layer, "_flatten_layers", "the walk over a model's layers",
+                 "dist_keras/installation.py")
+  return walk(include_self=include_self, recursive=True)
+
+
 @contextlib.contextmanager
 def keras_name_scopes_kept():
   """Keras' name-scope stack (a private global of keras.src) as it was

@@ -28,8 +28,8 @@ import traceback
 
 from absl import app, flags, logging
 
-from dist_keras import (configs, disk, errors, installation, quiet, terminal,
-                        validate)
+from dist_keras import (configs, disk, errors, installation, quiet, signals,
+                        terminal, validate)
 from dist_keras.distribute import peers, tfconfig, tpu_env
 
 _CONFIG = flags.DEFINE_string(
@@ -127,10 +127,8 @@ def _leave_together(cluster) -> None:
   the wait holds the interpreter, where no Python handler would run."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from dist_keras.distribute import leaving, reports  # pylint: disable=g-import-not-at-top
-  for signum in (signal.SIGTERM, signal.SIGINT):
-    # An ignored SIGINT (a job started in the background) stays ignored.
-    if signal.getsignal(signum) is not signal.SIG_IGN:
-      signal.signal(signum, signal.SIG_DFL)
+  # (An ignored SIGINT, a job started in the background, stays ignored.)
+  signals.take(signal.SIG_DFL, (signal.SIGTERM, signal.SIGINT))
   try:
     leaving.together(cluster)
   except tf.errors.OpError as e:

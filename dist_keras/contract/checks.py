@@ -14,7 +14,7 @@ import inspect
 import keras
 import tensorflow as tf
 
-from dist_keras import errors, validate
+from dist_keras import errors, installation, validate
 from dist_keras.contract import fit_args, imports, traced_limits
 from dist_keras.errors import UserError
 
@@ -113,6 +113,6 @@ def stateful_layers(model) -> list:
   """The model's stateful RNN layers whose states exist (None: built at
   step 1), in Keras' order of its layers: the same in every run of the
   model (the checkpoints number their states in it: rnn_states.py)."""
-  return [layer for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  return [layer for layer in installation.layers_in(model, include_self=False)
           if isinstance(layer, keras.layers.RNN) and layer.stateful
           and layer.states is not None]

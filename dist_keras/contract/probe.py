@@ -230,7 +230,7 @@ def _built(model) -> bool:
   every variable it will have, its own flag unset or not: keras.io's GANs
   and VAE, whose call (if any) does not take the batches, as Keras' fit on
   one device trains them (calling them on a batch failed, or crashed)."""
-  inside = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  inside = installation.layers_in(model, include_self=False)
   if not all(layer.built for layer in inside):
     return False
   return model.built or (checks.overrides(model, "train_step")

@@ -18,6 +18,7 @@ installation.keras_name_scopes_kept puts it back.
 """
 import re
 
+from dist_keras import installation
 from dist_keras.errors import UserError
 
 # TensorFlow's patterns (tensorflow/python/framework/ops.py): a graph's
@@ -71,7 +72,7 @@ def fault(error: BaseException, model) -> UserError | None:
     return UserError(_scope_line(model, refused.group(1)))
   if _KEYWORDS_EAGER_ONLY not in text:
     return None
-  for layer in _layers(model):
+  for layer in installation.layers_in(model, include_self=True):
     mode = _rematerialized(layer)
     if mode is not None:
       return UserError(_remat_line(model, layer, mode))
@@ -83,7 +84,8 @@ def fault(error: BaseException, model) -> UserError | None:
 
 
 def _scope_line(model, name: str, where: str = "the train step") -> str:
-  layer = next((l for l in _layers(model) if l.name == name), None)
+  layer = next((l for l in installation.layers_in(model, include_self=True)
+                if l.name == name), None)
   what = (f"model {name!r}" if layer is model else
           f"layer {name!r} of model {model.name!r}" if layer is not None
           else f"a layer or model named {name!r}")
@@ -120,7 +122,3 @@ def _rematerialized(layer) -> str | None:
   if mode.mode == "list_of_layers" and layer.name not in mode.layer_names:
     return None
   return mode.mode
-
-
-def _layers(model) -> list:
-  return model._flatten_layers(include_self=True)  # pylint: disable=protected-access

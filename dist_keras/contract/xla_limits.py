@@ -20,6 +20,7 @@ import re
 import keras
 import tensorflow as tf
 
+from dist_keras import installation
 from dist_keras.errors import UserError
 
 # TF's text for an op with no XLA kernel, one per op and node: "No
@@ -46,11 +47,12 @@ def check_layers(model, jit_compile: bool, on_tpu: bool) -> None:
   if not (jit_compile or on_tpu):
     return
   layers = []
-  for layer in _flat_layers(model):
+  for layer in installation.layers_in(model, include_self=False):
     # A flagged layer's own sublayers (TextVectorization's StringLookup)
     # go with it.
     if not getattr(layer, "supports_jit", True) and not any(
-        layer in _flat_layers(outer) for outer in layers):
+        layer in installation.layers_in(outer, include_self=False)
+        for outer in layers):
       layers.append(layer)
   if not layers:
     return
@@ -67,10 +69,6 @@ def check_layers(model, jit_compile: bool, on_tpu: bool) -> None:
       f"{_asked_by(on_tpu)}, and layer {layer.name!r} "
       f"({type(layer).__name__}){others} of model {model.name!r} cannot be "
       f"compiled by XLA (Keras marks it supports_jit=False); {fix}.")
-
-
-def _flat_layers(layer) -> list:
-  return layer._flatten_layers(include_self=False)  # pylint: disable=protected-access
 
 
 def check_tpu_pipelines(per_replica_pipelines: bool, on_tpu: bool) -> None:

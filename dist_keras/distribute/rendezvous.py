@@ -24,10 +24,10 @@ import contextlib
 import select
 import signal
 import socket
-import threading
 import time
 
 from dist_keras import errors
+from dist_keras import signals
 from dist_keras import terminal
 from dist_keras.distribute import peers
 from dist_keras.distribute import tfconfig
@@ -157,25 +157,11 @@ def _pause(server, seconds: float) -> None:
       pass
 
 
-@contextlib.contextmanager
 def _stop_signals():
   """SIGTERM and Ctrl-C raise _Stop while the block runs (main thread
-  only: Python runs handlers there; an ignored signal stays ignored)."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
+  only; an ignored signal stays ignored: dist_keras/signals.py)."""
 
   def stop(signum, frame):  # pylint: disable=unused-argument
     raise _Stop(signum)
 
-  # (None: a handler set outside Python, left as it is.)
-  previous = {signum: signal.getsignal(signum)
-              for signum in (signal.SIGTERM, signal.SIGINT)
-              if signal.getsignal(signum) not in (signal.SIG_IGN, None)}
-  for signum in previous:
-    signal.signal(signum, stop)
-  try:
-    yield
-  finally:
-    for signum, handler in previous.items():
-      signal.signal(signum, handler)
+  return signals.caught(stop, (signal.SIGTERM, signal.SIGINT))

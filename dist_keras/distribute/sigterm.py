@@ -13,20 +13,13 @@ interpreter (no Python thread runs until it returns; checked on TF 2.21).
 So a worker waits for its peers before that call (rendezvous.py), where
 SIGTERM and Ctrl-C stop it; TensorFlow's wait is then short.
 """
-import contextlib
 import signal
-import threading
+
+from dist_keras import signals
 
 
-@contextlib.contextmanager
 def kept():
   """Puts back, after the block, the SIGTERM handler Python had set before
   it (the default action unless the program set its own), over the one
   TensorFlow installed in C++ while the block ran."""
-  before = signal.getsignal(signal.SIGTERM)
-  try:
-    yield
-  finally:
-    main = threading.current_thread() is threading.main_thread()
-    if main and before is not None:  # None: set outside Python; leave it.
-      signal.signal(signal.SIGTERM, before)
+  return signals.kept((signal.SIGTERM,))

@@ -21,7 +21,8 @@ checkout, the tools folder's launch_local.py runs it too (its lines then
 begin `launch_local: `, as they always have).
 
 Exit status: 0 when every worker exits 0; else the first failed worker's code
-(128+S if signal S killed it); 130 on Ctrl-C, 143 on SIGTERM, 129 on SIGHUP;
+(128+S if signal S killed it); 130 on Ctrl-C, 143 on SIGTERM, 129 on SIGHUP
+(a Ctrl-C or hangup ignored when it started, as under nohup, stays ignored);
 2 for bad arguments; 127 if the command cannot start. With --max_restarts=K
 the whole cluster restarts (fresh ports) up to K times after a RETRYABLE
 failure: code >= 128 (killed by a signal, or the program's own "peer lost"
@@ -48,6 +49,7 @@ import os
 import signal
 import sys
 
+from dist_keras import signals
 from dist_keras.commands import Parser, fail, say
 from dist_keras.errors import UserError
 from dist_keras.launch.cluster import Cluster, free_ports
@@ -191,14 +193,15 @@ def _cluster_hosts(args) -> list[str]:
   return [f"{args.host}:{port}" for port in ports]
 
 
-def _attempt(args, signals, port_retry: int = 0):
+def _attempt(args, received, port_retry: int = 0):
   """Runs the cluster once; returns (index, exit status) of a failure, or
   None, and whether it was a port taken that `port_retry` (the number of
   this retry, 0: none left) starts again on fresh ports."""
   hosts = _cluster_hosts(args)
   indices = ([args.task_index] if args.hosts
              else list(range(args.num_workers)))
-  cluster = Cluster(args.command, hosts, indices, args.grace_seconds, signals)
+  cluster = Cluster(args.command, hosts, indices, args.grace_seconds,
+                    received)
   try:
     cluster.start()
     failure = cluster.wait()
@@ -213,29 +216,30 @@ def _attempt(args, signals, port_retry: int = 0):
           "stopping the others")
     elif failure:
       say(args.prog, f"worker {failure[0]} exited with code {failure[1]}")
-    elif signals:
-      say(args.prog, f"got {signal.Signals(signals[0]).name}; stopping the "
+    elif received:
+      say(args.prog, f"got {signal.Signals(received[0]).name}; stopping the "
           "workers")
     return failure, bool(taken)
   finally:
     cluster.stop()
 
 
-def run(args, signals: list[int]) -> int:
+def run(args, received: list[int]) -> int:
   """Runs the cluster, restarting after retryable failures and after a port
-  taken before its worker bound it; an exit status."""
+  taken before its worker bound it; an exit status. `received`: the stop
+  signals main()'s handler records, in order."""
   restarts = port_retries = 0
   while True:
     retry = port_retries + 1 if port_retries < PORT_RETRIES else 0
     try:
-      failure, taken = _attempt(args, signals, retry)
+      failure, taken = _attempt(args, received, retry)
     except UserError as e:
       return fail(args.prog, e)
     except OSError as e:
       say(args.prog, f"cannot start {args.command[0]!r}: {e.strerror or e}")
       return EXIT_CANNOT_START
-    if signals:
-      return 128 + signals[0]
+    if received:
+      return 128 + received[0]
     if failure is None:
       return 0
     if taken:
@@ -256,12 +260,9 @@ def main(argv=None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
   except UserError as e:
     return fail(prog, e)
-  signals = []
-  # Record, don't raise: an exception mid-Popen could orphan a worker.
-  previous = {s: signal.signal(s, lambda signum, _: signals.append(signum))
-              for s in STOP_SIGNALS}
-  try:
-    return run(args, signals)
-  finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
+  received = []
+  # Record, don't raise: an exception mid-Popen could orphan a worker. An
+  # ignored Ctrl-C or hangup (`cmd &`, nohup) stays ignored, as in a run.
+  with signals.caught(lambda signum, _: received.append(signum),
+                      STOP_SIGNALS, take_ignored=(signal.SIGTERM,)):
+    return run(args, received)

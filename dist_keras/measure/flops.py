@@ -194,8 +194,8 @@ def _untouched(op):
   """Leaves the user's layers as they were after a trace of `op`: the node
   (Keras' record of a symbolic call) it adds to each layer `op` calls is
   dropped, and variable updates and add_loss go to a throwaway scope."""
-  layers = (op._flatten_layers() if isinstance(op, keras.layers.Layer)  # pylint: disable=protected-access
-            else [])
+  layers = (installation.layers_in(op, include_self=True)
+            if isinstance(op, keras.layers.Layer) else [])
   kept = [(layer, len(layer._inbound_nodes), len(layer._outbound_nodes))  # pylint: disable=protected-access
           for layer in layers]
   try:

@@ -91,7 +91,7 @@ def _per_replica_batch_norm(model, replicas: int) -> str | None:
   own batch get (Keras' default, synchronized=False). A frozen one
   (trainable=False: Keras then normalises by its moving statistics, as in
   inference) is the same on every replica: not said."""
-  layers = model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  layers = installation.layers_in(model, include_self=False)
   own = [layer.name for layer in layers
          if isinstance(layer, keras.layers.BatchNormalization)
          and not layer.synchronized and layer.trainable]

@@ -47,7 +47,9 @@ catch.
 step traces, so each replica draws its own numbers) is replica_seeds.py's.
 Keras' name-scope stack (keras.src's global state), which a trace that
 TensorFlow refused a layer's name in leaves pushed, is put back by
-installation.keras_name_scopes_kept (contract/ and measure/ use it too).
+installation.keras_name_scopes_kept, and `Layer._flatten_layers`, every
+layer of a model at any depth, is walked through installation.layers_in
+(contract/ and measure/ use both too).
 """
 import contextlib
 import threading

@@ -76,15 +76,17 @@ class Trainer:
       terminal.say(message)
 
   def close(self) -> None:
-    """Closes the summaries, deletes a non-chief's scratch files, lets go
-    of the workdir and the stop signals, puts the process back (api.build)."""
-    try:
-      for part in (self.call_watch, self.tensorboard, self.parts.checkpoints):
-        part.close()
-    finally:
-      run_files.release(self.workdir)  # (Held by the chief alone.)
-      self.stop.__exit__(None, None, None)
-      self.parts.kept.close()
+    """Closes the summaries, deletes a non-chief's scratch files, puts the
+    process back, lets go of the workdir and the stop signals: each even
+    where one before it failed, in the reverse of api.build's order (the
+    handler last: a Ctrl-C meanwhile is still the run's, not an error
+    halfway through the put-backs)."""
+    with contextlib.ExitStack() as undo:  # (Runs its callbacks last first.)
+      undo.push(self.stop)
+      undo.callback(run_files.release, self.workdir)  # (The chief's alone.)
+      undo.callback(self.parts.kept.close)
+      for part in (self.parts.checkpoints, self.tensorboard, self.call_watch):
+        undo.callback(part.close)
 
   def __enter__(self):
     return self

@@ -128,7 +128,8 @@ def _values(model, x, twice_x, training: bool):
 def _holder(model, term) -> str:
   """'layer NAME' of the innermost layer whose losses hold `term` (the
   model's own for the model)."""
-  holders = [layer for layer in model._flatten_layers(include_self=True)  # pylint: disable=protected-access
+  holders = [layer for layer in installation.layers_in(model,
+                                                       include_self=True)
              if any(t is term for t in layer.losses)]
   if not holders:
     return f"model {model.name!r}"

@@ -28,7 +28,7 @@ import sys
 import threading
 import weakref
 
-from dist_keras import errors, terminal
+from dist_keras import errors, signals, terminal
 from dist_keras.training import allreduce
 
 _NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)",
@@ -96,24 +96,18 @@ class StopRequest:
     return self.signal is not None
 
   def __enter__(self):
-    # Python runs signal handlers in the main thread only; elsewhere (e.g. a
-    # notebook's worker thread, a Ray Train worker) both keep their own.
-    if threading.current_thread() is not threading.main_thread():
-      return self
-    for signum in _NAMES:
-      # An ignored SIGINT or SIGHUP stays ignored: a job started in the
-      # background (`cmd &`, nohup) is not the terminal's to stop.
-      if (signum == signal.SIGTERM
-          or signal.getsignal(signum) is not signal.SIG_IGN):
-        self._previous[signum] = signal.signal(signum, self._on_signal)
+    # In the main thread only; an ignored SIGINT or SIGHUP stays ignored
+    # (dist_keras/signals.py). SIGTERM is taken even where ignored: it asks
+    # for a checkpoint.
+    self._previous = signals.take(self._on_signal, _NAMES,
+                                  take_ignored=(signal.SIGTERM,))
     return self
 
   def __exit__(self, *exc_info):
     self.ended = True
     if self._keep:
       return
-    for signum, previous in self._previous.items():
-      signal.signal(signum, previous)
+    signals.put_back(self._previous)
     self._previous = {}
 
   def _on_signal(self, signum, frame):  # pylint: disable=unused-argument

@@ -83,7 +83,7 @@ def traced(model, strategy, batch_spec) -> Forward | None:
 def _worth_tracing(model) -> bool:
   """Whether the model has a layer of a class not Keras' own, or a
   variable of aggregation "sum"."""
-  layers = model._flatten_layers(include_self=True)  # pylint: disable=protected-access
+  layers = installation.layers_in(model, include_self=True)
   return (any(not _keras_own(layer) for layer in layers)
           or any(v.aggregation == "sum" for v in model.variables))
 
@@ -198,7 +198,7 @@ def _users_layer_state(model) -> set:
   a stateful RNN's) or are said already (BatchNormalization, in
   compiled.py)."""
   holder = {}
-  for layer in model._flatten_layers(include_self=True):  # pylint: disable=protected-access
+  for layer in installation.layers_in(model, include_self=True):
     for variable in layer.variables:
       known = holder.get(id(variable))
       if known is None or len(layer.variables) < len(known.variables):

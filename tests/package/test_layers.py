@@ -16,6 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Module name prefix -> layer; the longest matching prefix wins.
 LAYERS = {
     "dist_keras.errors": 0, "dist_keras.terminal": 0, "dist_keras.catalog": 0,
+    "dist_keras.signals": 0,
     "dist_keras.quiet": 1, "dist_keras.validate": 1, "dist_keras.disk": 1,
     "dist_keras.tensorboard_events": 1, "dist_keras.configs": 1,
     "dist_keras.commands": 1, "dist_keras.installation": 1,

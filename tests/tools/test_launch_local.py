@@ -186,6 +186,23 @@ def test_a_signal_stops_workers_and_their_subprocesses(signum, status):
   assert all(_gone(pid) for pid in pids)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT])
+def test_an_ignored_hangup_or_ctrl_c_stays_ignored(signum):
+  """A launcher started under nohup (SIGHUP ignored) or in the background
+  (`cmd &`: SIGINT ignored) is not the terminal's to stop, as a run under
+  it is not: it stopped the whole cluster when the ssh session closed."""
+  launcher = subprocess.Popen(
+      [sys.executable, TOOL, "--num_workers=1", *_command(
+          ANNOUNCE + "time.sleep(1.5)\nprint('done', flush=True)")],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      preexec_fn=lambda: signal.signal(signum, signal.SIG_IGN))
+  assert " pid " in launcher.stdout.readline()
+  launcher.send_signal(signum)
+  stdout, stderr = launcher.communicate(timeout=15)
+  assert launcher.returncode == 0, stderr
+  assert "done" in stdout
+
+
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period():
   launcher, (pid,) = _start_and_read_pids(["--num_workers=1",
                                            "--grace_seconds=1", *_command(

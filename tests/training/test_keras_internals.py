@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import models, validate
+from dist_keras import installation, models, validate
 from dist_keras.training import allreduce, keras_internals, sparse_grads
 
 MODULE = "dist_keras/training/keras_internals.py"
@@ -451,22 +451,27 @@ def test_an_optimizer_without_a_private_name_is_refused(use, name):
 
 
 def test_flatten_layers_reaches_the_layers_of_nested_models():
-  """`Layer._flatten_layers`, which compiled.py, contract/checks.py,
-  contract/probe.py and measure/flops.py walk to find a model's optimizers,
-  stateful RNNs, own losses and FLOPs: every layer however deeply nested,
-  each once, the model itself only when asked for. A release that stops at
-  the first level would hide a stateful LSTM inside a sub-model from the
-  batch check and its FLOPs from MFU."""
+  """`Layer._flatten_layers`, which installation.layers_in walks for
+  compiled.py, contract/, own_losses.py, state_updates.py and
+  measure/flops.py to find a model's BatchNormalization layers, stateful
+  RNNs, own losses and state, unjittable layers and FLOPs: every layer
+  however deeply nested, each once, the model itself only when asked for.
+  A release that stops at the first level would hide a stateful LSTM inside
+  a sub-model from the batch check and its FLOPs from MFU; one without it
+  is refused in one line."""
   inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="deep")],
                            name="inner")
   shared = keras.layers.Dense(2, name="shared")
   x = keras.Input((3,))
   outer = keras.Model(x, shared(inner(x)) + shared(inner(x)), name="outer")
-  walked = outer._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  walked = installation.layers_in(outer, include_self=False)
   names = [layer.name for layer in walked
            if not isinstance(layer, keras.layers.InputLayer)]
   assert names == ["inner", "deep", "shared"], names
-  assert outer._flatten_layers()[0] is outer  # pylint: disable=protected-access
+  assert installation.layers_in(outer, include_self=True)[0] is outer
+  with pytest.raises(RuntimeError, match="SimpleNamespace has no "
+                     "_flatten_layers .*dist_keras needs updating"):
+    installation.layers_in(types.SimpleNamespace(), include_self=True)
 
 
 def test_keras_name_scopes_kept_puts_back_the_scope_a_refused_name_left():

@@ -5,6 +5,7 @@ model's optimizer, the root logger; and no retracing warning from a
 process's fifth fit."""
 import logging
 import random
+import signal
 import types
 
 import keras
@@ -15,7 +16,7 @@ import tensorflow as tf
 import dist_keras
 import helpers
 import user_task
-from dist_keras.training import keras_internals, process_state
+from dist_keras.training import keras_internals, process_state, run_files
 
 
 def _draws():
@@ -122,3 +123,39 @@ def test_fits_in_one_process_are_not_warned_of_retracing(monkeypatch,
                           "train.global_batch_size": 48,
                           "log.calibration_steps": 0})
   assert not [line[:120] for line in warned if "retracing" in line]
+
+
+@pytest.mark.parametrize("broken", ["tensorboard", "release"])
+def test_a_put_back_that_fails_does_not_skip_the_others(
+    broken, mirrored, tmp_path, monkeypatch):
+  """The Trainer's close lets go of each thing the run took even where one
+  before it fails (a summary writer's last flush on a full disk, a
+  workdir's lock): a failed release left the run's SIGTERM and Ctrl-C
+  handler on (a notebook's Ctrl-C then did nothing) and the global
+  generators seeded; a failed writer left a worker's scratch files."""
+  before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  random.seed(7)
+  expected = random.random()
+  random.seed(7)
+  trainer = helpers.trainer(helpers.tiny_config(), tmp_path, mirrored)
+  closed = []
+  real_close = trainer.parts.checkpoints.close
+  monkeypatch.setattr(trainer.parts.checkpoints, "close",
+                      lambda: closed.append(real_close()))
+
+  def fail(*args, **kwargs):
+    raise OSError("no space left on device")
+
+  real_release = run_files.release
+  if broken == "release":
+    monkeypatch.setattr(run_files, "release", fail)
+  else:
+    monkeypatch.setattr(trainer.tensorboard, "close", fail)
+  try:
+    with pytest.raises(OSError, match="no space left"):
+      trainer.close()
+  finally:
+    real_release(str(tmp_path))  # (Nothing, where the close let go of it.)
+  assert {s: signal.getsignal(s) for s in before} == before
+  assert random.random() == expected
+  assert closed
