@@ -100,6 +100,8 @@ def all_reduce_gradients(grads, dtype: str = "float32",
   """
   ctx = tf.distribute.get_replica_context()
   present = [g for g in grads if g is not None]
+  if not present:  # (Every layer frozen.) TF's all_reduce needs a value.
+    return list(grads)
   shared = [shared_slices.summed(g) for g in present]
   # Slices every replica looks up alike: their values summed as dense.
   sent = [g.values if summed else g for g, summed in zip(present, shared)]

@@ -17,7 +17,8 @@ import tensorflow as tf
 from dist_keras.contract import batches
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
-from dist_keras.training import keras_internals, model_step, steps, watch
+from dist_keras.training import (keras_internals, model_step, steps,
+                                 trained_set, watch)
 
 
 class Calls:
@@ -30,15 +31,18 @@ class Calls:
     self.watch = call_watch  # Lines while a call runs long.
     # Read as a timed call starts (meters.RunMeters.host_figures).
     self.host_figures = host_figures
+    # The variables each trace of dist_keras' step updates (trained_set).
+    self.traced, self.said_changed = [], False
     if own_step:
       jit = options.jit is not steps.Jit.OFF
       self.timed = model_step.make_train_step(strategy, model, True, jit)
       self.plain = _own_steps(model_step.make_train_step(
           strategy, model, jit=jit).python_function)
     else:
-      self.timed = steps.make_train_step(strategy, model, options, timed=True)
+      self.timed = steps.make_train_step(strategy, model, options, True,
+                                         self.traced)
       self.plain = _compiled_steps(steps.make_train_step(
-          strategy, model, options).python_function)
+          strategy, model, options, traced=self.traced).python_function)
     # A resumed process warms its timed function up with its first step,
     # as a run does with step 1, where a timed step updates the weights
     # as a plain one does (a resume is bitwise exact): not on one device
@@ -50,6 +54,14 @@ class Calls:
     """The process's first step to run the timed function, whose trace
     and first run leave no breakdown (Schedule.timed)."""
     return resumed_at + 1 if self.warms_up else 1
+
+  def trainable_changed(self, model) -> str | None:
+    """The line, once, for a model whose trainable variables are no
+    longer those its traced steps update (at an epoch boundary)."""
+    line = None if self.said_changed else trained_set.changed_line(
+        model, self.traced)
+    self.said_changed = self.said_changed or line is not None
+    return line
 
   def __call__(self, iterator, timed: bool, n: int) -> dict:
     """The call's results; with 'traced' ("timed" or "plain") when it

@@ -20,7 +20,8 @@ import tensorflow as tf
 
 from dist_keras import validate
 from dist_keras.training import actions
-from dist_keras.training import allreduce, compiled, ray_report, report
+from dist_keras.training import allreduce, compiled, keras_internals
+from dist_keras.training import ray_report, report
 from dist_keras.training import run_config, run_files, run_record
 
 
@@ -126,7 +127,10 @@ def finalize(trainer, run, hooks, logs) -> None:
   restore_best_weights=True)); the final eval, which summary.json
   reports, is of the model that is saved."""
   model = trainer.model
-  model.optimizer.finalize_variable_values(model.trainable_weights)
+  # Those its averages are of (zipped with them): fit's trainable_weights
+  # unless a callback froze a layer after model_fn (trained_set.py).
+  model.optimizer.finalize_variable_values(
+      keras_internals.built_on(model.optimizer) or model.trainable_weights)
   why = []
   if compiled.keeps_ema(model.optimizer):
     why.append("the optimizer's averages are now the model's weights")

@@ -27,6 +27,7 @@ catch.
 - `_iterations`: the optimizer's count of applied batches (with gradient
   accumulation `iterations` counts updates), which its schedule reads.
 - `_learning_rate`: whether the rate is a schedule.
+- `_trainable_variables`: what an optimizer was built on, its slots' order.
 - `_backend_apply_gradients` and TensorFlow's `_use_merge_call`: gradient
   accumulation and EMA's overwrite of the weights (ema_overwrite_frequency)
   put the update inside a tf.cond whose branches merge_call (Keras' TF
@@ -38,7 +39,6 @@ catch.
   the norm Keras takes from its slices (sparse_grads.py), the optimizer's
   own clip is the identity meanwhile (clipping_done); an optimizer class
   that clips its own way keeps Keras' (clips_as_keras).
-
 - TensorFlow's `_omit_frequent_tracing_warning` on a tf.function
   (made_per_run), and a checkpoint's `_deferred_dependencies`, whose
   restore a refusal abandons (restore_abandoned).
@@ -127,7 +127,7 @@ def clipping_done(optimizer):
     inside, own = _UNCLIPPED.get(id(optimizer), (0, vars(optimizer).get(
         CLIP_HOOK)))
     _UNCLIPPED[id(optimizer)] = (inside + 1, own)
-    setattr(optimizer, CLIP_HOOK, _as_given)
+    setattr(optimizer, CLIP_HOOK, lambda grads: grads)
   try:
     yield
   finally:
@@ -144,10 +144,6 @@ def clipping_done(optimizer):
 # id(optimizer) -> (threads inside clipping_done, the instance's own clip).
 _UNCLIPPED = {}
 _UNCLIPPED_LOCK = threading.Lock()
-
-
-def _as_given(grads):
-  return grads
 
 
 def made_per_run(function):
@@ -286,6 +282,15 @@ def rate_schedule(optimizer):
   if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
     return rate
   return None
+
+
+def built_on(optimizer) -> list | None:
+  """The variables `optimizer` (a LossScaleOptimizer's inner one) was
+  built on, in the order of its slots and averages; None before build."""
+  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  if not optimizer.built:
+    return None
+  return list(_require(optimizer, "_trainable_variables", "its variables"))
 
 
 def unscaled_loss(loss):

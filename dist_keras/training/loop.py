@@ -24,8 +24,7 @@ from dist_keras.measure.meters import RunMeters
 from dist_keras.training import actions, allreduce, calls, divergence
 from dist_keras.training import compiled, ending, evaluation, lr, metrics
 from dist_keras.training import preemption, ray_report, report, run_files
-from dist_keras.training import run_config, run_record, watch
-from dist_keras.training import user_callbacks
+from dist_keras.training import run_config, run_record, user_callbacks, watch
 from dist_keras.training.checkpoints import Checkpoints
 from dist_keras.training.settings import Settings, auto_steps_per_call
 
@@ -40,8 +39,7 @@ class Parts:
   checkpoints: Checkpoints
   rate: lr.Rate
   optimizers: dict  # {name: each one the model holds}: optimizers_of.
-  # SIGTERM/Ctrl-C's handler, set once the strategy exists; close() ends it.
-  stop: preemption.StopRequest
+  stop: preemption.StopRequest  # SIGTERM/Ctrl-C's; close() ends it.
   kept: contextlib.ExitStack  # process_state.kept: close() puts it back.
   callbacks: list = dataclasses.field(default_factory=list)  # The users'.
   evaluates: bool = True  # Has a loss to evaluate (checks.evaluates).
@@ -140,6 +138,8 @@ class Trainer:
     first, last = epoch * schedule.epoch_steps, schedule.epoch_end(epoch)
     self.train_metrics.start_epoch(first)  # Before the hook, as fit.
     hooks.on_epoch_begin(epoch)
+    if line := call.trainable_changed(self.model):
+      self.say(line)
     while run.step < last and not run.stopping:
       hooks.on_train_batch_begin(run.step - first)
       self._call(run, call, iterator)

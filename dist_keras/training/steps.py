@@ -17,7 +17,8 @@ import tensorflow as tf
 from dist_keras.contract import model_calls
 from dist_keras.measure import stamps
 from dist_keras.training import (allreduce, batch_read, keras_internals,
-                                 replica_seeds, shared_slices, sparse_grads)
+                                 replica_seeds, shared_slices, sparse_grads,
+                                 trained_set)
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -64,7 +65,8 @@ class StepOptions:
   bytes_per_pack: int = 0
 
 
-def forward_backward(model, optimizer, batch, update_metrics: bool = True):
+def forward_backward(model, optimizer, batch, update_metrics: bool = True,
+                     variables=None):
   """Forward and backward pass on one replica: (loss, grads).
 
   Keras scales the compiled loss by 1 / replicas under tf.distribute (mean
@@ -72,7 +74,8 @@ def forward_backward(model, optimizer, batch, update_metrics: bool = True):
   the replicas' gradients is the gradient of the global batch's loss,
   whatever the replica count. With a LossScaleOptimizer (float16) the
   gradients are of the loss times its scale, so small float16 gradients do
-  not flush to zero; the returned loss is unscaled.
+  not flush to zero; the returned loss is unscaled. The gradients are of
+  `variables`, else of the model's trainable variables as it traces.
   """
   x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
   with tf.GradientTape() as tape:
@@ -80,7 +83,8 @@ def forward_backward(model, optimizer, batch, update_metrics: bool = True):
     loss = model_calls.compute_loss(model, x, y, y_pred, sample_weight,
                               training=True)
     scaled = optimizer.scale_loss(loss)
-  grads = tape.gradient(scaled, model.trainable_variables)
+  grads = tape.gradient(scaled, model.trainable_variables
+                        if variables is None else variables)
   if update_metrics:
     update_loss_tracker(model, x, loss)
     model.compute_metrics(x, y, y_pred, sample_weight)
@@ -107,6 +111,7 @@ def make_compute_only(model, allreduce_dtype: str = "float32"):
     _, grads = forward_backward(model, optimizer, batch,
                                 update_metrics=False)
     grads = allreduce.as_reduced(grads)  # As the train step does.
+    # The variables as this trace reads them, as forward_backward did.
     tables = sparse_grads.table_form(optimizer, model.trainable_variables,
                                      grads, allreduce_dtype)
     grads = grads if tables is None else tables.local(grads)
@@ -133,7 +138,7 @@ def update_compiles(strategy) -> bool:
 
 
 def make_train_step(strategy, model, options: StepOptions = StepOptions(),
-                    timed: bool = False):
+                    timed: bool = False, traced: list | None = None):
   """A tf.function `(distributed_iterator) -> dict` running one step of the
   compiled model on every replica.
 
@@ -154,6 +159,8 @@ def make_train_step(strategy, model, options: StepOptions = StepOptions(),
   (train.precision=float16) the update skips a step whose scaled gradients
   overflowed and halves the scale, as under Keras' fit; 'skipped' is then 1.
   With one replica in sync there is no all-reduce (the identity).
+  The step updates the model's trainable variables as it traces, as
+  Keras' train_step does, or those `traced` holds (trained_set.read).
   """
   jit = Jit.of(options.jit)
   if timed and jit is Jit.STEP:
@@ -162,27 +169,29 @@ def make_train_step(strategy, model, options: StepOptions = StepOptions(),
   whole = jit is Jit.STEP or (jit is Jit.COMPUTE and not timed
                               and update_compiles(strategy))
   replica_step = _replica_step(strategy, model, options, timed,
-                               compile_compute=jit is Jit.COMPUTE and not whole)
+                               jit is Jit.COMPUTE and not whole, traced)
   if whole:
     replica_step = tf.function(replica_step, jit_compile=True)
   return _distributed_step(strategy, replica_step, model.optimizer, timed)
 
 
 def _replica_step(strategy, model, options: StepOptions, timed: bool,
-                  compile_compute: bool):
+                  compile_compute: bool, traced: list | None):
   """One replica's step: compute, all-reduce, update; with `timed`, the
   stamps between them."""
-  optimizer, variables = model.optimizer, model.trainable_variables
+  optimizer = model.optimizer
   clock = stamps.make_clock(strategy) if timed else None
   # One replica sums with no one: its all-reduce is the identity, yet TF's
   # replica-context all_reduce still runs a merge_call and an IdentityN over
   # every gradient (up to 13% of the default LSTM's one-device step in one
   # A/B, nothing in another: docs/performance.md). Less work either way.
   reduces = strategy.num_replicas_in_sync > 1
-  compute = _compute_fn(model, optimizer, compile_compute)
-  update = _update_fn(optimizer, variables)
+  compute = _compute_fn(model, optimizer, compile_compute, traced)
+  update = _update_fn(optimizer)
 
   def replica_step(batch, step_start=None, host=None):
+    # Those compute takes the gradients of (trained_set.read, as it traces).
+    variables = trained_set.read(model, traced)
     if timed:  # Once this replica's own part of the batch is here.
       start = stamps.stamp_after([batch, step_start], clock)
       batch = stamps.after_stamp(start, batch)
@@ -204,11 +213,12 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
     if timed:
       reduced = stamps.stamp_after(_parts(grads), clock)
       grads = stamps.after_stamp(reduced, grads)
-    finite = update(grads, tables)
+    finite = update(grads, variables, tables)
     if not timed:
       return loss, finite, (), (), sent
     # Reading every variable orders the last stamp after all their updates.
-    end = stamps.stamp_after([tf.identity(v.value) for v in variables], clock)
+    end = stamps.stamp_after(
+        [finite, *[tf.identity(v.value) for v in variables]], clock)
     job = stamps.gather_durations(start, grads_ready, reduced, end,
                                   step_start, host)
     return (loss, finite, tf.stack([start, grads_ready, reduced, end]),
@@ -225,28 +235,31 @@ def _parts(grads):
   return tf.nest.flatten(grads, expand_composites=True)
 
 
-def _compute_fn(model, optimizer, compile_compute: bool):
-  """(batch) -> (loss, grads): the replica's compute. An Embedding's
-  gradient stays an IndexedSlices to the optimizer, as under fit
-  (allreduce.as_reduced)."""
+def _compute_fn(model, optimizer, compile_compute: bool, traced):
+  """(batch) -> (loss, grads): the replica's compute, the gradients of
+  trained_set.read's variables. An Embedding's gradient stays an
+  IndexedSlices to the optimizer, as under fit (allreduce.as_reduced)."""
 
   def compute(batch):
-    loss, grads = forward_backward(model, optimizer, batch)
+    loss, grads = forward_backward(
+        model, optimizer, batch, variables=trained_set.read(model, traced))
     return loss, allreduce.as_reduced(grads)
 
   return tf.function(compute, jit_compile=True) if compile_compute else compute
 
 
-def _update_fn(optimizer, variables):
-  """(reduced grads) -> whether they were all finite, once applied (the
-  same on every replica: what tells the host the gradients diverged, or
-  that a loss-scaled update skipped them)."""
+def _update_fn(optimizer):
+  """(reduced grads, their variables) -> whether the grads were all
+  finite, once applied (the same on every replica: what tells the host the
+  gradients diverged, or that a loss-scaled update skipped them). With no
+  trainable variables nothing is applied, as in Keras' train_step."""
 
-  def update(grads, tables=None):
+  def update(grads, variables, tables=None):
     if tables is not None:
       return tables.apply(optimizer, variables, grads)
     finite = allreduce.all_finite(grads)
-    optimizer.apply_gradients(zip(grads, variables))
+    if variables:
+      optimizer.apply_gradients(zip(grads, variables, strict=True))
     return finite
 
   return update

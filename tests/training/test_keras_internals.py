@@ -314,6 +314,26 @@ def test_applied_batches_of_a_loss_scale_optimizer_are_its_inner_ones():
   assert int(optimizer._iterations) == 0  # pylint: disable=protected-access
 
 
+@pytest.mark.parametrize("wrap", [lambda o: o,
+                                  keras.optimizers.LossScaleOptimizer])
+def test_built_on_are_the_variables_in_the_order_of_the_averages(wrap):
+  """What Keras' apply updates (any other is an "Unknown variable") and
+  what its EMA averages are zipped with; None for an unbuilt optimizer."""
+  first, second = (keras.Variable(np.full(3, v, np.float32)) for v in (1, 2))
+  optimizer = wrap(keras.optimizers.SGD(0.1, use_ema=True))
+  assert keras_internals.built_on(optimizer) is None
+  optimizer.build([first, second])
+  built = keras_internals.built_on(optimizer)
+  assert [v is w for v, w in zip(built, [first, second])] == [True, True]
+  with pytest.raises(ValueError, match="Unknown variable"):
+    optimizer.apply_gradients([(tf.ones([3]), keras.Variable(np.zeros(3)))])
+  # The first update sets each average to its variable's value.
+  optimizer.apply_gradients([(tf.zeros([3]), v) for v in (first, second)])
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  averages = inner._model_variables_moving_average  # pylint: disable=protected-access
+  assert [float(a.numpy()[0]) for a in averages] == [1.0, 2.0]
+
+
 def test_rate_schedule_finds_a_schedule_and_only_a_schedule():
   schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)
   wrap = keras.optimizers.LossScaleOptimizer
@@ -442,10 +462,12 @@ def test_the_tables_clip_is_keras_clip_of_the_slices():
     (keras_internals.applied_batches, "_iterations"),
     (keras_internals.update_without_merge_call, "_backend_apply_gradients"),
     (keras_internals.rate_schedule, "_learning_rate"),
+    (keras_internals.built_on, "_trainable_variables"),
 ])
 def test_an_optimizer_without_a_private_name_is_refused(use, name):
   """What dist_keras reads of an optimizer, missing: an error naming it."""
-  bare = types.SimpleNamespace(gradient_accumulation_steps=2, use_ema=False)
+  bare = types.SimpleNamespace(gradient_accumulation_steps=2, use_ema=False,
+                               built=True)
   with pytest.raises(RuntimeError, match=f"SimpleNamespace has no {name} "):
     use(bare)
 

@@ -605,7 +605,9 @@ def _call_sizes(monkeypatch, trainer):
       calls.append(1 if timed else n)
       return call(iterator, timed, n)
 
-    recording.first_timed = call.first_timed  # (The loop asks it too.)
+    # (The loop asks these too.)
+    recording.first_timed = call.first_timed
+    recording.trainable_changed = call.trainable_changed
     return recording
 
   monkeypatch.setattr(trainer, "_step_functions", recorded)
