@@ -239,6 +239,19 @@ def config_texts(logdir: str) -> list:
           for e in acc.Tensors("config")]
 
 
+def as_if_killed_after(workdir, kept: int, last: int) -> None:
+  """`workdir`, a finished run's, as if killed after its ckpt-`kept` (its
+  events logged to the end): ckpt-`last`, the model file and summary.json
+  gone, TensorFlow's list naming ckpt-`kept`."""
+  for path in glob.glob(os.path.join(workdir, "checkpoints",
+                                     f"ckpt-{last}.*")):
+    os.remove(path)
+  with open(os.path.join(workdir, "checkpoints", "checkpoint"), "w") as f:
+    f.write(f'model_checkpoint_path: "ckpt-{kept}"\n')
+  for name in ("model.keras", "summary.json"):
+    os.remove(os.path.join(workdir, name))
+
+
 def event_files(root: str) -> list[str]:
   return glob.glob(os.path.join(root, "**", "events.out.tfevents.*"),
                    recursive=True)

@@ -1,7 +1,6 @@
 """The distributed loop on 2 logical CPU replicas, in process."""
 import contextlib
 import gc
-import glob
 import io
 import json
 import logging
@@ -139,12 +138,7 @@ def test_a_rerun_after_a_kill_leaves_one_point_per_step(tiny_run, tmp_path,
   """The tiny run as if killed after its step-4 checkpoint (it had logged
   step 8), rerun: both loaders show steps 4 and 8 once each."""
   workdir = _copy_of(tiny_run, tmp_path)
-  for path in glob.glob(str(workdir / "checkpoints" / "ckpt-8.*")):
-    os.remove(path)
-  (workdir / "checkpoints" / "checkpoint").write_text(
-      'model_checkpoint_path: "ckpt-4"\n')
-  for name in (run_files.MODEL_FILE, "summary.json"):
-    (workdir / name).unlink()
+  helpers.as_if_killed_after(str(workdir), kept=4, last=8)
   assert helpers.train(helpers.tiny_config(), str(workdir),
                        mirrored)["steps"] == 8
   assert len(helpers.event_files(str(workdir))) == 2

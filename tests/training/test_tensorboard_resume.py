@@ -2,7 +2,6 @@
 segment's config at the step it started from, the peak perf/mfu divides by,
 the tags a rerun no longer writes, and the way the page tells scripts to
 read the event files."""
-import glob
 import io
 import json
 import os
@@ -16,7 +15,6 @@ from tensorboard.backend.event_processing import event_accumulator
 
 import helpers
 from dist_keras import tensorboard_events
-from dist_keras.training import run_files
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +28,7 @@ def rerun(tmp_path_factory, mirrored):
   c.log.sync_timing = True
   summary = helpers.train(c, str(workdir), mirrored)
   first = helpers.scalar_tags(str(workdir))
-  for path in glob.glob(str(workdir / "checkpoints" / "ckpt-8.*")):
-    os.remove(path)
-  (workdir / "checkpoints" / "checkpoint").write_text(
-      'model_checkpoint_path: "ckpt-4"\n')
-  for name in (run_files.MODEL_FILE, "summary.json"):
-    (workdir / name).unlink()
+  helpers.as_if_killed_after(str(workdir), kept=4, last=8)
   assert helpers.train(helpers.tiny_config(), str(workdir),
                        mirrored)["steps"] == 8
   return types.SimpleNamespace(workdir=str(workdir), first=first,
