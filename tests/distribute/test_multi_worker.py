@@ -382,13 +382,13 @@ from dist_keras import train
 from dist_keras.training import run_files, steps
 task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 forward_backward = steps.forward_backward
-def slow(model, optimizer, batch, update_metrics=True):
+def slow(model, optimizer, batch, update_metrics=True, variables=None):
   flat = tf.nest.flatten(batch)
   late = tf.py_function(lambda t: (time.sleep(SLOW_MS / 1e3), t)[1],
                         [flat[0]], flat[0].dtype)
   late.set_shape(flat[0].shape)
   return forward_backward(model, optimizer, tf.nest.pack_sequence_as(
-      batch, [late, *flat[1:]]), update_metrics)
+      batch, [late, *flat[1:]]), update_metrics, variables)
 if task == int(os.environ["SLOW_TASK"]):
   steps.forward_backward = slow
 def log(what):
