@@ -254,7 +254,9 @@ def local_ray():
   example = _example()
   ray.cloudpickle.register_pickle_by_value(example)
   ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-  ray.init(num_cpus=2, include_dashboard=False)
+  # Ray's own folder, not the tests' TMPDIR (conftest.py): its sockets'
+  # paths there passed AF_UNIX's 107 bytes.
+  ray.init(num_cpus=2, include_dashboard=False, _temp_dir="/tmp/ray")
   try:
     yield example
   finally:
