@@ -91,26 +91,30 @@ def _blocks():
   return model
 
 
-class OwnStep(keras.Model):
-  """A train_step of its own that calls a network named '_inner' itself,
-  at the step's outermost scope."""
-
-  def __init__(self):
-    super().__init__(name="own_step")
-    self.inner = keras.Sequential(
-        [keras.Input((parity_task.FEATURES,)), keras.layers.Dense(1)],
-        name="_inner")
+class _SquaredErrorStep(keras.Model):
+  """A train_step of its own that calls `self.net` itself, at the step's
+  outermost scope (a subclass sets it)."""
 
   def call(self, x):
-    return self.inner(x)
+    return self.net(x)
 
   def train_step(self, data):
     x, y = data
     with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(tf.square(self.inner(x) - y))
-    variables = self.inner.trainable_variables
+      loss = tf.reduce_mean(tf.square(self.net(x) - y))
+    variables = self.net.trainable_variables
     self.optimizer.apply(tape.gradient(loss, variables), variables)
     return {"loss": loss}
+
+
+class OwnStep(_SquaredErrorStep):
+  """Its step calls a network named '_inner'."""
+
+  def __init__(self):
+    super().__init__(name="own_step")
+    self.net = keras.Sequential(
+        [keras.Input((parity_task.FEATURES,)), keras.layers.Dense(1)],
+        name="_inner")
 
 
 def _own_step():
@@ -157,24 +161,13 @@ def test_a_layer_its_own_train_step_calls_at_the_root_is_said_at_step_1(
   assert _next_models_path() == "next_model/after/kernel"
 
 
-class OwnStepKerasEval(keras.Model):
-  """A train_step of its own that calls its layer; its eval is Keras'
-  test_step, which calls the model by its name, `name`."""
+class OwnStepKerasEval(_SquaredErrorStep):
+  """Its step calls its layer; its eval is Keras' test_step, which calls
+  the model by its name, `name`."""
 
   def __init__(self, name):
     super().__init__(name=name)
-    self.out = keras.layers.Dense(1)
-
-  def call(self, x):
-    return self.out(x)
-
-  def train_step(self, data):
-    x, y = data
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(tf.square(self.out(x) - y))
-    variables = self.out.trainable_variables
-    self.optimizer.apply(tape.gradient(loss, variables), variables)
-    return {"loss": loss}
+    self.net = keras.layers.Dense(1)
 
 
 def _own_step_keras_eval(name):
