@@ -13,16 +13,13 @@ import tensorflow as tf
 
 from dist_keras import disk, errors, installation, registry, terminal
 from dist_keras import validate
-from dist_keras.contract import batches, checks, probe, traced_limits
-from dist_keras.contract import xla_limits
+from dist_keras.contract import batches, checks, traced_limits, xla_limits
 from dist_keras.distribute import leaving, peers, pipelines, reports
 from dist_keras.distribute import strategies, tfconfig
-from dist_keras.training import allreduce, batch_losses, checkpoints, compiled
-from dist_keras.training import loop, lr, own_losses, preemption, process_state
+from dist_keras.training import allreduce, checkpoints, compiled, loop, lr
+from dist_keras.training import model_checks, preemption, process_state
 from dist_keras.training import ray_report, run_files, same_model, settings
-from dist_keras.training import state_updates
-from dist_keras.training import user_callbacks
-from dist_keras.training import varying_slices
+from dist_keras.training import user_callbacks, varying_slices
 
 
 @dataclasses.dataclass
@@ -98,29 +95,6 @@ def run(job: Job) -> FitResult:
       and tfconfig.is_multi_worker(cluster) and ray_report.session() is None):
     leaving.at_exit(cluster)
   return result
-
-
-def _met_its_batches(model, strategy, dataset_fn, batch_spec, eval_spec,
-                     train_cfg) -> tuple[bool, list]:
-  """(whether the eval has a loss, the lines to say): the model against
-  the batches of both splits, met once (contract/probe.py: its loss and
-  metrics' state built from them); from what it made of them, a compiled
-  loss of one mean per batch divided by the replicas (batch_losses.py),
-  one step per call where the gathered gradient slices change shape
-  (varying_slices.py); at N > 1 replicas, the variables its training call
-  assigns by their aggregation (state_updates.py) and its own losses that
-  sum over the batch (own_losses.py). A stateful RNN built for another
-  batch than a replica's is refused before the model meets them."""
-  replicas = strategy.num_replicas_in_sync
-  checks.stateful_batches(model, replicas, train_cfg.global_batch_size)
-  met = probe.meet(model, strategy, batch_spec, eval_spec,
-                   builtin_data=getattr(dataset_fn, "builtin_data", None))
-  forward = state_updates.traced(model, strategy, batch_spec)
-  updates = state_updates.check(model, forward, replicas)
-  own_losses.check(model, strategy, batch_spec, forward)
-  return met.evaluates, [
-      met.no_eval, updates, batch_losses.divide_means(model, strategy, met),
-      varying_slices.one_step_per_call(model, strategy, met, train_cfg)]
 
 
 def _trained(job: Job) -> tuple[FitResult, strategies.Role]:
@@ -218,7 +192,7 @@ def build(job: Job) -> loop.Trainer:
     with same_model.shapes_said():
       model = checks.call_model_fn(model_fn, strategy, config.train.precision)
     same_model.refuse_different(strategy, model)  # (Each worker's own.)
-    notes = compiled.take(model, strategy, config.train)
+    notes = model_checks.as_compiled(model, strategy, config.train)
     callbacks, note = user_callbacks.collect(
         config.train.callbacks, job.callbacks, model, config.train)
     feed = pipelines.Feed(config.train.global_batch_size,
@@ -227,8 +201,8 @@ def build(job: Job) -> loop.Trainer:
         strategy, dataset_fn, "train", feed, start_step=resume.step)
     eval_ds, eval_spec = pipelines.distribute(
         strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
-    evaluates, said = _met_its_batches(model, strategy, dataset_fn,
-                                       batch_spec, eval_spec, config.train)
+    evaluates, said = model_checks.against_batches(
+        model, strategy, dataset_fn, (batch_spec, eval_spec), config.train)
     model_file, weights_only = run_files.model_file(model)
     # The batch-size rule; every optimizer built in scope (compiled.py).
     optimizers = compiled.optimizers_of(model)

@@ -87,13 +87,15 @@ def overrides(model, method: str) -> bool:
   return getattr(type(model), method) is not getattr(keras.Model, method)
 
 
-def stateful_batches(model, replicas: int, global_batch: int) -> None:
-  """Raises UserError for a stateful RNN built for another batch size than
-  each replica's: it keeps a state row per example of the batch it was
-  built for (its Input's batch_shape), and Keras fails the first step that
-  hands it another (one device's habit, the global batch, at N replicas)."""
+def stateful_batches(model, layers: list, replicas: int,
+                     global_batch: int) -> None:
+  """Raises UserError for a stateful RNN of `layers` (those inside the
+  model) built for another batch size than each replica's: it keeps a
+  state row per example of the batch it was built for (its Input's
+  batch_shape), and Keras fails the first step that hands it another (one
+  device's habit, the global batch, at N replicas)."""
   per_replica = global_batch // replicas
-  for layer in stateful_layers(model):
+  for layer in _stateful(layers):
     built = tf.nest.flatten(layer.states)[0].shape[0]
     if built == per_replica:
       continue
@@ -113,6 +115,11 @@ def stateful_layers(model) -> list:
   """The model's stateful RNN layers whose states exist (None: built at
   step 1), in Keras' order of its layers: the same in every run of the
   model (the checkpoints number their states in it: rnn_states.py)."""
-  return [layer for layer in installation.layers_in(model, include_self=False)
+  return _stateful(installation.layers_in(model, include_self=False))
+
+
+def _stateful(layers: list) -> list:
+  """The stateful RNN layers of `layers` whose states exist."""
+  return [layer for layer in layers
           if isinstance(layer, keras.layers.RNN) and layer.stateful
           and layer.states is not None]

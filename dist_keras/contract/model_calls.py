@@ -1,7 +1,10 @@
 """The model called as Keras' train_step and test_step call it: the
 training steps (training/steps.py), the probe of the model against its
 batches before training (probe.py) and the checks that trace a step
-(training/varying_slices.py) all call it so, hence alike."""
+(training/varying_slices.py, training/state_updates.py) all call it so,
+hence alike. What the probe asks of a call is here too (the prediction's
+shapes, the targets of batches without labels, whether the call adds
+losses of its own): the probe calls in, nothing here calls the probe."""
 import inspect
 
 import keras
@@ -48,3 +51,52 @@ def traced(model, strategy, batch_spec, training: bool):
   with strategy.scope(), installation.keras_name_scopes_kept():
     function = tf.function(call, autograph=False).get_concrete_function(x)
   return function.graph, found[-1]
+
+
+def adds_losses(model, strategy, batch_spec, training: bool):
+  """Whether model.losses holds any loss after the model's call on batches
+  like `batch_spec`, where Keras' train_step and test_step find add_loss
+  terms and regularisers; None if the call cannot take the batches' x (a
+  GAN's real samples). The call is traced, not run: no state moves."""
+  try:
+    return bool(traced(model, strategy, batch_spec, training)[1])
+  # NotImplementedError: a model without call() (keras.io's VAE).
+  except (ValueError, TypeError, NotImplementedError,
+          tf.errors.InvalidArgumentError):
+    return None
+
+
+def zero_prediction(model, x):
+  """What the model returns for `x`, as zeros of its shapes.
+
+  The shapes come from Keras' shape inference, symbolically, as Keras' fit
+  builds a model: the call runs on no values, so state it updates (a
+  counter, a running mean) moves only in the steps, as under fit. A model
+  not yet built is called on symbolic inputs, which creates its weights
+  (running it eagerly also cost the default LSTM 0.3 s before the first
+  step). A model whose inference fails is called, to raise the real error.
+  """
+  symbolic = tf.nest.map_structure(
+      lambda t: keras.KerasTensor(t.shape, t.dtype), x)
+  try:
+    # (Keras' inference traces the call in a graph of its own, where a
+    # layer named '_...' is refused and would stay on Keras' scope stack.)
+    with installation.keras_name_scopes_kept():
+      if model.built:  # Inference also builds the layers its call builds.
+        spec = model.compute_output_spec(symbolic)
+      else:
+        spec = forward(model, symbolic, training=False)
+    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
+  except Exception:  # pylint: disable=broad-except
+    pass  # The call below says what is wrong, or works.
+  return forward(model, x, training=False)
+
+
+def targets(y, y_pred):
+  """The labels a compiled loss and metrics are built from: the batch's;
+  for batches without labels (read only by a model's own step: an
+  autoencoder's, which compares its prediction with its x), zeros shaped
+  like the prediction."""
+  if y is not None:
+    return y
+  return tf.nest.map_structure(tf.zeros_like, y_pred)

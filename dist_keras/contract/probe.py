@@ -15,9 +15,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from dist_keras import errors, installation
+from dist_keras import errors
 from dist_keras.contract import batches, checks, features, model_calls
-from dist_keras.contract import traced_limits
 from dist_keras.errors import UserError
 
 
@@ -49,11 +48,12 @@ class Probe:
     return self.no_eval is None
 
 
-def meet(model, strategy, batch_spec, eval_spec=None,
+def meet(model, layers: list, strategy, batch_spec, eval_spec=None,
          builtin_data: str | None = None) -> Probe:
   """Creates the model's variables and its compiled loss's and metrics'
   state, in scope, from a zero batch shaped like `batch_spec`; then checks
-  that the variables are mirrored.
+  that the variables are mirrored. `layers`: the layers inside the model
+  (installation.layers_in), as it came from model_fn.
   Returns the Probe: what the model made of the train split's zero batch,
   and whether the eval has a loss to report.
 
@@ -67,14 +67,12 @@ def meet(model, strategy, batch_spec, eval_spec=None,
   """
   # Built, no compiled loss or metrics: nothing to build from a batch (a
   # GAN, whose batches need not be its call's inputs), as under Keras' fit.
-  probed = not _built(model) or _compiled_from_data(model)
+  probed = not _built(model, layers) or _compiled_from_data(model)
   met = Probe(batch_spec)
   if probed:
     with strategy.scope():
       met, loss = _probe(model, batch_spec, "train", builtin_data)
   has_eval_loss = evaluates(model, strategy, batch_spec, eval_spec)
-  if has_eval_loss and not checks.overrides(model, "test_step"):
-    traced_limits.check_eval(model)  # (Keras' train_step's: call_model_fn.)
   if probed:
     if (eval_spec is not None and has_eval_loss
         and not checks.overrides(model, "test_step")):
@@ -112,28 +110,18 @@ def evaluates(model, strategy, batch_spec, eval_spec=None) -> bool:
     return True
   eval_spec = batch_spec if eval_spec is None else eval_spec
   if checks.overrides(model, "train_step"):
-    return bool(_adds_losses(model, strategy, eval_spec, training=False))
-  if _adds_losses(model, strategy, batch_spec, training=True) is False:
+    return bool(model_calls.adds_losses(model, strategy, eval_spec,
+                                        training=False))
+  if model_calls.adds_losses(model, strategy, batch_spec,
+                             training=True) is False:
     raise UserError(
         f"model {model.name!r} has no loss to train on: it was compiled "
         "without a loss and adds none of its own (add_loss() in its call, "
         "weight regularisers); compile the model with a loss= or add_loss()"
         " in its call (or give it a train_step of its own).")
   # A call that fails on the eval batches (None) is said by their probe.
-  return _adds_losses(model, strategy, eval_spec, training=False) is not False
-
-
-def _adds_losses(model, strategy, batch_spec, training: bool):
-  """Whether model.losses holds any loss after the model's call on batches
-  like `batch_spec`, where Keras' train_step and test_step find add_loss
-  terms and regularisers; None if the call cannot take the batches' x (a
-  GAN's real samples). The call is traced, not run: no state moves."""
-  try:
-    return bool(model_calls.traced(model, strategy, batch_spec, training)[1])
-  # NotImplementedError: a model without call() (keras.io's VAE).
-  except (ValueError, TypeError, NotImplementedError,
-          tf.errors.InvalidArgumentError):
-    return None
+  return model_calls.adds_losses(model, strategy, eval_spec,
+                                 training=False) is not False
 
 
 def _probe(model, batch_spec, split: str, builtin_data: str | None):
@@ -165,8 +153,8 @@ def _probe(model, batch_spec, split: str, builtin_data: str | None):
   else:
     features.check_input_keys(model, x, where)
   try:
-    y_pred = zero_prediction(model, x)
-    y = targets(y, y_pred)
+    y_pred = model_calls.zero_prediction(model, x)
+    y = model_calls.targets(y, y_pred)
     loss = None if model.loss is None else model_calls.compute_loss(
         model, x, y, y_pred, weights, training=False)
     model.compute_metrics(x, y, y_pred, weights)
@@ -193,16 +181,6 @@ def _split_dict(x) -> str:
   return f", e.g. ds.map(lambda d: (d[{feature!r}], d[{label!r}]))"
 
 
-def targets(y, y_pred):
-  """The labels a compiled loss and metrics are built from: the batch's;
-  for batches without labels (read only by a model's own step: an
-  autoencoder's, which compares its prediction with its x), zeros shaped
-  like the prediction."""
-  if y is not None:
-    return y
-  return tf.nest.map_structure(tf.zeros_like, y_pred)
-
-
 def _check_scalar(model, loss) -> None:
   """The loss must be one number: a vector's gradient is its sum's, which
   scales with the examples per replica (N replicas would not train what
@@ -222,45 +200,19 @@ def _compiled_from_data(model) -> bool:
              for key in ("loss", "metrics", "weighted_metrics"))
 
 
-def _built(model) -> bool:
+def _built(model, layers: list) -> bool:
   """Whether the model and every layer in it is built, as Keras' fit asks
   before it builds a model (a subclassed model's build(shape) leaves the
   layers its call creates weights in unbuilt). A model with a train_step
   of its own and no build() of its own, every layer inside built, has
   every variable it will have, its own flag unset or not: keras.io's GANs
   and VAE, whose call (if any) does not take the batches, as Keras' fit on
-  one device trains them (calling them on a batch failed, or crashed)."""
-  inside = installation.layers_in(model, include_self=False)
-  if not all(layer.built for layer in inside):
+  one device trains them (calling them on a batch failed, or crashed).
+  `layers`: those inside the model."""
+  if not all(layer.built for layer in layers):
     return False
   return model.built or (checks.overrides(model, "train_step")
                          and not checks.overrides(model, "build"))
-
-
-def zero_prediction(model, x):
-  """What the model returns for `x`, as zeros of its shapes.
-
-  The shapes come from Keras' shape inference, symbolically, as Keras' fit
-  builds a model: the call runs on no values, so state it updates (a
-  counter, a running mean) moves only in the steps, as under fit. A model
-  not yet built is called on symbolic inputs, which creates its weights
-  (running it eagerly also cost the default LSTM 0.3 s before the first
-  step). A model whose inference fails is called, to raise the real error.
-  """
-  symbolic = tf.nest.map_structure(
-      lambda t: keras.KerasTensor(t.shape, t.dtype), x)
-  try:
-    # (Keras' inference traces the call in a graph of its own, where a
-    # layer named '_...' is refused and would stay on Keras' scope stack.)
-    with installation.keras_name_scopes_kept():
-      if model.built:  # Inference also builds the layers its call builds.
-        spec = model.compute_output_spec(symbolic)
-      else:
-        spec = model_calls.forward(model, symbolic, training=False)
-    return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
-  except Exception:  # pylint: disable=broad-except
-    pass  # The call below says what is wrong, or works.
-  return model_calls.forward(model, x, training=False)
 
 
 def _check_in_scope(model, strategy) -> None:

@@ -51,7 +51,7 @@ def _check_call(model, scope, where: str) -> None:
   """Refuses a model called as Keras' steps call it, `where` a scope of
   its name must match `scope`."""
   if not scope.match(model.name):
-    raise UserError(_scope_line(model, model.name, where))
+    raise UserError(_scope_line(model, model, model.name, where))
   # Keras' steps pass `training` to a call that takes it, and
   # Keras passes `mask` to one that takes it: keywords, always.
   params = getattr(model, "call_signature_parameters", ())
@@ -68,11 +68,14 @@ def fault(error: BaseException, model) -> UserError | None:
     return None
   text = str(error)
   refused = _REFUSED_NAME.search(text)
-  if refused:
-    return UserError(_scope_line(model, refused.group(1)))
-  if _KEYWORDS_EAGER_ONLY not in text:
+  if refused is None and _KEYWORDS_EAGER_ONLY not in text:
     return None
-  for layer in installation.layers_in(model, include_self=True):
+  layers = installation.layers_in(model, include_self=True)
+  if refused:
+    name = refused.group(1)
+    layer = next((l for l in layers if l.name == name), None)
+    return UserError(_scope_line(model, layer, name))
+  for layer in layers:
     mode = _rematerialized(layer)
     if mode is not None:
       return UserError(_remat_line(model, layer, mode))
@@ -83,9 +86,10 @@ def fault(error: BaseException, model) -> UserError | None:
       "positionally.")
 
 
-def _scope_line(model, name: str, where: str = "the train step") -> str:
-  layer = next((l for l in installation.layers_in(model, include_self=True)
-                if l.name == name), None)
+def _scope_line(model, layer, name: str,
+                where: str = "the train step") -> str:
+  """The line refusing `name` as a scope's: the name of `layer` (the
+  model, or a layer in it; None where none bears it)."""
   what = (f"model {name!r}" if layer is model else
           f"layer {name!r} of model {model.name!r}" if layer is not None
           else f"a layer or model named {name!r}")

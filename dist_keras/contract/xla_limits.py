@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import installation
+from dist_keras.contract import checks
 from dist_keras.errors import UserError
 
 # TF's text for an op with no XLA kernel, one per op and node: "No
@@ -37,26 +38,28 @@ def _asked_by(on_tpu: bool) -> str:
           else "train.jit_compile=true compiles the train step with XLA")
 
 
-def check_layers(model, jit_compile: bool, on_tpu: bool) -> None:
+def check_layers(model, layers: list, jit_compile: bool,
+                 on_tpu: bool) -> None:
   """Raises UserError for a layer of `model` Keras marks supports_jit=False
-  when its step is XLA-compiled (`jit_compile`, or `on_tpu`).
+  when its step is XLA-compiled (`jit_compile`, or `on_tpu`). `layers`:
+  those inside the model (installation.layers_in).
 
   Raises:
     UserError: naming the layer, its class, why and the fix.
   """
   if not (jit_compile or on_tpu):
     return
-  layers = []
-  for layer in installation.layers_in(model, include_self=False):
+  flagged = []
+  for layer in layers:
     # A flagged layer's own sublayers (TextVectorization's StringLookup)
     # go with it.
     if not getattr(layer, "supports_jit", True) and not any(
         layer in installation.layers_in(outer, include_self=False)
-        for outer in layers):
-      layers.append(layer)
-  if not layers:
+        for outer in flagged):
+      flagged.append(layer)
+  if not flagged:
     return
-  layer, more = layers[0], layers[1:]
+  layer, more = flagged[0], flagged[1:]
   others = (f" (and {len(more)} more: "
             f"{', '.join(repr(m.name) for m in more)})" if more else "")
   if hasattr(layer, "use_cudnn"):
@@ -69,6 +72,21 @@ def check_layers(model, jit_compile: bool, on_tpu: bool) -> None:
       f"{_asked_by(on_tpu)}, and layer {layer.name!r} "
       f"({type(layer).__name__}){others} of model {model.name!r} cannot be "
       f"compiled by XLA (Keras marks it supports_jit=False); {fix}.")
+
+
+def check_own_step(model, strategy, jit_compile: bool) -> None:
+  """Raises UserError for XLA over a model's own train_step under a
+  multi-device strategy: XLA cannot compile its optimizer's update across
+  devices (merge_call)."""
+  if not (jit_compile and checks.overrides(model, "train_step")):
+    return
+  if not isinstance(strategy, (tf.distribute.OneDeviceStrategy,
+                               tf.distribute.TPUStrategy)):
+    raise UserError(
+        f"train.jit_compile=true with {type(model).__name__}'s own "
+        "train_step under a multi-device strategy: XLA cannot compile its "
+        "optimizer's cross-device update (merge_call); use one device or a "
+        "TPU, or set train.jit_compile=false.")
 
 
 def check_tpu_pipelines(per_replica_pipelines: bool, on_tpu: bool) -> None:

@@ -1,6 +1,7 @@
 """The compiled model as the loop takes it, a user's or a built-in: what it
 was compiled with that the loop honours or refuses (run_eagerly,
-steps_per_execution, jit_compile), which of Keras' steps it overrides
+steps_per_execution, jit_compile; XLA's own limits: contract/xla_limits.py,
+checked after, in model_checks.py), which of Keras' steps it overrides
 (train_step, test_step: model_step.py runs an own train_step), and its
 optimizers, built in scope with the gradient all-reduce where its step
 needs it. Keras' fit is the reference meaning of each (docs/own_models.md
@@ -11,22 +12,20 @@ import keras
 import tensorflow as tf
 
 from dist_keras import installation
-from dist_keras.contract import xla_limits
 from dist_keras.contract.checks import overrides  # (loop.py reads it here.)
 from dist_keras.errors import UserError
-from dist_keras.training import (allreduce, keras_internals, step_losses,
-                                 step_optimizers)
+from dist_keras.training import allreduce, keras_internals, step_optimizers
 
 
-def take(model, strategy, train_cfg) -> list[str]:
+def take(model, layers: list, strategy, train_cfg) -> list[str]:
   """Applies what `fit` would honour to `train_cfg` (steps per call, XLA);
-  returns the notes the run says before its first step.
+  returns the notes the run says before its first step of what the model
+  was compiled with. `layers`: those inside the model
+  (installation.layers_in).
 
   Raises:
-    UserError: run_eagerly=True, a steps_per_execution that contradicts
-      train.steps_per_loop, a layer XLA cannot compile where the step is
-      compiled (train.jit_compile=true, a TPU), or XLA over a multi-device
-      step the model writes itself.
+    UserError: run_eagerly=True, or a steps_per_execution that contradicts
+      train.steps_per_loop.
   """
   if model.run_eagerly:
     raise UserError(
@@ -37,16 +36,11 @@ def take(model, strategy, train_cfg) -> list[str]:
   replicas = strategy.num_replicas_in_sync
   notes = [_steps_per_execution(model, train_cfg),
            _per_replica_denominator(model, replicas),
-           _per_replica_batch_norm(model, replicas)]
+           _per_replica_batch_norm(layers, replicas)]
   if model.jit_compile is True and not train_cfg.jit_compile:
     train_cfg.jit_compile = True
     notes.append("XLA: the model was compiled with jit_compile=True "
                  "(train.jit_compile=true)")
-  xla_limits.check_layers(model, train_cfg.jit_compile,
-                          isinstance(strategy, tf.distribute.TPUStrategy))
-  if overrides(model, "train_step"):
-    _refuse_xla_of_own_step(model, strategy, train_cfg)
-  notes += step_losses.own_steps_notes(model, replicas)
   return [note for note in notes if note]
 
 
@@ -86,12 +80,11 @@ def _per_replica_denominator(model, replicas: int) -> str | None:
               "Python API: your own model and data") + ")")
 
 
-def _per_replica_batch_norm(model, replicas: int) -> str | None:
-  """The line BatchNormalization layers that normalise by each replica's
-  own batch get (Keras' default, synchronized=False). A frozen one
-  (trainable=False: Keras then normalises by its moving statistics, as in
-  inference) is the same on every replica: not said."""
-  layers = installation.layers_in(model, include_self=False)
+def _per_replica_batch_norm(layers: list, replicas: int) -> str | None:
+  """The line BatchNormalization layers (of `layers`) that normalise by
+  each replica's own batch get (Keras' default, synchronized=False). A
+  frozen one (trainable=False: Keras then normalises by its moving
+  statistics, as in inference) is the same on every replica: not said."""
   own = [layer.name for layer in layers
          if isinstance(layer, keras.layers.BatchNormalization)
          and not layer.synchronized and layer.trainable]
@@ -101,17 +94,6 @@ def _per_replica_batch_norm(model, replicas: int) -> str | None:
           f" by each replica's own batch of 1/{replicas} of the examples, as "
           "under fit with MirroredStrategy; BatchNormalization(synchronized="
           "True) uses the global batch's statistics, as one device does")
-
-
-def _refuse_xla_of_own_step(model, strategy, train_cfg) -> None:
-  """XLA cannot compile a model's own train_step's update across devices."""
-  if train_cfg.jit_compile and not isinstance(
-      strategy, (tf.distribute.OneDeviceStrategy, tf.distribute.TPUStrategy)):
-    raise UserError(
-        f"train.jit_compile=true with {type(model).__name__}'s own "
-        "train_step under a multi-device strategy: XLA cannot compile its "
-        "optimizer's cross-device update (merge_call); use one device or a "
-        "TPU, or set train.jit_compile=false.")
 
 
 def keeps_ema(optimizer) -> bool:

@@ -63,15 +63,17 @@ class Forward:
   losses: int
 
 
-def traced(model, strategy, batch_spec) -> Forward | None:
+def traced(model, layers: list, strategy, batch_spec) -> Forward | None:
   """The model's training call traced on `batch_spec` (not run: no state
   moves), at N > 1 replicas where the model could keep state or losses
-  of its own: a layer of a class not Keras' own (which may add_loss and
-  assign its variables), or a variable of aggregation "sum". None where
+  of its own: the model or one of `layers` (those inside it) of a class
+  not Keras' own (which may add_loss and assign its variables), or a
+  variable of aggregation "sum". None where
   there is none of those (Keras' layers only: no cost) or the call
   cannot be traced on the batches (a GAN's, whose batches are not its
   call's inputs)."""
-  if strategy.num_replicas_in_sync == 1 or not _worth_tracing(model):
+  if (strategy.num_replicas_in_sync == 1
+      or not _worth_tracing(model, layers)):
     return None
   try:
     graph, losses = model_calls.traced(model, strategy, batch_spec, True)
@@ -80,11 +82,10 @@ def traced(model, strategy, batch_spec) -> Forward | None:
   return Forward(assigned_in(graph, model.variables), losses)
 
 
-def _worth_tracing(model) -> bool:
-  """Whether the model has a layer of a class not Keras' own, or a
-  variable of aggregation "sum"."""
-  layers = installation.layers_in(model, include_self=True)
-  return (any(not _keras_own(layer) for layer in layers)
+def _worth_tracing(model, layers: list) -> bool:
+  """Whether the model or one of its `layers` is of a class not Keras'
+  own, or a variable of aggregation "sum"."""
+  return (any(not _keras_own(layer) for layer in [model, *layers])
           or any(v.aggregation == "sum" for v in model.variables))
 
 
@@ -134,10 +135,12 @@ def _from_batch(value, outside: dict) -> bool:
   return False
 
 
-def check(model, forward: Forward | None, replicas: int) -> str | None:
+def check(model, layers: list, forward: Forward | None,
+          replicas: int) -> str | None:
   """Refuses a variable of aggregation "sum" the training call assigns;
   returns the line for one of "none" or "only_first_replica" of a
-  layer not Keras' own that it assigns from the batch, or None.
+  layer not Keras' own (the model, or one of `layers`) that it assigns
+  from the batch, or None.
 
   Raises:
     UserError: a "sum" variable the training call assigns (N > 1).
@@ -147,7 +150,7 @@ def check(model, forward: Forward | None, replicas: int) -> str | None:
   for found in forward.assigned:
     if found.variable.aggregation == "sum":
       raise UserError(_summed(found, replicas))
-  users = _users_layer_state(model)
+  users = _users_layer_state([model, *layers])
   own = [found.variable for found in forward.assigned
          if found.from_batch and found.variable.aggregation in _REPLICA_OWN
          and id(found.variable) in users]
@@ -191,14 +194,14 @@ def _summed(found: Assigned, replicas: int) -> str:
           "Python API: your own model and data") + ".")
 
 
-def _users_layer_state(model) -> set:
-  """The ids of the variables held by a layer of a class not Keras'
-  own (its innermost holder): Keras' layers keep theirs per replica by
+def _users_layer_state(layers: list) -> set:
+  """The ids of the variables held by one of `layers` of a class not
+  Keras' own (its innermost holder): Keras' layers keep theirs per replica by
   design (a seed generator's state, drawn per replica in replica_seeds.py;
   a stateful RNN's) or are said already (BatchNormalization, in
   compiled.py)."""
   holder = {}
-  for layer in installation.layers_in(model, include_self=True):
+  for layer in layers:
     for variable in layer.variables:
       known = holder.get(id(variable))
       if known is None or len(layer.variables) < len(known.variables):

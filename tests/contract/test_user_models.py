@@ -18,7 +18,7 @@ import user_task
 from dist_keras import configs
 from dist_keras.contract import batches
 from dist_keras.errors import UserError
-from dist_keras.training import compiled
+from dist_keras.training import model_checks
 
 TESTS = helpers.TESTS
 CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
@@ -586,7 +586,7 @@ def test_an_own_step_that_computes_its_loss_by_hand_is_not_told_of_it(
     models = {"Counting": parity_task.custom_step(), "Gan": parity_task.gan(),
               "Inherited": Inherited()}
   told = {name: any("compute_loss" in note for note in
-                    compiled.take(model, mirrored, train_cfg))
+                    model_checks.as_compiled(model, mirrored, train_cfg))
           for name, model in models.items()}
   assert told == {"Counting": True, "Gan": False, "Inherited": True}
 
@@ -661,7 +661,7 @@ def test_an_own_steps_loss_object_or_hand_taken_mean_is_said(
       inputs = keras.Input((user_task.FEATURES,))
       model = model_class(inputs, keras.layers.Dense(1)(inputs))
       model.compile(optimizer="sgd")
-    notes = " | ".join(compiled.take(model, strategy, train_cfg))
+    notes = " | ".join(model_checks.as_compiled(model, strategy, train_cfg))
     for line in said:
       assert (line in notes) == (strategy is mirrored), notes
   assert "val_loss" not in notes
@@ -694,13 +694,13 @@ def test_a_loss_divided_per_replica_is_said(mirrored, model_fn, count):
   """Keras divides a masked loss by each replica's own count of unmasked
   entries (and mean_with_sample_weight by its weights' sum): N replicas
   equal one device only where the counts are equal, which the run says."""
-  from dist_keras.training import compiled  # pylint: disable=g-import-not-at-top
   line = f"the compiled loss is divided by each replica's own sum of {count}"
   one = tf.distribute.OneDeviceStrategy("/cpu:0")
   for strategy, said in [(mirrored, True), (one, False)]:
     with strategy.scope():
       model = model_fn()
-    notes = compiled.take(model, strategy, configs.load("lstm_longmem").train)
+    notes = model_checks.as_compiled(model, strategy,
+                                     configs.load("lstm_longmem").train)
     assert any(line in note for note in notes) == said, notes
 
 
@@ -711,14 +711,14 @@ def test_per_replica_batch_norm_is_said(mirrored, synchronized, frozen):
   unless synchronized: N replicas then differ from one device. A frozen
   base (trainable=False, keras.io's fine-tuning) normalises by its moving
   statistics: the same on every replica, not said."""
-  from dist_keras.training import compiled  # pylint: disable=g-import-not-at-top
   with mirrored.scope():
     inner = keras.Sequential([keras.Input((6,)), keras.layers.BatchNormalization(
         synchronized=synchronized, name="bn")])
     inner.trainable = not frozen
     model = keras.Sequential([inner, keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
-  notes = compiled.take(model, mirrored, configs.load("lstm_longmem").train)
+  notes = model_checks.as_compiled(model, mirrored,
+                                   configs.load("lstm_longmem").train)
   line = ("1 BatchNormalization layer(s) (bn, ...) normalise by each "
           "replica's own batch of 1/2 of the examples")
   assert any(line in note for note in notes) == (

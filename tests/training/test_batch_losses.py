@@ -91,7 +91,7 @@ def test_losses_keras_divides_or_need_no_division_are_left_as_compiled(
   """A loss of a value per example (Keras reduces and divides it) and one
   of a sum per batch (the replicas' sums add up to the batch's) train as
   compiled, unsaid."""
-  from dist_keras.contract import batches, probe  # pylint: disable=g-import-not-at-top
+  from dist_keras.contract import batches, model_calls, probe  # pylint: disable=g-import-not-at-top
   from dist_keras.training import batch_losses  # pylint: disable=g-import-not-at-top
   make = {"mse": lambda: "mse",
           "sum": lambda: lambda y, p: tf.reduce_sum(tf.square(y - p))}[loss]
@@ -102,7 +102,7 @@ def test_losses_keras_divides_or_need_no_division_are_left_as_compiled(
   with mirrored.scope():
     model.compute_loss(x, y, model(x))  # Builds the compiled loss.
   before = [entry.loss for entry in model._compile_loss._flat_losses]  # pylint: disable=protected-access
-  met = probe.Probe(spec, x, y, None, probe.zero_prediction(model, x))
+  met = probe.Probe(spec, x, y, None, model_calls.zero_prediction(model, x))
   assert batch_losses.divide_means(model, mirrored, met) is None
   assert [entry.loss for entry in model._compile_loss._flat_losses] == before  # pylint: disable=protected-access
 

@@ -474,8 +474,8 @@ def test_an_optimizer_without_a_private_name_is_refused(use, name):
 
 def test_flatten_layers_reaches_the_layers_of_nested_models():
   """`Layer._flatten_layers`, which installation.layers_in walks for
-  compiled.py, contract/, own_losses.py, state_updates.py and
-  measure/flops.py to find a model's BatchNormalization layers, stateful
+  model_checks.py (the list its checks read), contract/, own_losses.py
+  and measure/flops.py to find a model's BatchNormalization layers, stateful
   RNNs, own losses and state, unjittable layers and FLOPs: every layer
   however deeply nested, each once, the model itself only when asked for.
   A release that stops at the first level would hide a stateful LSTM inside

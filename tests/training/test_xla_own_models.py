@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import dist_keras
 import parity_task
+from dist_keras import installation
 from dist_keras.contract import xla_limits
 
 STEPS = 6
@@ -154,24 +155,32 @@ def test_a_layer_keras_marks_unjittable_is_refused_at_start(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def _inside(model) -> list:
+  """The layers inside `model`, as the run hands them to the checks."""
+  return installation.layers_in(model, include_self=False)
+
+
 def test_unjittable_layers_are_refused_on_a_tpu_whatever_jit_compile_says():
   """A TPU compiles every step: its fix cannot be train.jit_compile=false.
   A flagged layer's own sublayers (TextVectorization's StringLookup) are
   not named apart; without XLA nothing is refused."""
   model = _strings_model()
-  xla_limits.check_layers(model, jit_compile=False, on_tpu=False)
+  xla_limits.check_layers(model, _inside(model), jit_compile=False,
+                          on_tpu=False)
   with pytest.raises(dist_keras.UserError, match=(
       r"^a TPUStrategy compiles every step with XLA, and layer 'words' "
       r"\(StringLookup\) .*; apply it in dataset_fn \(ds.map\(layer\)\) "
       r"before the model\.$")):
-    xla_limits.check_layers(model, jit_compile=False, on_tpu=True)
+    xla_limits.check_layers(model, _inside(model), jit_compile=False,
+                            on_tpu=True)
   vectorize = keras.layers.TextVectorization(max_tokens=8, name="text")
   vectorize.adapt(tf.constant(["red green", "blue"]))
   inputs = keras.Input((), dtype="string")
   model = keras.Model(inputs, keras.layers.Embedding(8, 2)(vectorize(inputs)))
   with pytest.raises(dist_keras.UserError, match=(
       r"layer 'text' \(TextVectorization\) of model")):
-    xla_limits.check_layers(model, jit_compile=True, on_tpu=False)
+    xla_limits.check_layers(model, _inside(model), jit_compile=True,
+                            on_tpu=False)
 
 
 def test_sparse_and_ragged_batches_are_refused_on_a_tpu():
