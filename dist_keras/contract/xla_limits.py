@@ -11,7 +11,10 @@ trains without XLA, with a warning; dist_keras follows compile's flag alike
 name or by the TPU, before anything is written: it would fail at step 1
 with a raw XLA error ("No registered '_Arg' OpKernel"). What no flag marks
 (tf.py_function, a sparse input's ops) fails at step 1; that error is
-translated here (unsupported_ops). A TPUStrategy also takes no sparse or
+translated here (unsupported_ops). The eval step is XLA-compiled under the
+same choice, as fit(jit_compile=True) compiles evaluate's test_step: its
+compilation is tried before training (training/evaluation.py), and a
+failure said here (eval_refusal). A TPUStrategy also takes no sparse or
 ragged batches (TF's distributed input prefetches to the device) and no
 pipeline per replica (TF 2.21: NotImplementedError).
 """
@@ -30,12 +33,22 @@ from dist_keras.errors import UserError
 _NO_KERNEL = re.compile(r"No registered '(\w+)' OpKernel for (XLA_\w+?)_JIT "
                         r"devices compatible with node \{\{node ([^}]+)\}\}")
 _PY_FUNCS = ("EagerPyFunc", "PyFunc", "PyFuncStateless")
+# The eval's XLA-compiled function (training/evaluation.py): XLA's errors
+# name its graph ("compile graph __inference_eval_test_step_12[...]").
+EVAL_FUNCTION = "eval_test_step"
+_EVAL_GRAPH = re.compile(rf"compile graph __inference_{EVAL_FUNCTION}_")
+# A lowering to HLO that failed (tf.function.experimental_get_compiler_ir).
+_NOT_LOWERED = "Failed getting HLO text"
 
 
-def _asked_by(on_tpu: bool) -> str:
+def _asked_by(on_tpu: bool, step: str = "train") -> str:
   """What compiles the step with XLA, as a message starts."""
-  return ("a TPUStrategy compiles every step with XLA" if on_tpu
-          else "train.jit_compile=true compiles the train step with XLA")
+  if on_tpu:
+    return "a TPUStrategy compiles every step with XLA"
+  if step == "eval":
+    return ("train.jit_compile=true compiles the eval step with XLA (as "
+            "Keras' fit(jit_compile=True) compiles evaluate's test_step)")
+  return "train.jit_compile=true compiles the train step with XLA"
 
 
 def check_layers(model, layers: list, jit_compile: bool,
@@ -135,8 +148,34 @@ def unsupported_ops(error: Exception, on_tpu: bool) -> UserError | None:
   ops), else None: the ops, their nodes (the layers' path) and the fix."""
   if not isinstance(error, tf.errors.InvalidArgumentError):
     return None
+  step = "eval" if _EVAL_GRAPH.search(str(error)) else "train"
+  return _no_kernel(str(error), on_tpu, step)
+
+
+def eval_refusal(error: Exception) -> UserError | None:
+  """The UserError for an eval step that XLA failed to compile before
+  training (evaluation.check_compiles, train.jit_compile=true): ops with
+  no XLA kernel, or another refusal of XLA's, named; None for an error
+  that is not XLA's (the eval itself finds it, as it did without XLA)."""
+  text = str(error)
+  if not isinstance(error, (ValueError, tf.errors.OpError)) or (
+      _NOT_LOWERED not in text and not _NO_KERNEL.search(text)):
+    return None
+  bad = _no_kernel(text, on_tpu=False, step="eval")
+  if bad is not None:
+    return bad
+  why = " ".join(text.replace(_NOT_LOWERED, "").strip(" :'").split())[:300]
+  return UserError(
+      f"{_asked_by(False, 'eval')}, and XLA cannot compile it ({why}); "
+      "move that computation into dataset_fn, or set "
+      "train.jit_compile=false.")
+
+
+def _no_kernel(text: str, on_tpu: bool, step: str) -> UserError | None:
+  """The line for the ops with no XLA kernel that `text` names, else
+  None."""
   found = list(dict.fromkeys(
-      (op, node) for op, _, node in _NO_KERNEL.findall(str(error))))
+      (op, node) for op, _, node in _NO_KERNEL.findall(text)))
   if not found:
     return None
   ops = sorted({op for op, _ in found})
@@ -151,6 +190,6 @@ def unsupported_ops(error: Exception, on_tpu: bool) -> UserError | None:
   if not on_tpu:
     fix += ", or set train.jit_compile=false"
   return UserError(
-      f"{_asked_by(on_tpu)}, and XLA has no kernel for op(s) "
+      f"{_asked_by(on_tpu, step)}, and XLA has no kernel for op(s) "
       f"{', '.join(ops)} (at node {nodes}: the model's layers, then the "
       f"op); {fix}.")

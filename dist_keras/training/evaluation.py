@@ -16,33 +16,48 @@ the per-output losses moved with the replica count); each of their updates
 is re-weighed here by the batch's examples. A model's own test_step whose
 logs name values of its own is reported as Keras' evaluate reports it:
 those values at the last step (MetricState.results).
+
+Under train.jit_compile=true each replica's test_step is one XLA
+computation, as Keras' fit(jit_compile=True) compiles evaluate's (XLA
+compiles it again for each batch size met: full, a partial last batch, a
+replica's one zero example); what surrounds it (an empty batch's
+stand-in, the re-weighing) stays outside, as the train step's all-reduce
+does. A TPUStrategy compiles the whole replica step anyway. check_compiles
+tries that compilation before training, so a test_step XLA cannot compile
+is refused at the start, not found after training steps were paid for.
 """
 import time
 
 import keras
 import tensorflow as tf
 
+from dist_keras import installation
+from dist_keras.contract import batches, xla_limits
 from dist_keras.contract.checks import overrides
 from dist_keras.distribute import pipelines
 from dist_keras.errors import UserError
 from dist_keras.training import (keras_internals, metrics, model_step,
-                                 replica_seeds)
+                                 replica_seeds, steps)
 
 _SUM = tf.distribute.ReduceOp.SUM
 
 
-def make_eval_pass(strategy, model):
+def make_eval_pass(strategy, model, jit_compile=False):
   """A tf.function `(distributed_dataset) -> ([examples, steps], logs)`
   over one pass of a finite eval dataset; it updates the model's metrics.
   `logs` are a model's own test_step's at the pass's last step (Keras'
   evaluate reports them where they name other things than the model's
   metrics): each replica's weighed by its examples, so that a mean over
   the batch is the global batch's; {} where the step is Keras' own (its
-  logs are the metrics)."""
+  logs are the metrics). `jit_compile` (train.jit_compile's value, or a
+  steps.Jit) XLA-compiles each replica's test_step (a TPUStrategy compiles
+  the whole replica step as it is)."""
   trackers = keras_internals.output_loss_trackers(model)
   keeps_logs = any(overrides(model, name) for name in (
       "test_step", "compute_metrics", "get_metrics_result"))
   weighs = strategy.num_replicas_in_sync > 1
+  test_step = _test_step(model, steps.Jit.of(jit_compile) is not (
+      steps.Jit.OFF) and not isinstance(strategy, tf.distribute.TPUStrategy))
 
   def replica_step(batch):
     batch = pipelines.with_nones(batch)
@@ -56,12 +71,12 @@ def make_eval_pass(strategy, model):
     # An empty batch is not run through the model: TF 2.21's oneDNN fused
     # Conv2D+Relu fails on one ("input depth must be evenly divisible by
     # filter depth") on AVX-512 hosts.
-    logs = model.test_step(_never_empty(batch, examples > 0))
+    logs = test_step(_never_empty(batch, examples > 0))
     with tf.control_dependencies(tf.nest.flatten(logs)):
       _reweigh(trackers, before, examples)
       restored = tf.cond(examples > 0, tf.no_op, lambda: tf.group(
           [v.assign(value) for v, value in zip(variables, kept)]))
-    logs = model_step.flat_logs(logs) if keeps_logs else {}
+    logs = logs if keeps_logs else {}
     with tf.control_dependencies([restored]):
       # A replica's zero example weighs nothing (multiply_no_nan: not
       # even a NaN of it).
@@ -87,6 +102,50 @@ def make_eval_pass(strategy, model):
     return _reduce(dataset, add_batch, keeps_logs)
 
   return keras_internals.made_per_run(eval_pass)  # Traced once a run.
+
+
+def _test_step(model, jit: bool):
+  """(batch) -> the model's test_step's flat logs; with `jit`, one XLA
+  computation, as Keras' fit(jit_compile=True) compiles the test_step
+  of evaluate (named so XLA's errors tell it from the train step's)."""
+
+  def eval_test_step(batch):
+    return model_step.flat_logs(model.test_step(batch))
+
+  eval_test_step.__name__ = xla_limits.EVAL_FUNCTION  # (Its graph's.)
+  if not jit:
+    return eval_test_step
+  # Made twice a run (check_compiles, make_eval_pass), each traced once.
+  return keras_internals.made_per_run(
+      tf.function(eval_test_step, jit_compile=True))
+
+
+def check_compiles(strategy, model, eval_spec) -> None:
+  """Refuses, before training, an eval step that XLA cannot compile under
+  train.jit_compile=true (a tf.numpy_function in the model's own
+  test_step: fit(jit_compile=True) fails at its first validation): each
+  replica's test_step, as make_eval_pass(jit=True) compiles it, lowered
+  to XLA on a zero batch like `eval_spec`'s (contract/batches.zeros: what
+  the model met before training). Nothing runs; no state moves. An error
+  that is not XLA's is left to the eval, which meets it as before.
+
+  Raises:
+    UserError: ops XLA has no kernel for, or another refusal of XLA's
+      (xla_limits.eval_refusal).
+  """
+  test_step = _test_step(model, jit=True)
+
+  def lower():
+    test_step.experimental_get_compiler_ir(batches.zeros(eval_spec))(
+        stage="hlo")
+
+  try:
+    with installation.keras_name_scopes_kept():
+      strategy.run(lower)
+  except Exception as e:  # pylint: disable=broad-except
+    bad = xla_limits.eval_refusal(e)
+    if bad is not None:
+      raise bad from e
 
 
 def _never_empty(batch, has_examples):

@@ -63,9 +63,9 @@ class Trainer:
     self.tensorboard = tensorboard_events.Writer(workdir, self.chief and settings.tensorboard)
     self.metric_state = metrics.MetricState(self.model)
     self.train_metrics = metrics.TrainMetrics(self.metric_state)
-    self.eval_pass = evaluation.make_eval_pass(self.strategy, self.model)
-    self.history = None  # keras.callbacks.History, once run.
-    self.run_state = None  # actions.RunState, once run.
+    self.eval_pass = evaluation.make_eval_pass(
+        self.strategy, self.model, settings.step_options["jit_compile"])
+    self.history = self.run_state = None  # History, RunState: once run.
     self.call_watch = watch.CallWatch(settings.progress_seconds if (
         self.chief and settings.progress) else 0, self.say)
 

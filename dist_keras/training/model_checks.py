@@ -12,7 +12,8 @@ the input pipelines.
    (state_updates.py), its own losses that sum over the batch
    (own_losses.py), compiled losses of one mean per batch
    (batch_losses.py), gathered slices whose count changes: one step per
-   call (varying_slices.py).
+   call (varying_slices.py); under train.jit_compile, an eval step XLA
+   cannot compile (evaluation.py).
 
 Each half walks the model's layers once and hands the list to each check
 that reads them; against_batches walks them again once the model has met
@@ -23,7 +24,8 @@ import tensorflow as tf
 
 from dist_keras import installation
 from dist_keras.contract import checks, probe, traced_limits, xla_limits
-from dist_keras.training import batch_losses, compiled, own_losses
+from dist_keras.training import batch_losses, compiled, evaluation
+from dist_keras.training import own_losses
 from dist_keras.training import state_updates, step_losses, varying_slices
 
 
@@ -57,7 +59,8 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
   before the model meets them.
 
   Raises:
-    UserError: any of the checks' refusals.
+    UserError: any of the checks' refusals, and an eval step XLA cannot
+      compile under train.jit_compile.
   """
   batch_spec, eval_spec = specs
   replicas = strategy.num_replicas_in_sync
@@ -72,6 +75,9 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
   forward = state_updates.traced(model, layers, strategy, batch_spec)
   updates = state_updates.check(model, layers, forward, replicas)
   own_losses.check(model, strategy, batch_spec, forward)
+  if met.evaluates and train_cfg.jit_compile and not isinstance(
+      strategy, tf.distribute.TPUStrategy):  # (A TPU compiles it anyway.)
+    evaluation.check_compiles(strategy, model, eval_spec)
   return met.evaluates, [
       met.no_eval, updates, batch_losses.divide_means(model, strategy, met),
       varying_slices.one_step_per_call(model, strategy, met, train_cfg)]

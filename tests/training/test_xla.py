@@ -1,4 +1,5 @@
-"""Every shipped config's train step compiles with XLA, as on a TPU.
+"""Every shipped config's train step and eval step compile with XLA, as on
+a TPU.
 
 A TPU runs each replica's step as one XLA computation: an op with no XLA
 kernel, a dynamic shape or a Python side effect in the step fails there
@@ -16,7 +17,7 @@ import tensorflow_datasets as tfds
 
 import helpers
 from dist_keras import configs
-from dist_keras.training import steps
+from dist_keras.training import evaluation, steps
 from dist_keras.data import tfds_sources
 from tools import mock_tfds
 
@@ -88,6 +89,25 @@ def test_train_step_compiles_and_learns(one_cpu, tmp_path, no_network, name):
     losses = _train(one_cpu, c)
   assert np.all(np.isfinite(losses)), losses
   assert losses[0] != losses[1], losses  # The update reached the weights.
+
+
+@pytest.mark.parametrize("name", [_marked(name) for name in CONFIGS])
+def test_eval_step_compiles_to_the_same_values(one_cpu, tmp_path, no_network,
+                                               name):
+  """The eval's test_step through XLA, as train.jit_compile=true compiles
+  it (and a TPU its whole replica step): every example once, the values of
+  the eval without XLA."""
+  c = _config(name)
+  with _data_source(c, tmp_path), helpers.built(c, one_cpu) as run:
+    results = [evaluation.evaluate(
+        evaluation.make_eval_pass(one_cpu, run.model, jit),
+        run.metric_state, run.parts.eval_ds) for jit in (False, True)]
+  plain, compiled = ({k: v for k, v in r.items()
+                      if k not in ("seconds", "traced")} for r in results)
+  assert plain.keys() == compiled.keys() and plain["examples"] > 0, plain
+  for key, value in plain.items():
+    np.testing.assert_allclose(compiled[key], value, rtol=1e-5, atol=1e-6,
+                               err_msg=key)
 
 
 def test_an_uncompilable_op_fails_loudly(one_cpu, monkeypatch):

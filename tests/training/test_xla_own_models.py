@@ -91,21 +91,30 @@ def _py_step_model():
   return model
 
 
-@pytest.mark.parametrize("model_fn,dataset_fn,op,node,fix", [
+# A layer's op is met first by the eval's compile, tried at the start
+# (tests/training/test_eval_xla.py); the others at step 1.
+_EVAL = (r"the eval step with XLA \(as Keras' fit\(jit_compile=True\) "
+         r"compiles evaluate's test_step\)")
+
+
+@pytest.mark.parametrize("model_fn,dataset_fn,op,node,fix,step", [
     (_py_layer_model, parity_task.dataset_fn, "EagerPyFunc", "py_scale",
-     r"run the Python function in dataset_fn \(ds.map\) instead"),
+     r"run the Python function in dataset_fn \(ds.map\) instead", _EVAL),
     # The own train_step is XLA-compiled too, as fit(jit_compile=True)
     # compiles it.
     (_py_step_model, parity_task.dataset_fn, "EagerPyFunc", "EagerPyFunc",
-     r"run the Python function in dataset_fn \(ds.map\) instead"),
+     r"run the Python function in dataset_fn \(ds.map\) instead",
+     "the train step with XLA"),
     (parity_task.sparse_adam, parity_task.bags_dataset_fn,
      "SparseFillEmptyRows", "dense", r"densify the sparse input in "
-     r"dataset_fn \(tf.sparse.to_dense\)")])
+     r"dataset_fn \(tf.sparse.to_dense\)", "the train step with XLA")])
 def test_an_op_xla_cannot_compile_is_named_in_one_line(
-    tmp_path, model_fn, dataset_fn, op, node, fix):
+    tmp_path, model_fn, dataset_fn, op, node, fix, step):
   """What no Keras flag marks (tf.py_function, a sparse input's ops) fails
-  at step 1 under XLA, as under fit(jit_compile=True): one line naming the
-  op, its node (the layer's path) and the fix, exit 2, nothing kept."""
+  under XLA, as under fit(jit_compile=True): in a layer before step 1 (the
+  eval's compile, tried at the start, meets it), else at step 1; one line
+  naming the op, its node (the layer's path) and the fix, exit 2, nothing
+  kept."""
   with pytest.raises(dist_keras.UserError) as e:
     dist_keras.fit(model_fn, dataset_fn, workdir=str(tmp_path / "run"),
                    strategy=ONE_CPU, config={**CONFIG,
@@ -113,8 +122,8 @@ def test_an_op_xla_cannot_compile_is_named_in_one_line(
   line = str(e.value)
   assert "\n" not in line and e.value.exit_code == 2, line
   assert re.match(
-      rf"^train.jit_compile=true compiles the train step with XLA, and XLA "
-      rf"has no kernel for op\(s\) {op} \(at node \S*{node}\S*: ", line), line
+      rf"^train.jit_compile=true compiles {step}, and XLA has no kernel "
+      rf"for op\(s\) {op} \(at node \S*{node}\S*: ", line), line
   assert re.search(rf"; {fix}, or set train.jit_compile=false\.$", line), line
   assert not (tmp_path / "run").exists()
 
