@@ -26,6 +26,10 @@ from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-
 
 strategies.split_cpu(2)
 
+import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+helpers.drop_train_iterators_in_background()
+
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position

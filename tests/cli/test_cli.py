@@ -311,11 +311,19 @@ def _until_stopped(workdir, log_every: int) -> list:
           "--config.log.calibration_steps=0"]
 
 
-def _resumed(args: list, steps: int):
-  """`args` (from _until_stopped) rerun with train.steps=`steps`."""
-  return helpers.run_module(
+def _resumed(args: list, steps: int, strategy) -> dict:
+  """`args`' run (from _until_stopped) rerun with train.steps=`steps`, in
+  this process (a TensorFlow process less): the config the command line
+  makes of them, through dist_keras.fit; returns summary.json. (The
+  command line's own rerun resumes in test_resume.py's 2-worker case.)"""
+  from dist_keras import configs  # pylint: disable=g-import-not-at-top
+  from dist_keras import train  # pylint: disable=g-import-not-at-top
+  _, overrides = train.split_overrides(
       [arg if not arg.startswith("--config.train.steps=")
        else f"--config.train.steps={steps}" for arg in args])
+  config = configs.from_command_line(configs.DEFAULT, overrides)
+  workdir = next(arg for arg in args if arg.startswith("--workdir="))
+  return helpers.train(config, workdir[len("--workdir="):], strategy)
 
 
 # One rerun is enough: what a rerun resumes from is the same checkpoint
@@ -329,7 +337,7 @@ def _resumed(args: list, steps: int):
                  marks=pytest.mark.slow),
     (signal.SIGINT, "Ctrl-C (SIGINT)", errors.EXIT_INTERRUPTED, True)])
 def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
-    tmp_path, signum, said, code, rerun):
+    tmp_path, signum, said, code, rerun, mirrored, capsys):
   """SIGTERM (preemption) and Ctrl-C: the step the run is at is saved, one
   line says so (after Ctrl-C's notice), the same command resumes."""
   workdir = tmp_path / "run"
@@ -372,13 +380,13 @@ def test_a_stop_signal_checkpoints_the_current_step_and_a_rerun_resumes(
   assert not (workdir / "summary.json").exists()
   if not rerun:
     return
-  # The same command (fewer steps, to finish) resumes at that step.
-  resumed = _resumed(args, step + 5)
-  assert resumed.returncode == 0, resumed.stderr[-2000:]
-  assert f"at step {step}" in resumed.stdout
+  # The same settings (fewer steps, to finish) resume at that step.
+  assert _resumed(args, step + 5, mirrored)["steps"] == step + 5
+  out = capsys.readouterr().out
+  assert f"at step {step}" in out
   assert ("config changed since this workdir's last run: train.steps "
           f"100000 -> {step + 5} (config.json takes this run's with its "
-          "first checkpoint)" in resumed.stdout)
+          "first checkpoint)" in out)
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["steps"] == step + 5
 

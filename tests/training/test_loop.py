@@ -557,26 +557,35 @@ def test_non_finite_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
   assert not (tmp_path / "summary.json").exists()
 
 
-def _trained(c, workdir, strategy):
-  with helpers.trainer(c, str(workdir), strategy) as trainer:
-    summary = trainer.run()
-  return summary, [w.numpy() for w in trainer.model.weights]
-
-
 def test_steps_per_loop_trains_the_same_steps_and_logs_at_the_same_points(
-    tmp_path, mirrored):
-  runs = {}
-  for spl in (1, 7, 0):  # 0: automatic.
+    tmp_path, mirrored, monkeypatch):
+  """1, 7 and automatic (0) steps a call train the same weights and log,
+  evaluate and checkpoint at the same steps. Automatic: every window after
+  the first measured a step long enough for 4 a call (the sizing itself:
+  tests/training/test_settings.py), so its calls are known."""
+  from dist_keras.training import actions  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(actions, "auto_steps_per_call",
+                      lambda seconds, multi_worker: 4 if seconds else 1)
+  runs, calls = {}, {}
+  for spl in (1, 7, 0):
     c = helpers.tiny_config()
     c.log.sync_timing = True  # Timed steps run alone: calls stop before them.
     c.train.steps, c.train.log_every, c.train.checkpoint_every = 30, 10, 15
     c.eval.every, c.train.steps_per_loop = 15, spl
-    runs[spl] = _trained(c, tmp_path / str(spl), mirrored)
+    with helpers.trainer(c, str(tmp_path / str(spl)), mirrored) as trainer:
+      calls[spl] = _call_sizes(monkeypatch, trainer)
+      summary = trainer.run()
+    runs[spl] = summary, [w.numpy() for w in trainer.model.weights]
+  # Automatic: steps 1-10 one a call (1 and 10 are timed; no window
+  # measured before 10); then 11-14, 15 (the checkpoint and eval after
+  # it), 16-19, the timed 20, 21-24, 25-28, 29 and the timed 30.
+  assert calls[0] == [1] * 10 + [4, 1, 4, 1, 4, 4, 1, 1]
+  assert max(calls[7]) == 7 and calls[1] == [1] * 30
   tags = {spl: helpers.scalar_tags(str(tmp_path / str(spl))) for spl in runs}
   (one, w1) = runs[1]
   for spl in (7, 0):
     many, weights = runs[spl]
-    assert one["steps"] == many["steps"] == 30
+    assert one["steps"] == many["steps"] == sum(calls[spl]) == 30
     for a, b in zip(w1, weights):
       np.testing.assert_array_equal(a, b)
     for tag in ("loss", "eval/accuracy", "sync/allreduce_ms"):
@@ -606,24 +615,6 @@ def _call_sizes(monkeypatch, trainer):
 
   monkeypatch.setattr(trainer, "_step_functions", recorded)
   return calls
-
-
-def test_automatic_steps_per_loop_sizes_calls_from_the_last_window(
-    tmp_path, mirrored, monkeypatch):
-  from dist_keras.training import actions  # pylint: disable=g-import-not-at-top
-  # Every window after the first measured a step long enough for 4 a call.
-  monkeypatch.setattr(actions, "auto_steps_per_call",
-                      lambda seconds, multi_worker: 4 if seconds else 1)
-  c = helpers.tiny_config()
-  c.train.steps, c.train.log_every, c.train.checkpoint_every = 20, 10, 20
-  c.eval.every, c.train.steps_per_loop = 0, 0
-  c.log.sync_timing = True  # Timed steps run alone: calls stop before them.
-  with helpers.trainer(c, str(tmp_path), mirrored) as trainer:
-    calls = _call_sizes(monkeypatch, trainer)
-    assert trainer.run()["steps"] == 20
-  # Steps 1-10 one a call (1 and 10 are timed; no window measured before
-  # 10); then 11-14, 15-18 and 19 (a call stops before the timed step 20).
-  assert calls == [1] * 10 + [4, 4, 1, 1]
 
 
 def test_a_train_stream_that_runs_dry_names_the_step_inside_a_call(
@@ -767,6 +758,7 @@ def test_only_the_command_line_keeps_the_train_iterator_to_its_exit(
   os._exit; from Python it goes when run() returns, as any object does."""
   c = helpers.tiny_config()
   c.train.steps = c.eval.every = 2
+  background = pipelines._KEPT  # pylint: disable=protected-access
   held, hold = [], pipelines.hold
   monkeypatch.setattr(pipelines, "hold", lambda iterator: (
       held.append(weakref.ref(iterator)), hold(iterator)))
@@ -779,6 +771,8 @@ def test_only_the_command_line_keeps_the_train_iterator_to_its_exit(
     iterator = held[-1]()
     assert isinstance(iterator, tf.distribute.DistributedIterator) == keeping
     assert pipelines._KEPT == ([iterator] if keeping else None)  # pylint: disable=protected-access
+  if background is not None:  # Not destroyed here (conftest.py).
+    background.append(iterator)
 
 
 def test_a_process_running_many_runs_is_not_warned_of_retracing(caplog):

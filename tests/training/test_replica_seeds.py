@@ -38,13 +38,23 @@ def _kept_masks(strategy, model):
   return [v.numpy() for v in strategy.experimental_local_results(kept)]
 
 
-def test_each_replica_applies_its_own_dropout_mask(tmp_path, mirrored):
+# Timed steps too: the sync breakdown's step function draws as the plain one.
+TIMED = {"log.sync_timing": True}
+
+
+@pytest.fixture(scope="module")
+def dropout_run(tmp_path_factory, mirrored):
+  """dropout_noise's 12 steps on 2 replicas, shared by the tests that read
+  its masks (an in-process run is ~5-10 CPU-s)."""
+  return _fit("dropout_noise", tmp_path_factory.mktemp("whole"), mirrored,
+              **TIMED)
+
+
+def test_each_replica_applies_its_own_dropout_mask(dropout_run, mirrored):
   """A compiled model's Dropout (dist_keras' own step, timed and not):
   the two replicas' masks differ; Keras' SeedGenerator is its own again
   after the run."""
-  result = _fit("dropout_noise", tmp_path, mirrored,
-                **{"log.sync_timing": True})
-  first, second = _kept_masks(mirrored, result.model)
+  first, second = _kept_masks(mirrored, dropout_run.model)
   assert set(np.unique(first)) == {0.0, 2.0}, first  # Masks were kept.
   assert not np.array_equal(first, second), "both replicas drew one mask"
   assert keras.random.SeedGenerator.next is KERAS_NEXT
@@ -102,15 +112,15 @@ def test_one_device_draws_what_keras_fit_draws(tmp_path, name):
                                   err_msg=expected.path)
 
 
-def test_a_resumed_run_draws_what_the_uninterrupted_one_draws(tmp_path,
-                                                              mirrored):
+def test_a_resumed_run_draws_what_the_uninterrupted_one_draws(
+    tmp_path, mirrored, dropout_run):
   """2 replicas stopped at step 6 and run on to 12 end with the
   uninterrupted run's weights and masks: the seed state is checkpointed
   and each replica folds its id into it alike."""
-  whole = _fit("dropout_noise", tmp_path / "whole", mirrored)
+  whole = dropout_run
   _fit("dropout_noise", tmp_path / "resumed", mirrored, **{
-      "train.steps": 6, "train.checkpoint_every": 6})
-  resumed = _fit("dropout_noise", tmp_path / "resumed", mirrored)
+      "train.steps": 6, "train.checkpoint_every": 6, **TIMED})
+  resumed = _fit("dropout_noise", tmp_path / "resumed", mirrored, **TIMED)
   for expected, got in zip(whole.model.weights, resumed.model.weights):
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=0,
                                atol=1e-6, err_msg=expected.path)
