@@ -139,6 +139,11 @@ def _train() -> ml_collections.ConfigDict:
   # list of keras.callbacks.Callback ("": none). An epoch is one eval
   # interval (eval.every steps); docs/own_models.md#callbacks.
   s.callbacks = ""
+  # Keras' fit(class_weight=...): class i's weight at index i (a class past
+  # the end: refused at its batch), each train batch's sample weights as
+  # fit makes them from its labels; the eval is not weighed. (): none.
+  # dist_keras.fit(class_weight={0: 1.0, 1: 50.0}) sets it.
+  s.class_weight = ()
   return s
 
 

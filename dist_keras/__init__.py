@@ -53,6 +53,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
     callbacks: a list of keras.callbacks.Callback, run as `model.fit` runs
       them; an epoch is one eval interval (eval.every steps). On the
       command line: train.callbacks=PKG.MODULE:FN returning the list.
+    class_weight= (Keras' fit's {class: weight}) sets train.class_weight.
 
   Returns:
     dist_keras.FitResult(model, summary, workdir, history).

@@ -195,8 +195,7 @@ def build(job: Job) -> loop.Trainer:
     notes = model_checks.as_compiled(model, strategy, config.train)
     callbacks, note = user_callbacks.collect(
         config.train.callbacks, job.callbacks, model, config.train)
-    feed = pipelines.Feed(config.train.global_batch_size,
-                          config.data.pipeline_per_replica)
+    feed = pipelines.Feed.from_config(config)
     train_ds, batch_spec = pipelines.distribute(
         strategy, dataset_fn, "train", feed, start_step=resume.step)
     eval_ds, eval_spec = pipelines.distribute(

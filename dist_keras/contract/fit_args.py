@@ -1,11 +1,12 @@
 """Keras' fit arguments, which dist_keras.fit does not take: each with what
 does its work here (a config key, or the dataset_fn), so a Keras user's
-habit is refused in one line that says where it went. Nothing here imports
+habit is refused in one line that says where it went; class_weight= is
+taken, as the config key train.class_weight. Nothing here imports
 TensorFlow."""
 import functools
 import sys
 
-from dist_keras.contract import imports
+from dist_keras.contract import class_weights, imports
 from dist_keras.errors import UserError
 
 # What carries a batch's data in dist_keras, for Keras' fit(x, y) habit.
@@ -26,8 +27,6 @@ KERAS_FIT_ARGS = {
                   " input_context.get_per_replica_batch_size(N))",
     "verbose": "config={'log.progress': False} (or True)",
     "shuffle": "ds.shuffle(buffer, seed=...) in dataset_fn",
-    "class_weight": "sample weights from dataset_fn (ds.map(lambda x, y: (x, "
-                    "y, tf.gather(class_weights, y))))",
     "sample_weight": "(x, y, sample_weight) batches from dataset_fn",
     "validation_data": "dataset_fn's 'eval' split",
     "validation_split": "dataset_fn's 'eval' split (split your data there)",
@@ -55,9 +54,39 @@ def refusing_keras_args(fit):
             f"dist_keras.fit takes no {name}= (Keras' fit does); use "
             f"{KERAS_FIT_ARGS[name]}; see help(dist_keras.fit).")
     refuse_built_model(args[0] if args else kwargs.get("model_fn"))
+    if "class_weight" in kwargs:
+      kwargs["config"] = _with_class_weight(kwargs.get("config"),
+                                            kwargs.pop("class_weight"))
     return fit(*args, **kwargs)
 
   return checked
+
+
+def _with_class_weight(config, class_weight):
+  """fit's `config` with Keras' class_weight= as train.class_weight (its
+  weights by class index), the config key that carries it (the command
+  line's, config.json's); None leaves it as it is. A config that sets the
+  key too is refused: which one trains would be a guess."""
+  if class_weight is None:
+    return config
+  weights = class_weights.as_weights(class_weight)
+  if config is None or isinstance(config, dict):
+    config = dict(config or {})
+    if config.get(class_weights.KEY, ()):
+      raise UserError(
+          f"dist_keras.fit got class_weight= and config["
+          f"{class_weights.KEY!r}] both; pass one.")
+    return {**config, class_weights.KEY: weights}
+  if not hasattr(config, "copy_and_resolve_references"):
+    return config  # Not a config: fit says what config takes.
+  config = config.copy_and_resolve_references()  # The caller's stays.
+  if tuple(config.train.get("class_weight", ())):
+    raise UserError(
+        f"dist_keras.fit got class_weight= and a config whose "
+        f"{class_weights.KEY} is set both; pass one.")
+  with config.unlocked():
+    config.train.class_weight = weights
+  return config
 
 
 def refuse_built_model(model_fn) -> None:

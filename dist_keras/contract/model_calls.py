@@ -66,6 +66,41 @@ def adds_losses(model, strategy, batch_spec, training: bool):
     return None
 
 
+def shaped_by_inputs(model, batch_spec):
+  """`batch_spec` with the sizes its x leaves open (None past the batch:
+  keras.utils.timeseries_dataset_from_array's window length) taken from
+  the model's own Inputs where they state them, so that a zero batch of it
+  (probe.py) has the shape the model takes, as the real batches have;
+  sizes the Inputs leave open too stay open (the zero batch's 1)."""
+  x = keras.utils.unpack_x_y_sample_weight(batch_spec)[0]
+  try:
+    own = model.input if isinstance(model.input, dict) else model.inputs
+  except (AttributeError, ValueError):  # Subclassed, or not yet built.
+    return batch_spec
+  if isinstance(x, dict) and isinstance(own, dict) and set(x) <= set(own):
+    x = {key: _filled(spec, own[key]) for key, spec in x.items()}
+  elif not isinstance(x, dict) and len(tf.nest.flatten(x)) == len(own):
+    x = tf.nest.pack_sequence_as(x, [
+        _filled(spec, tensor) for spec, tensor in
+        zip(tf.nest.flatten(x), own)])
+  else:
+    return batch_spec
+  if isinstance(batch_spec, (tuple, list)):
+    return (x, *batch_spec[1:])
+  return x
+
+
+def _filled(spec, tensor):
+  """A dense `spec` with its open sizes past the batch taken from the
+  KerasTensor `tensor` of the same rank; any other spec as it is."""
+  if (not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None
+      or spec.shape.rank != len(tensor.shape)):
+    return spec
+  dims = [d if d is not None or i == 0 else tensor.shape[i]
+          for i, d in enumerate(spec.shape.as_list())]
+  return tf.TensorSpec(dims, spec.dtype, spec.name)
+
+
 def zero_prediction(model, x):
   """What the model returns for `x`, as zeros of its shapes.
 

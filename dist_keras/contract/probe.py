@@ -136,7 +136,7 @@ def _probe(model, batch_spec, split: str, builtin_data: str | None):
     fix = ("; build the model for these batches, or give it your own data "
            "(data.name=PKG.MODULE:FN)")
   x, y, weights = keras.utils.unpack_x_y_sample_weight(
-      batches.zeros(batch_spec))
+      batches.zeros(model_calls.shaped_by_inputs(model, batch_spec)))
   step = "train_step" if split == "train" else "test_step"
   if checks.overrides(model, step):
     fix += "" if y is not None else (

@@ -7,7 +7,8 @@ import warnings
 import tensorflow as tf
 
 from dist_keras import errors
-from dist_keras.contract import batches, checks, imports, xla_limits
+from dist_keras.contract import (batches, checks, class_weights, imports,
+                                 xla_limits)
 from dist_keras.errors import UserError
 
 # Iterating a distributed dataset inside tf.function reads its options in
@@ -32,9 +33,16 @@ def per_replica_batch_size(global_batch_size: int, num_replicas: int) -> int:
 class Feed:
   """How the pipelines feed the replicas: the global batch, and whether
   each replica has its own pipeline (data.pipeline_per_replica) instead of
-  one per worker."""
+  one per worker, and the class weights of the train batches."""
   global_batch_size: int
   per_replica_pipelines: bool = False
+  class_weight: tuple = ()  # train.class_weight: the train split's.
+
+  @classmethod
+  def from_config(cls, config) -> "Feed":
+    return cls(config.train.global_batch_size,
+               config.data.pipeline_per_replica,
+               tuple(config.train.class_weight))
 
 
 def distribute(strategy, dataset_fn, split: str, feed: Feed,
@@ -54,6 +62,7 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   replicas = strategy.num_replicas_in_sync
   global_batch_size = feed.global_batch_size
   per_replica_batch_size(global_batch_size, replicas)
+  class_weights.check(feed.class_weight)
   specs, sizes = [], []  # sizes: (pipelines, that one's batches).
 
   def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -63,6 +72,8 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
     batches.check_dataset(ds, split, global_batch_size, replicas, eval_steps,
                           ctx)
     xla_limits.check_tpu_batches(ds.element_spec, split, on_tpu)
+    if split == "train" and feed.class_weight:
+      ds = class_weights.weighed(ds, feed.class_weight)
     specs.append(ds.element_spec)
     sizes.append((ctx.num_input_pipelines, int(ds.cardinality())))
     per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines

@@ -52,7 +52,8 @@ def check(model, strategy, batch_spec, forward) -> None:
                     if getattr(w, "regularizer", None) is not None)
   if forward is None or forward.losses <= regularised:
     return  # Nothing but weight regularisers: none scales with the batch.
-  x, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
+  x, _, _ = keras.utils.unpack_x_y_sample_weight(
+      model_calls.shaped_by_inputs(model, batch_spec))
   try:
     found = _doubled(model, strategy, x, forward.losses)
   except Exception:  # pylint: disable=broad-except
