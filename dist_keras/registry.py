@@ -52,7 +52,7 @@ def resolve(config, model_fn=None, dataset_fn=None):
     model_fn = model_fn or imports.load("model.name", config.model.name)
   if user_model and user_data:
     return model_fn, dataset_fn
-  inputs = "" if user_model else models.inputs(config.model)
+  inputs = "" if user_model else catalog.MODELS[config.model.name].inputs
   if user_data:  # A built-in model reads the shape the config declares.
     spec = data.specs.declared(config.data, inputs)
   else:

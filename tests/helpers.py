@@ -117,8 +117,8 @@ class _DroppedInBackground:
 def builtin_dataset_fn(config, with_ids: bool = False):
   """The built-in dataset_fn of `config.data.name`, as registry.resolve
   makes it (the model's inputs for data.name=synthetic)."""
-  from dist_keras import data, models  # pylint: disable=g-import-not-at-top
-  source = data.source(config.data, models.inputs(config.model))
+  from dist_keras import data  # pylint: disable=g-import-not-at-top
+  source = data.source(config.data, catalog.MODELS[config.model.name].inputs)
   return data.dataset_fn(source, data.Batching.from_config(config), with_ids)
 
 

@@ -9,7 +9,7 @@ import dataclasses
 from dist_keras.catalog import SHAPE_KEYS
 from dist_keras.errors import UserError
 
-# What a model reads (models.inputs).
+# What a model reads (catalog.MODELS' inputs).
 INPUT_KINDS = tuple(SHAPE_KEYS)
 
 
@@ -46,7 +46,7 @@ def declared(data_cfg, inputs: str) -> InputSpec:
   reading `inputs` (INPUT_KINDS); raises UserError for sizes below 1."""
   if inputs not in INPUT_KINDS:
     raise ValueError(f"data.name={data_cfg.name} needs the model's inputs, "
-                     f"one of {INPUT_KINDS} (models.inputs), not {inputs!r}.")
+                     f"one of {INPUT_KINDS} (catalog.MODELS), not {inputs!r}.")
   for key in SHAPE_KEYS[inputs]:
     if getattr(data_cfg, key) < 1:
       raise UserError(f"data.{key}={getattr(data_cfg, key)} must be >= 1 for "

@@ -21,12 +21,6 @@ def _module(model_cfg):
       f"dist_keras.models.{catalog.MODELS[model_cfg.name].module}")
 
 
-def inputs(model_cfg) -> str:
-  """What model `model_cfg.name` reads: images | tokens | per_token (tokens
-  with one label each); data.name=synthetic makes batches of that kind."""
-  return catalog.MODELS[model_cfg.name].inputs
-
-
 def check(model_cfg, input_spec) -> None:
   """Raises UserError if `model_cfg` cannot be built for `input_spec`."""
   _module(model_cfg).check(model_cfg, input_spec)

@@ -30,7 +30,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from dist_keras.distribute import leaving, strategies
+from dist_keras.distribute import leaving
 from dist_keras.errors import UserError
 from dist_keras.training import allreduce
 
@@ -125,7 +125,9 @@ class _Gather:
     cluster = resolver.cluster_spec().as_dict()
     self.names = [f"{kind}:{i}" for kind in ("chief", "worker")
                   for i in range(len(cluster.get(kind, ())))]
-    self.me = strategies.worker_id(strategy)  # (The same order, chief first.)
+    # This worker's slot: its place among the names (chief first).
+    self.me = self.names.index(
+        f"{resolver.task_type}:{int(resolver.task_id or 0)}")
     # Each of a worker's replicas adds its value.
     self.replicas = strategy.num_replicas_in_sync // len(self.names)
 

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from dist_keras import configs, data, models
+from dist_keras import catalog, configs, data
 from dist_keras.measure import timing
 from dist_keras.training import settings
 from dist_keras.errors import UserError
@@ -18,7 +18,7 @@ SYNTHETIC = "synthetic"
 
 
 def _spec(c):
-  return data.source(c.data, models.inputs(c.model)).spec
+  return data.source(c.data, catalog.MODELS[c.model.name].inputs).spec
 
 
 def _synthetic(name):

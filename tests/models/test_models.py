@@ -32,7 +32,7 @@ def test_each_built_in_model_builds_from_the_keys_catalog_declares(name):
   build from those keys alone."""
   c = helpers.tiny_config().model
   c.name = name
-  spec = SPECS[models.inputs(c)]
+  spec = SPECS[catalog.MODELS[name].inputs]
   model = models.build(ml_collections.ConfigDict(
       {k: c[k] for k in catalog.model_reads(name)}), spec)
   assert model.output_shape[-1] == spec.num_classes
