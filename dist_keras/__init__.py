@@ -185,8 +185,9 @@ def _kind(value) -> str:
 
 
 def prepare_runtime(strategy: str = "auto", tpu: str = "local",
-                    verbose: bool = False) -> dict:
-  """Sets up the TPU runtime's environment before TensorFlow starts.
+                    verbose: bool = False,
+                    num_cpu_devices: int | None = None) -> dict:
+  """Sets up TensorFlow's devices before TensorFlow starts.
 
   On a TPU v5e, v5p or v6e (Colab's TPU runtimes, Cloud TPU VMs) TensorFlow
   reaches the TPU only through the PJRT runtime, chosen by environment
@@ -196,11 +197,25 @@ def prepare_runtime(strategy: str = "auto", tpu: str = "local",
   does nothing. The command line and `fit` call it; a notebook calls it in
   its first cell, before anything imports TensorFlow.
 
+  `num_cpu_devices=N` also splits the host CPU into N logical devices (as
+  runtime.num_cpu_devices, which `fit` asks for when it starts): for a
+  script that uses TensorFlow before `fit` (a layer, a tensor or `adapt()`
+  at import), which fixes the device list, call it first thing. It imports
+  TensorFlow.
+
   Returns:
     {variable: value} of what was set.
+
+  Raises:
+    UserError: TensorFlow started before it with fewer CPU devices.
   """
   from dist_keras.distribute import tpu_env  # pylint: disable=g-import-not-at-top
-  return tpu_env.prepare_and_report(strategy, tpu, verbose)
+  set_now = tpu_env.prepare_and_report(strategy, tpu, verbose)
+  if num_cpu_devices is not None:
+    validate.num_cpu_devices(num_cpu_devices)
+    from dist_keras.distribute import cpus  # pylint: disable=g-import-not-at-top
+    cpus.split_cpu(num_cpu_devices)
+  return set_now
 
 
 def __getattr__(name):

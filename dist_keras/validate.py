@@ -167,9 +167,7 @@ def workdir(path: str) -> None:
 
 def _runtime(runtime) -> None:
   check_choice("runtime.strategy", runtime.strategy, STRATEGIES)
-  if isinstance(runtime.num_cpu_devices, bool) or runtime.num_cpu_devices < 1:
-    raise UserError(f"runtime.num_cpu_devices={runtime.num_cpu_devices!r} "
-                    "must be >= 1.")
+  num_cpu_devices(runtime.num_cpu_devices)
   check_choice("runtime.collective", runtime.collective, COLLECTIVES)
   _at_least("runtime.bytes_per_pack", runtime.bytes_per_pack, 0,
             "0: one pack")
@@ -183,6 +181,12 @@ def _runtime(runtime) -> None:
     raise UserError(f"runtime.seed={runtime.seed} is outside "
                     f"0..{SEED_LIMIT - 1} (TensorFlow's seed range); pick a "
                     "seed in it.")
+
+
+def num_cpu_devices(n) -> None:
+  """runtime.num_cpu_devices, or prepare_runtime's, is a count >= 1."""
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise UserError(f"runtime.num_cpu_devices={n!r} must be >= 1.")
 
 
 def _devices_for_batch(num_cpu_devices: int, global_batch_size: int) -> None:

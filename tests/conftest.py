@@ -22,9 +22,9 @@ for folder in (TESTS, REPO, os.path.join(REPO, "tools"),
                os.path.join(TESTS, "scripts")):
   sys.path.insert(0, folder)
 
-from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-top
+from dist_keras.distribute import cpus  # pylint: disable=g-import-not-at-top
 
-strategies.split_cpu(2)
+cpus.split_cpu(2)
 
 import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
 

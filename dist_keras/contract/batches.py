@@ -173,6 +173,14 @@ def _check_batch_size(where: str, spec, global_batch_size: int,
         f"({describe(spec)}): are they batched? batch with "
         f"input_context.get_per_replica_batch_size({global_batch_size}) and "
         "drop_remainder=True.")
+  state_it = ("ds.map(lambda *b: tf.nest.map_structure(lambda t: "
+              f"tf.ensure_shape(t, [{wanted}, *t.shape[1:]]), b))")
+  if sizes == {None, wanted}:  # Batched whole; a map after lost a size.
+    raise UserError(
+        f"{where} yields batches of unknown size in part ({describe(spec)})"
+        f": a function mapped after batch() (TextVectorization does) lost "
+        f"the batch dimension of what the others keep at {wanted}; state it"
+        f" at the end of the map, or map it again: {state_it}.")
   if None in sizes:
     # drop_remainder=True cannot make every size static: a generator's
     # batches, bucket_by_sequence_length(drop_remainder=True) and a
@@ -182,9 +190,7 @@ def _check_batch_size(where: str, spec, global_batch_size: int,
         f"every replica needs exactly {wanted} examples in a static shape; "
         "batch with drop_remainder=True, or where the batches are whole but "
         "their size unknown (bucket_by_sequence_length, a generator of "
-        "batches: its output_signature), state it: ds.map(lambda *b: "
-        "tf.nest.map_structure(lambda t: tf.ensure_shape(t, "
-        f"[{wanted}, *t.shape[1:]]), b)).")
+        f"batches: its output_signature), state it: {state_it}.")
   if sizes != {wanted}:
     got = min(sizes)
     raise UserError(

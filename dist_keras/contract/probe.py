@@ -81,7 +81,7 @@ def meet(model, layers: list, strategy, batch_spec, eval_spec=None,
         _probe(model, eval_spec, "eval", builtin_data)
     _check_scalar(model, loss)
     model.reset_metrics()
-  _check_in_scope(model, strategy)
+  _check_in_scope(model, layers, strategy)
   no_eval = None if has_eval_loss else _no_eval_note(model)
   return dataclasses.replace(met, no_eval=no_eval)
 
@@ -215,18 +215,38 @@ def _built(model, layers: list) -> bool:
                          and not checks.overrides(model, "build"))
 
 
-def _check_in_scope(model, strategy) -> None:
+def _check_in_scope(model, layers: list, strategy) -> None:
   """Refuses variables created outside `strategy.scope()`: they would not
-  be mirrored, so replicas would update different copies (or fail)."""
-  owners = [("model", v) for v in model.variables] + [
-      ("optimizer", v) for v in model.optimizer.variables]
-  outside = [f"{owner} variable {v.path!r}" for owner, v in owners
-             if not strategy.extended.variable_created_in_scope(v.value)]
-  if outside:
+  be mirrored, so replicas would update different copies (or fail). Where
+  the rest of the model is in scope, names the layer made before model_fn
+  (keras.io's scripts keep augmentation layers in a list at import)."""
+  def outside(variables):
+    return [v for v in variables
+            if not strategy.extended.variable_created_in_scope(v.value)]
+  model_vars = outside(model.variables)
+  if model_vars and len(model_vars) < len(model.variables):
+    owner = _owner(model_vars[0], model, layers)
     raise UserError(
-        f"{outside[0]} was created outside the strategy's scope (it is not "
+        f"model variable {model_vars[0].path!r} of layer "
+        f"{type(owner).__name__} {owner.name!r} was created outside the "
+        "strategy's scope (it is not mirrored): that layer was made before "
+        "dist_keras called model_fn (at import, in a list of layers?); "
+        "create it inside model_fn, with the rest of the model.")
+  first = ([f"model variable {v.path!r}" for v in model_vars] + [
+      f"optimizer variable {v.path!r}"
+      for v in outside(model.optimizer.variables)])
+  if first:
+    raise UserError(
+        f"{first[0]} was created outside the strategy's scope (it is not "
         "mirrored); create the model, its optimizer and compile() inside "
         "model_fn, not at import time or before dist_keras calls it.")
+
+
+def _owner(variable, model, layers: list):
+  """The innermost of `layers` holding `variable` (a seed generator's
+  state too: Layer.variables lists them), else the model."""
+  return ([model] + [layer for layer in layers
+                     if any(v is variable for v in layer.variables)])[-1]
 
 
 def _loss_name(model) -> str:

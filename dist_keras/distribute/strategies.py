@@ -14,12 +14,12 @@ from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g
 from dist_keras import installation
 from dist_keras import terminal
 from dist_keras.configs import base
+from dist_keras.distribute import cpus
 from dist_keras.distribute import rendezvous
 from dist_keras.distribute import sigterm
 from dist_keras.distribute import tfconfig
 from dist_keras.distribute import tpus
 from dist_keras.errors import UserError
-
 
 
 def get_strategy(runtime_cfg, environ=None,
@@ -53,11 +53,12 @@ def get_strategy(runtime_cfg, environ=None,
                   *_options_key(runtime_cfg)),
                  lambda: multi_worker(runtime_cfg, cluster))
   if name == "one_device":
-    device = local_devices(1)[0]  # runtime.num_cpu_devices does not apply.
+    device = cpus.local_devices(1)[0]  # (num_cpu_devices does not apply.)
     return _once(("one_device", device),
                  lambda: tf.distribute.OneDeviceStrategy(device))
   # mirrored: every local GPU, else the logical CPU devices.
-  devices = local_devices(runtime_cfg.num_cpu_devices)
+  devices = (cpus.auto_devices if runtime_cfg.strategy == "auto"
+             else cpus.local_devices)(runtime_cfg.num_cpu_devices)
   return _once(("mirrored", *devices),
                lambda: tf.distribute.MirroredStrategy(devices))
 
@@ -246,48 +247,12 @@ def check_port_free(spec: tfconfig.ClusterSpec) -> None:
           "free it, or give the task another port.") from None
 
 
-def local_devices(num_cpu_devices: int) -> list[str]:
-  """All GPUs if there are any, else `num_cpu_devices` logical CPU devices."""
-  # Physical, not logical: listing logical devices initialises TensorFlow,
-  # after which the CPU can no longer be split.
-  if tf.config.list_physical_devices("GPU"):
-    return [d.name for d in tf.config.list_logical_devices("GPU")]
-  split_cpu(num_cpu_devices)
-  cpus = tf.config.list_logical_devices("CPU")
-  return [d.name for d in cpus[:num_cpu_devices]]
-
-
 def _devices_after_tpu_attempt(num_cpu_devices: int) -> list[str]:
   """local_devices, or the devices TensorFlow has if the failed TPU start
   already started its runtime (the CPU can then no longer be split)."""
   try:
-    return local_devices(num_cpu_devices)
+    return cpus.local_devices(num_cpu_devices)
   except UserError as e:
-    if not isinstance(e.__cause__, RuntimeError):  # Not "already started".
+    if not cpus.is_started_already(e):
       raise
-    return [d.name for d in tf.config.list_logical_devices("GPU")
-            or tf.config.list_logical_devices("CPU")]
-
-
-def split_cpu(num_devices: int) -> None:
-  """Splits the host CPU into `num_devices` logical devices (once per process).
-
-  TensorFlow fixes the device list when its runtime initialises; after that
-  a different split is impossible, so ask for it first thing. A process that
-  already has at least `num_devices` logical CPUs is left as it is.
-  """
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  current = tf.config.get_logical_device_configuration(cpu)
-  if current and len(current) >= num_devices:
-    return
-  if num_devices == 1 and not current:
-    return
-  try:
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
-  except RuntimeError as e:
-    have = len(tf.config.list_logical_devices("CPU"))
-    raise UserError(
-        f"runtime.num_cpu_devices={num_devices} but TensorFlow already "
-        f"started with {have} logical CPU device(s); set it before anything "
-        "else uses TensorFlow (or start a new process).") from e
+    return cpus.started_devices()

@@ -90,6 +90,9 @@ def count(model: keras.Model, batch_spec=None) -> FlopCount:
     with installation.keras_name_scopes_kept():
       if graph is not None:
         counter.walk(graph, _inputs(graph.inputs, batch_x), "")
+      elif type(model).call is keras.Model.call:
+        # keras.io's VAE and GANs: their own train_step calls their parts.
+        counter.skip(model.name, model, "no call() of its own to count")
       elif batch_x is None:
         counter.skip(model.name, model, "a subclassed model, with no batch "
                      "to trace its call on")

@@ -225,12 +225,11 @@ class Utilisation:
 
   def line(self, examples_per_sec: float | None) -> str:
     """One console line: FLOPs per example, achieved FLOP/s and MFU."""
-    if not self.flops.known:
-      more = len(self.flops.uncounted) - 1
-      return (f"model FLOPs unknown ({self.flops.uncounted[0]}"
-              + (f"; {more} more" if more else "") + "): no FLOP/s or MFU; "
-              + installation.see_docs("mfu.md", "the layers counted",
-                                      "Documentation"))
+    if not self.flops.known:  # What was not counted: the start's line.
+      return ("model FLOPs unknown (not counted: "
+              f"{_calls(len(self.flops.uncounted))}, named at the start): "
+              "no FLOP/s or MFU; " + installation.see_docs(
+                  "mfu.md", "the layers counted", "Documentation"))
     text = (f"model {_si(self.flops.training)}FLOP/example (analytic, "
             "training = 3x forward)")
     if not examples_per_sec:
@@ -250,6 +249,10 @@ class Utilisation:
       text += ("; over 100%: that peak is too low, set log.peak_tflops to "
                f"the {self.peak.unit}'s peak TFLOP/s")
     return text
+
+
+def _calls(n: int) -> str:
+  return f"{n} call" + ("s" if n > 1 else "")
 
 
 def _si(value: float) -> str:

@@ -50,21 +50,50 @@ def one_step_per_call(model, strategy, met, train_cfg) -> str | None:
   varying = _open_slices(model, strategy, met.spec)
   if not varying:
     return None
+  path, ids = varying[0]
   made_inside = _fixed_shapes(met.spec)
+  lost_batch = made_inside and _batch_lost(ids)
   where = (f"a length the model makes from each batch of fixed shape "
            f"({batches.describe(met.spec)})" if made_inside
            else batches.describe(met.spec))
-  why = (f"the gradient of {varying[0]} is gathered as slices whose number "
+  if lost_batch:
+    where = (f"the ids it looks up are shaped {_shape(ids)} for batches of "
+             f"fixed shape ({batches.describe(met.spec)}): a layer before it"
+             " loses their batch dimension, as TextVectorization does")
+  why = (f"the gradient of {path} is gathered as slices whose number "
          f"changes from batch to batch ({where}), which TensorFlow cannot "
          "gather in a loop of several steps in one call")
   if train_cfg.steps_per_loop:
-    _refuse(model, train_cfg.steps_per_loop, why, made_inside)
+    fixed = (_LOST_BATCH_FIX.format(rest=", ".join(map(str, ids[1:])))
+             if lost_batch else None)
+    _refuse(model, train_cfg.steps_per_loop, why, made_inside, fixed)
   train_cfg.steps_per_loop = 1
   return f"steps per call: 1 ({why})"
 
 
-def _refuse(model, steps_per_loop: int, why: str, made_inside: bool):
-  """Raises the UserError of several steps a call set for such a model."""
+# A static batch size, from the model's input, given back to the ids.
+_LOST_BATCH_FIX = (
+    "give the ids the batch's size back after that layer: "
+    "keras.layers.Lambda(lambda t: keras.ops.reshape(t[0], "
+    "(keras.ops.shape(t[1])[0], {rest})))([ids, inputs])")
+
+
+def _batch_lost(ids) -> bool:
+  """Whether looked-up ids of shape `ids` (or None) lack only their batch
+  dimension: TextVectorization(output_sequence_length=N) gives [None, N]
+  for a string[b] batch."""
+  return (ids is not None and ids.rank is not None and ids.rank >= 2
+          and ids[0] is None and ids[1:].is_fully_defined())
+
+
+def _shape(shape) -> str:
+  return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _refuse(model, steps_per_loop: int, why: str, made_inside: bool,
+            fixed: str | None = None):
+  """Raises the UserError of several steps a call set for such a model;
+  `fixed`: the model's fix, where known."""
   per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
   setting, fix = (f"train.steps_per_loop={steps_per_loop}",
                   "set train.steps_per_loop=1")
@@ -72,10 +101,11 @@ def _refuse(model, steps_per_loop: int, why: str, made_inside: bool):
     setting = (f"model {model.name!r} was compiled with "
                f"steps_per_execution={per_execution}")
     fix = "compile it with steps_per_execution=1"
-  fixed = ("fix that length in the model (e.g. TextVectorization("
-           "output_sequence_length=N))" if made_inside else
-           "give the batches static shapes (padded_batch(..., "
-           "padded_shapes=...), tf.ensure_shape)")
+  fixed = fixed or (
+      "fix that length in the model (e.g. TextVectorization("
+      "output_sequence_length=N))" if made_inside else
+      "give the batches static shapes (padded_batch(..., "
+      "padded_shapes=...), tf.ensure_shape)")
   raise UserError(f"{setting}, but {why}; {fix}, or {fixed}.")
 
 
@@ -108,11 +138,12 @@ def _fixed_shapes(batch_spec) -> bool:
              for s in tf.nest.flatten(batch_spec))
 
 
-def _open_slices(model, strategy, batch_spec) -> list[str]:
-  """The paths of the trainable variables whose gradient, traced on a
-  batch of `batch_spec` in each replica (a mirrored variable is read there
-  only), is an IndexedSlices of a count not known before the step runs
-  (nothing runs; the trace is dropped)."""
+def _open_slices(model, strategy, batch_spec) -> list[tuple]:
+  """(path, the shape of the ids looked up, or None) of the trainable
+  variables whose gradient, traced on a batch of `batch_spec` in each
+  replica (a mirrored variable is read there only), is an IndexedSlices of
+  a count not known before the step runs (nothing runs; the trace is
+  dropped)."""
   variables = model.trainable_variables
   found = {}
 
@@ -125,7 +156,7 @@ def _open_slices(model, strategy, batch_spec) -> list[str]:
       loss = model_calls.compute_loss(model, x, y, y_pred, sample_weight,
                                 training=True)
     grads = tape.gradient(loss, variables)
-    found.update((v.path, None) for v, g in zip(variables, grads)
+    found.update((v.path, _ids_shape(g)) for v, g in zip(variables, grads)
                  if isinstance(g, tf.IndexedSlices)
                  and g.indices.shape[0] is None)
     return tf.constant(0)
@@ -135,4 +166,12 @@ def _open_slices(model, strategy, batch_spec) -> list[str]:
 
   with strategy.scope():
     tf.function(step, autograph=False).get_concrete_function(batch_spec)
-  return list(found)
+  return list(found.items())
+
+
+def _ids_shape(gradient):
+  """The shape of the ids an Embedding looked up (its gradient's indices
+  are them flattened by a Reshape), or None where the indices came
+  otherwise."""
+  op = gradient.indices.op
+  return op.inputs[0].shape if op.type == "Reshape" else None

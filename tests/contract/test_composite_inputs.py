@@ -115,12 +115,18 @@ def _model_fn(kind="padded", recurrent=False, optimizer=None):
   if kind == "sparse":
     inputs = keras.Input((TOKENS,), sparse=True)
     x = keras.layers.Dense(4, activation="tanh", name="bag")(inputs)
-  elif kind == "text":  # Keras' default output_sequence_length=None.
+  elif kind.startswith("text"):  # Keras' default, and a length.
     inputs = keras.Input((), dtype="string")
-    words = keras.layers.TextVectorization(max_tokens=TOKENS + 1)
+    words = keras.layers.TextVectorization(
+        max_tokens=TOKENS + 1,
+        output_sequence_length=None if kind == "text" else 8)
     words.adapt(_sentences(_sequences("train")[0]))
+    ids = words(inputs)
+    if kind == "text_reshaped":  # The refusal's fix: the batch size back.
+      ids = keras.layers.Lambda(lambda t: keras.ops.reshape(
+          t[0], (keras.ops.shape(t[1])[0], 8)))([ids, inputs])
     x = keras.layers.Embedding(TOKENS + 1, 4, mask_zero=True,
-                               name="tokens")(words(inputs))
+                               name="tokens")(ids)
     x = keras.layers.GlobalAveragePooling1D()(x)
   elif kind == "trimmed":  # Fixed batches, a length the model makes.
     inputs = keras.Input((20,), dtype="int32")
@@ -275,6 +281,34 @@ def test_several_steps_a_call_over_a_length_the_model_makes_are_refused(
                    config={**CONFIG, "train.steps_per_loop": 3},
                    strategy=mirrored)
   assert not os.path.exists(tmp_path / "w")
+
+
+def test_a_batch_dimension_a_layer_loses_is_named_with_its_fix(
+    tmp_path, mirrored, capsys):
+  """TextVectorization(output_sequence_length=8) makes ids of shape
+  [None, 8] from string[4]: the refusal said to fix the length with
+  output_sequence_length, which was set already."""
+  with pytest.raises(UserError) as e:
+    dist_keras.fit(lambda: _model_fn("text_fixed"), _text_dataset_fn,
+                   workdir=str(tmp_path / "w"),
+                   config={**CONFIG, "train.steps_per_loop": 3},
+                   strategy=mirrored)
+  assert str(e.value) == (
+      "train.steps_per_loop=3, but the gradient of tokens/embeddings is "
+      "gathered as slices whose number changes from batch to batch (the "
+      "ids it looks up are shaped [?,8] for batches of fixed shape (x "
+      "string[4], y float32[4,1]): a layer before it loses their batch "
+      "dimension, as TextVectorization does), which TensorFlow cannot "
+      "gather in a loop of several steps in one call; set "
+      "train.steps_per_loop=1, or give the ids the batch's size back after "
+      "that layer: keras.layers.Lambda(lambda t: keras.ops.reshape(t[0], "
+      "(keras.ops.shape(t[1])[0], 8)))([ids, inputs]).")
+  assert not os.path.exists(tmp_path / "w")
+  dist_keras.fit(lambda: _model_fn("text_reshaped"), _text_dataset_fn,
+                 workdir=str(tmp_path / "fixed"),
+                 config={**CONFIG, "train.steps_per_loop": 3},
+                 strategy=mirrored)  # The fix: 3 steps a call train.
+  assert "\nsteps 2-3 in " in capsys.readouterr().out
 
 
 def trimmed_model_fn():

@@ -169,6 +169,41 @@ def test_batches_of_unknown_size_are_told_the_fix_that_states_it():
   assert fixed.element_spec[0].shape.as_list() == [16, None]
 
 
+
+def _text_mapped_after_batch(split, ctx):
+  """keras.io's text_classification_from_scratch: TextVectorization in a
+  map after batch(drop_remainder=True) loses x's batch size; y keeps it."""
+  words = keras.layers.TextVectorization(max_tokens=20,
+                                         output_sequence_length=5)
+  words.adapt(["a b c", "d e"])
+  ds = tf.data.Dataset.from_tensor_slices((["a b", "c d e"] * 32,
+                                           [0, 1] * 32))
+  ds = ds.repeat().batch(ctx.get_per_replica_batch_size(GLOBAL),
+                         drop_remainder=True)
+  return ds.map(lambda x, y: (words(tf.expand_dims(x, -1)), y))
+
+
+def test_a_batch_size_a_map_loses_is_told_to_be_stated():
+  """The line said 'batch with drop_remainder=True', which the pipeline
+  did: a map after batch() lost the size. Its fix, run as written, makes
+  batches the check takes."""
+  ctx = tf.distribute.InputContext(num_replicas_in_sync=2)
+  with pytest.raises(UserError) as e:
+    batches.check_dataset(_text_mapped_after_batch("train", ctx), "train",
+                          GLOBAL, 2)
+  message = str(e.value)
+  assert message.startswith(
+      "dataset_fn('train', ...) yields batches of unknown size in part (x "
+      "int64[?,5], y int32[16]): a function mapped after batch() "
+      "(TextVectorization does) lost the batch dimension of what the "
+      "others keep at 16; state it at the end of the map, or map it again: "
+      "ds.map("), message
+  assert "drop_remainder" not in message
+  fix = re.search(r"map it again: (ds\.map\(.*\))\.$", message).group(1)
+  fixed = eval(fix, {"tf": tf, "ds": _text_mapped_after_batch("train", ctx)})  # pylint: disable=eval-used
+  batches.check_dataset(fixed, "train", GLOBAL, 2)
+
+
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_batches_of_unknown_rank_are_one_line(split):
   """A tf.py_function after batch() (Keras' fit fails on its batches

@@ -136,6 +136,32 @@ def test_a_model_built_outside_the_scope_is_refused(tmp_path, mirrored):
   assert not (tmp_path / "run").exists()
 
 
+
+def test_a_layer_made_before_model_fn_is_named(tmp_path, mirrored):
+  """keras.io's image_classification_from_scratch keeps its augmentation
+  layers in a list at import: the refusal named only the variable
+  ('seed_generator/seed_generator_state'), not the layer to move."""
+  noise = keras.layers.GaussianNoise(0.1, name="noise_at_import")
+
+  def model_fn():
+    inputs = keras.Input((user_task.FEATURES,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(noise(inputs)))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+  with pytest.raises(dist_keras.UserError) as e:
+    dist_keras.fit(model_fn, user_task.dataset_fn,
+                   workdir=str(tmp_path / "run"), config=CONFIG,
+                   strategy=mirrored)
+  assert str(e.value) == (  # (Keras numbers seed generators per process.)
+      f"model variable {noise.seed_generator.state.path!r} of layer "
+      "GaussianNoise 'noise_at_import' was created outside the strategy's "
+      "scope (it is not mirrored): that layer was made before dist_keras "
+      "called model_fn (at import, in a list of layers?); create it inside "
+      "model_fn, with the rest of the model.")
+  assert not (tmp_path / "run").exists()
+
+
 BAD = [
     ("uncompiled_model_fn", "dataset_fn",
      "model_fn returned model 'functional"),

@@ -224,8 +224,8 @@ def test_a_worker_whose_stdout_fails_still_starts(tmp_path):
 _FITS_UNDER_NEW_STRATEGIES = """
 import sys, tempfile
 import tensorflow as tf
-from dist_keras.distribute import strategies
-strategies.split_cpu(2)
+from dist_keras.distribute import cpus
+cpus.split_cpu(2)
 import dist_keras, user_task
 runs = [(user_task.model_fn, user_task.dataset_fn),
         (user_task.binary_model_fn, user_task.binary_dataset_fn)]
@@ -254,8 +254,8 @@ def test_fits_under_a_new_mirrored_strategy_each_do_not_share_collectives(
 _KERAS_AND_DIST_KERAS_FITS = """
 import sys, tempfile
 import tensorflow as tf
-from dist_keras.distribute import strategies
-strategies.split_cpu(2)
+from dist_keras.distribute import cpus
+cpus.split_cpu(2)
 import dist_keras, user_task
 
 def keras_fit():  # As Keras' docs: a new strategy, the global batch.

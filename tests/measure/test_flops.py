@@ -148,7 +148,32 @@ def test_a_model_with_nothing_counted_has_unknown_flops_and_mfu_not_0():
   assert usage.scalars(1000.0) == {"perf/model_tflops": None,
                                    "perf/mfu": None}
   assert usage.line(1000.0).startswith(
-      "model FLOPs unknown (subclassed (_Subclassed): a subclassed model")
+      "model FLOPs unknown (not counted: 1 call, named at the start): no "
+      "FLOP/s or MFU; see the layers counted: mfu.md")
+
+
+class _OwnStepOnly(keras.Model):
+  """keras.io's VAE and GANs: parts, a train_step, no call."""
+
+  def __init__(self):
+    super().__init__(name="vae")
+    self.encoder = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+  def train_step(self, data):
+    return {}
+
+
+def test_a_model_without_a_call_is_one_short_reason_said_once():
+  """keras.io's VAE: 'its output shape could not be worked out
+  (NotImplementedError: Could not automatically infer the output shape /
+  dtype of 'vae' ...)', ~300 characters, at the start and again at the
+  end of the run."""
+  counted = flops.count(_OwnStepOnly(), (keras.ops.zeros((4, 3)),))
+  assert counted.uncounted == ["vae (_OwnStepOnly): no call() of its own "
+                               "to count"]
+  usage = mfu.Utilisation(counted, mfu.Peak(1.0, "configured", 1, "worker"),
+                          "float32")
+  assert "vae" not in usage.line(1000.0)
 
 
 def test_unknown_sequence_length_is_listed():

@@ -166,26 +166,39 @@ class _NoCall(keras.Model):
                                        keras.layers.Dense(5)])
 
 
+def test_a_model_without_a_call_says_so_in_one_short_reason():
+  """Keras' 300-character NotImplementedError ('Could not automatically
+  infer the output shape / dtype of ...'), said at the start and end."""
+  model = _NoCall()
+  assert flops.count(model, tf.TensorSpec((4, 5), tf.float32)).uncounted == [
+      f"{model.name} (_NoCall): no call() of its own to count"]
+
+
+class _FailingCall(keras.Model):
+  def call(self, x):
+    raise NotImplementedError("needs concrete values")
+
+
 def test_a_model_the_count_cannot_call_says_why_in_whole_words():
   """Keras' long message was cut mid-word ("... the `X.call()` method i)")."""
-  model = _NoCall()
+  model = _FailingCall()
   (line,) = flops.count(model, tf.TensorSpec((4, 5), tf.float32)).uncounted
-  head = (f"{model.name} (_NoCall): its output shape could not be worked out"
-          " (NotImplementedError: Could not automatically infer the output "
-          "shape / dtype of")
-  assert line.startswith(head) and line.endswith("...)")
+  head = (f"{model.name} (_FailingCall): its output shape could not be "
+          "worked out (NotImplementedError: Could not automatically infer "
+          "the output shape / dtype of")
+  assert line.startswith(head) and line.endswith("...)"), line
   said = line[len(head) - len("Could not automatically infer the output "
                               "shape / dtype of"):-len("...)")]
-  keras_text = " ".join(_no_call_message(model).split())
+  keras_text = " ".join(_failing_call_message(model).split())
   assert keras_text.startswith(said) and keras_text[len(said)] == " "
 
 
-def _no_call_message(model) -> str:
+def _failing_call_message(model) -> str:
   try:
     model.compute_output_spec(keras.KerasTensor((4, 5)))
   except NotImplementedError as e:
     return str(e)
-  raise AssertionError("a model without call() had an output")
+  raise AssertionError("a failing call() had an output")
 
 
 def test_an_uncountable_call_makes_the_flops_unknown_not_partial():
@@ -202,7 +215,8 @@ def test_an_uncountable_call_makes_the_flops_unknown_not_partial():
           usage.summary(100.0)["mfu"]) == (None, None)
   assert usage.scalars(100.0) == {"perf/model_tflops": None,
                                   "perf/mfu": None}
-  assert usage.line(100.0).startswith("model FLOPs unknown (tf_solve ")
+  assert usage.line(100.0).startswith("model FLOPs unknown (not counted: "
+                                      "1 call, named at the start)")
 
 
 def _sequences(split, input_context):

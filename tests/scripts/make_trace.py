@@ -21,9 +21,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-top,wrong-import-position
+from dist_keras.distribute import cpus  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-strategies.split_cpu(2)
+cpus.split_cpu(2)
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
