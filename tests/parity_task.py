@@ -555,6 +555,34 @@ def vae():
   return model
 
 
+class Endpoint(keras.layers.Layer):
+  """keras.io's endpoint layer: adds its keras.losses.Loss of the targets
+  and predictions it is handed (Keras divides such a Loss by the replicas,
+  and then the model's own losses again)."""
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.loss_fn = keras.losses.MeanSquaredError()
+
+  def call(self, predictions, targets):
+    self.add_loss(self.loss_fn(targets, predictions))
+    return predictions
+
+
+def endpoint():
+  """Inputs (x, y), no labels: its only loss is the Endpoint's."""
+  x, y = keras.Input((FEATURES,)), keras.Input((1,))
+  hidden = keras.layers.Dense(8, activation="tanh")(x)
+  model = keras.Model([x, y], Endpoint()(keras.layers.Dense(1)(hidden), y))
+  model.compile(optimizer=keras.optimizers.SGD(0.05))
+  return model
+
+
+def endpoint_dataset_fn(split, input_context):
+  """((x, y),): the targets are an input of the model, not its labels."""
+  return dataset_fn(split, input_context).map(lambda x, y: ((x, y),))
+
+
 # --- Callbacks -------------------------------------------------------------
 
 class Recorder(keras.callbacks.Callback):

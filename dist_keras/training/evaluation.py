@@ -26,6 +26,7 @@ does. A TPUStrategy compiles the whole replica step anyway. check_compiles
 tries that compilation before training, so a test_step XLA cannot compile
 is refused at the start, not found after training steps were paid for.
 """
+import contextlib
 import time
 
 import keras
@@ -36,8 +37,8 @@ from dist_keras.contract import batches, xla_limits
 from dist_keras.contract.checks import overrides
 from dist_keras.distribute import pipelines
 from dist_keras.errors import UserError
-from dist_keras.training import (keras_internals, metrics, model_step,
-                                 replica_seeds, steps)
+from dist_keras.training import (call_losses, keras_internals, metrics,
+                                 model_step, replica_seeds, steps)
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -107,10 +108,16 @@ def make_eval_pass(strategy, model, jit_compile=False):
 def _test_step(model, jit: bool):
   """(batch) -> the model's test_step's flat logs; with `jit`, one XLA
   computation, as Keras' fit(jit_compile=True) compiles the test_step
-  of evaluate (named so XLA's errors tell it from the train step's)."""
+  of evaluate (named so XLA's errors tell it from the train step's).
+  Keras' own test_step computes its loss as the train step does
+  (call_losses: a Loss reduced in the call undivided); a model's own runs
+  as written."""
+  one_device = (contextlib.nullcontext if overrides(model, "test_step")
+                else call_losses.as_one_device)
 
   def eval_test_step(batch):
-    return model_step.flat_logs(model.test_step(batch))
+    with one_device():
+      return model_step.flat_logs(model.test_step(batch))
 
   eval_test_step.__name__ = xla_limits.EVAL_FUNCTION  # (Its graph's.)
   if not jit:

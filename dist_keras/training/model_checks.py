@@ -24,8 +24,8 @@ import tensorflow as tf
 
 from dist_keras import installation
 from dist_keras.contract import checks, probe, traced_limits, xla_limits
-from dist_keras.training import batch_losses, compiled, evaluation
-from dist_keras.training import own_losses
+from dist_keras.training import batch_losses, call_losses, compiled
+from dist_keras.training import evaluation, own_losses
 from dist_keras.training import state_updates, step_losses, varying_slices
 
 
@@ -79,5 +79,7 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
       strategy, tf.distribute.TPUStrategy):  # (A TPU compiles it anyway.)
     evaluation.check_compiles(strategy, model, eval_spec)
   return met.evaluates, [
-      met.no_eval, updates, batch_losses.divide_means(model, strategy, met),
+      met.no_eval, updates, call_losses.own_step_note(model, replicas,
+                                                      forward),
+      batch_losses.divide_means(model, strategy, met),
       varying_slices.one_step_per_call(model, strategy, met, train_cfg)]

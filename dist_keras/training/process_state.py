@@ -10,6 +10,8 @@ found it, as after Keras' own fit.
 - The hooks on the optimizers (compiled.prepare_optimizers): left on, the
   returned model trained on by Keras' fit under the same strategy skipped
   the gradient all-reduce, its replicas' copies drifting apart silently.
+- Keras' division of a reduced Loss by the replicas, which skips a Loss
+  reduced in the model's call in the run's steps (call_losses.install).
 - The root logger: TensorFlow's checkpoint writer logs through absl, which
   calls logging.basicConfig() while the root logger has no handler (a
   notebook's, a plain script's): every TensorFlow warning then printed
@@ -33,17 +35,19 @@ import tensorflow as tf
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
 from dist_keras import installation
+from dist_keras.training import call_losses
 
 _HERE = "dist_keras/training/process_state.py"
 
 
 def kept(seed: int) -> contextlib.ExitStack:
   """The process as the run found it, put back when the stack closes: the
-  global random generators, seeded with `seed` meanwhile, and the root
-  logger (root_logger_kept)."""
+  global random generators, seeded with `seed` meanwhile, Keras' division
+  of a Loss by the replicas and the root logger (root_logger_kept)."""
   stack = contextlib.ExitStack()
   stack.enter_context(root_logger_kept())
   stack.enter_context(seeded(seed))
+  stack.callback(call_losses.install())
   return stack
 
 

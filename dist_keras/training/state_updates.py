@@ -30,6 +30,7 @@ import dataclasses
 from dist_keras import installation
 from dist_keras.contract import model_calls
 from dist_keras.errors import UserError
+from dist_keras.training import call_losses
 
 _ASSIGNS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 _REPLICA_OWN = ("none", "only_first_replica")
@@ -58,9 +59,11 @@ class Forward:
     assigned: what it assigns, in the call's order, each variable once.
     losses: how many losses model.losses held after it (add_loss terms,
       regularisers).
+    loss_in_call: whether it reduces a keras.losses.Loss (call_losses.py).
   """
   assigned: tuple
   losses: int
+  loss_in_call: bool = False
 
 
 def traced(model, layers: list, strategy, batch_spec) -> Forward | None:
@@ -76,10 +79,13 @@ def traced(model, layers: list, strategy, batch_spec) -> Forward | None:
       or not _worth_tracing(model, layers)):
     return None
   try:
-    graph, losses = model_calls.traced(model, strategy, batch_spec, True)
+    with call_losses.as_one_device():
+      before = call_losses.reductions()
+      graph, losses = model_calls.traced(model, strategy, batch_spec, True)
+      in_call = call_losses.reductions() > before
   except Exception:  # pylint: disable=broad-except
     return None  # Left as Keras runs it: its own error at its step.
-  return Forward(assigned_in(graph, model.variables), losses)
+  return Forward(assigned_in(graph, model.variables), losses, in_call)
 
 
 def _worth_tracing(model, layers: list) -> bool:

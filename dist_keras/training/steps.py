@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from dist_keras.contract import model_calls
 from dist_keras.measure import stamps
-from dist_keras.training import (allreduce, batch_read, keras_internals,
-                                 replica_seeds, shared_slices, sparse_grads,
-                                 trained_set)
+from dist_keras.training import (allreduce, batch_read, call_losses,
+                                 keras_internals, replica_seeds, shared_slices,
+                                 sparse_grads, trained_set)
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -78,7 +78,7 @@ def forward_backward(model, optimizer, batch, update_metrics: bool = True,
   `variables`, else of the model's trainable variables as it traces.
   """
   x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-  with tf.GradientTape() as tape:
+  with tf.GradientTape() as tape, call_losses.as_one_device():
     y_pred = model_calls.forward(model, x, training=True)
     loss = model_calls.compute_loss(model, x, y, y_pred, sample_weight,
                               training=True)

@@ -37,6 +37,7 @@ MODELS = {
     "sparse_adam": "bags_dataset_fn", "sparse_own_step": "bags_dataset_fn",
     "gan_unflagged": "images_dataset_fn", "vae": "images_dataset_fn",
     "gan_unbuilt": "images_dataset_fn", "gan_held": "images_dataset_fn",
+    "endpoint": "endpoint_dataset_fn",
 }
 # callbacks_model trains with parity_task.callbacks_fn (EarlyStopping,
 # ReduceLROnPlateau, ModelCheckpoint to $PARITY_BEST) in epochs of 4 steps,

@@ -35,16 +35,16 @@ MODELS = list(parity_weights.MODELS)
 DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
                "loss_scale,two_output,gan,callbacks_model,embedding_adam,"
                "sparse_adam,sparse_own_step,gan_unflagged,vae,gan_unbuilt,"
-               "gan_held,positions_adam")
+               "gan_held,positions_adam,endpoint")
 # Across workers (2 processes a model): the acceptance's five, the GAN's
 # two optimizers, the callbacks that must stop every worker alike and an
 # Embedding's sparse gradient (gathered by the collective runtime; under a
 # global-norm clip, its table all-reduced; a large one's gathered beside a
 # small one's table; a sparse input's slices of distinct columns, summed
-# by column after the gather).
+# by column after the gather; a keras.losses.Loss added in the call).
 WORKERS = ("custom_step,accumulate,ema,global_clipnorm,two_output,gan,"
            "callbacks_model,embedding_adam,embedding_global_clipnorm,"
-           "embeddings_mixed,sparse_adam")
+           "embeddings_mixed,sparse_adam,endpoint")
 # The acceptance's five and the GAN (its two optimizers' state, also held
 # in a list and a sub-model's dict): stopped after step 7, then resumed
 # from ckpt-4 by a new fit call.
@@ -188,6 +188,15 @@ def test_every_loss_and_metric_of_the_eval_is_exact(runs, run):
     # The weights agree to 1e-5; a mis-weighted partial batch moved a
     # per-output loss by ~2% (3.0726 against 3.0145).
     assert runs[run][key] == pytest.approx(value, rel=1e-5), key
+
+
+@pytest.mark.parametrize("run", ["m2", "w2",
+                                 pytest.param("m4", marks=pytest.mark.slow)])
+def test_a_loss_object_added_in_the_call_is_evaluated_as_on_one_device(
+    runs, run):
+  """Keras divided it by the replicas twice: half the eval_loss at 2."""
+  key = "eval/endpoint/loss"
+  assert runs[run][key] == pytest.approx(runs["one"][key], rel=1e-5)
 
 
 @pytest.mark.parametrize("run", ["one", "m2", "w2"])
