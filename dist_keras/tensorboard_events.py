@@ -13,6 +13,14 @@ at s and after (tensorboard/data/server/reservoir.rs, `preempt`); it reads
 no SessionLog. Its Python loader (--load_fast=false) drops them only on a
 SessionLog START after the first one of the logdir, so every run begins
 with one (`Writer.start`).
+
+The events file is opened with the run's first point: what a run writes
+before it (that START, the config text, the layout) waits for it. A rerun
+of a finished workdir, which trains nothing, and a run that fails before
+its first point (at step 1) write no file: TensorBoard would list such a
+file's run with the config text alone, and nothing half-written is kept.
+(Keras' TensorBoard callback opens its file when fit begins and writes the
+model's summary there, so a fit that fails at step 1 leaves one.)
 """
 import contextlib
 import json
@@ -32,8 +40,18 @@ class Writer:
   def __init__(self, logdir: str, enabled: bool):
     self.logdir = logdir
     self.enabled = enabled
-    self._writer = (tf.summary.create_file_writer(logdir) if enabled
-                    else tf.summary.create_noop_writer())
+    self._writer = None  # Opened with the first point (_opened).
+    self._before_first_point = []  # Writes waiting for it, in order.
+
+  def _opened(self):
+    """The events file's writer, opened now if it is not yet, with what
+    the run wrote before its first point."""
+    if self._writer is None:
+      self._writer = tf.summary.create_file_writer(self.logdir)
+      waiting, self._before_first_point = self._before_first_point, []
+      for write in waiting:
+        write()
+    return self._writer
 
   def start(self, resumed_at: int) -> None:
     """A SessionLog START at `resumed_at` + 1, before any of this run's
@@ -50,20 +68,20 @@ class Writer:
             status=tf.compat.v1.SessionLog.START))
     # TensorFlow 2's writers have no public call for an Event of this kind;
     # the op that writes one takes the writer's resource.
-    tf.raw_ops.ImportEvent(writer=self._writer._resource,  # pylint: disable=protected-access
-                           event=event.SerializeToString())
+    self._before_first_point.append(lambda: tf.raw_ops.ImportEvent(
+        writer=self._writer._resource,  # pylint: disable=protected-access
+        event=event.SerializeToString()))
 
   def scalars(self, step: int, values: dict) -> None:
     """Writes each `name: value` at `step` (None values are skipped); an
     array (a metric of a value per class) as one scalar per element,
     `name/0`, `name/1`, ... (`name/0_1` for a matrix's), grouped under
     `name` in TensorBoard."""
-    if not self.enabled:
+    values = {k: v for k, v in values.items() if v is not None}
+    if not (self.enabled and values):
       return
     with self._own(step):
       for name, value in values.items():
-        if value is None:
-          continue
         if np.ndim(value) == 0:
           tf.summary.scalar(name, value)
           continue
@@ -79,9 +97,12 @@ class Writer:
     Written after `start`, whose marker at `step` + 1 purges nothing
     at `step`."""
     text = "```\n" + json.dumps(config_dict, indent=2, sort_keys=True) + "\n```"
-    if self.enabled:
+
+    def write():
       with self._own(step):
         tf.summary.text("config", text)
+    if self.enabled:
+      self._before_first_point.append(write)
 
   def sync_layout(self) -> None:
     """A Custom Scalars layout that draws the step breakdown as one chart."""
@@ -102,24 +123,29 @@ class Writer:
                   r"^sync_replica/.*/input_wait_ms$"),
             chart("throughput (examples/s)", r"^perf/examples_per_sec"),
         ])])
-    with self._own(0):
-      tf.summary.experimental.write_raw_pb(
-          custom_scalar.pb(layout).SerializeToString(), step=0)
+
+    def write():
+      with self._own(0):
+        tf.summary.experimental.write_raw_pb(
+            custom_scalar.pb(layout).SerializeToString(), step=0)
+    self._before_first_point.append(write)
 
   @contextlib.contextmanager
   def _own(self, step: int):
     """This writer as the default, recording, whatever a user's
-    TensorBoard set. Only for an enabled one: the no-op writer's as_default
-    leaves any other default writer in place (a user's TensorBoard's), and
-    what is written goes there."""
-    with self._writer.as_default(step=step), tf.summary.record_if(True):
+    TensorBoard set; the events file opened if it is not yet. Only for an
+    enabled one (a disabled Writer writes nothing, so nothing it writes
+    can reach a user's TensorBoard's default writer)."""
+    with self._opened().as_default(step=step), tf.summary.record_if(True):
       yield
 
   def flush(self) -> None:
-    self._writer.flush()
+    if self._writer is not None:
+      self._writer.flush()
 
   def close(self) -> None:
-    self._writer.close()
+    if self._writer is not None:
+      self._writer.close()
 
 
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from dist_keras.distribute import strategies
 from dist_keras.measure import breakdown, mfu, timing
-from dist_keras.training import run_files
+from dist_keras.training import run_files, steps
 
 
 def metrics_text(values: dict) -> str:
@@ -225,4 +225,39 @@ def run_fields(trainer, run) -> dict:
           "train_step": "model" if trainer.custom_step else "dist_keras",
           "callbacks": [type(c).__name__ for c in trainer.parts.callbacks],
           "stopped_early": run.stopping,
-          "model_file": trainer.parts.model_file}
+          "model_file": trainer.parts.model_file,
+          "chosen": chosen(trainer)}
+
+
+def chosen(trainer) -> dict:
+  """summary.json's "chosen": what dist_keras chose for the run that
+  config.json (the config as asked) does not say; the strategy and the
+  replicas are the run's fields beside it."""
+  schedule, calls = trainer.settings.schedule, trainer.meters.calls.by_size
+  return {
+      # train.steps_per_loop as the run took it (the model's
+      # steps_per_execution, 1 for a callback's batch hooks), or "auto".
+      "steps_per_call": schedule.steps_per_loop or "auto",
+      # This process's largest call (calls that traced a function aside).
+      "largest_call": max(calls) if calls else None,
+      "xla": xla_compiled(trainer),
+      "per_replica_batch": (trainer.settings.global_batch_size
+                            // trainer.replicas)}
+
+
+def xla_compiled(trainer) -> str:
+  """What XLA compiled of the step: "off"; "replica_step" (a TPU's, or
+  one device's untimed steps under train.jit_compile: the update too);
+  "forward_backward" (the all-reduce and update in the graph: several
+  devices, and one device's timed steps); "train_step" (a model's own,
+  under jit)."""
+  strategy = trainer.strategy
+  jit = steps.Jit.of(trainer.settings.step_options["jit_compile"])
+  if isinstance(strategy, tf.distribute.TPUStrategy):
+    return "replica_step"
+  if jit is steps.Jit.OFF:
+    return "off"
+  if trainer.custom_step:
+    return "train_step"
+  return ("replica_step" if jit is steps.Jit.STEP
+          or steps.update_compiles(strategy) else "forward_backward")

@@ -1,6 +1,7 @@
 """config.json: the config a run was asked for (the values dist_keras
 chooses for it, such as steps per call for a callback's batch hooks, are
-said at the start, not recorded), of the run the workdir's checkpoints are
+said at the start and kept in summary.json's "chosen": report.chosen), of
+the run the workdir's checkpoints are
 of; and what a rerun says changed since.
 
 A rerun resumes the checkpoints an earlier run saved: until it saves one of

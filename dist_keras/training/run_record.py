@@ -90,7 +90,10 @@ class Keep(keras.callbacks.Callback):
     return {"step": run.step, "logged_at": run.logged_at,
             "train": {k: np.asarray(v).tolist()
                       for k, v in run.logged.items()},
-            "measured": report.measured_fields(run, meters),
+            # What the run chose too: a rerun that trains nothing chose
+            # nothing it reports.
+            "measured": {**report.measured_fields(run, meters),
+                         "chosen": report.chosen(self.trainer)},
             "totals": segments.kept(run, meters, self.setup, arrays),
             "callbacks": callback_state.states(self.users, arrays),
             "metrics": self.trainer.train_metrics.kept(run.step, arrays),
@@ -132,12 +135,20 @@ def complete(summary: dict, trainer, run) -> str:
   the line that says so."""
   record = (trainer.parts.checkpoints.record.restored or ({}, {}))[0]
   unknown = []  # (the fields, why they are not known)
+  measured = [k for k in [*report.measured_fields(run, trainer.meters),
+                          "chosen"] if k not in _ANALYTIC]
   if record.get("step") == run.step:
-    summary.update({k: v for k, v in record["measured"].items()
-                    if k not in _ANALYTIC})
+    kept = record["measured"]
+    summary.update({k: v for k, v in kept.items() if k not in _ANALYTIC})
+    # A field the dist_keras that saved it did not keep yet (peak_timed
+    # before 2026-12-06, chosen): null, not this process's figure beside
+    # the checkpoint's (its timed peak beside the peak the MFU was over).
+    missing = [k for k in measured if k not in kept]
+    summary.update(dict.fromkeys(missing))
+    if missing:
+      unknown.append((missing, "its checkpoint was saved by a dist_keras "
+                      "that did not keep them"))
   else:
-    measured = [k for k in report.measured_fields(run, trainer.meters)
-                if k not in _ANALYTIC]
     summary.update(dict.fromkeys(measured))
     unknown.append((measured, "its checkpoint keeps no measurements"))
   names = [] if run.logged else [

@@ -556,7 +556,8 @@ def test_dict_batches_of_features_and_label_say_how_to_split_them(tmp_path):
 def test_compiled_steps_per_execution_and_jit_compile_are_honoured(
     tmp_path, capsys):
   """Said as the run takes them; config.json keeps what the config asked
-  (a rerun compares what the user set, not what the run chose)."""
+  (a rerun compares what the user set, not what the run chose), and
+  summary.json's "chosen" what the run took."""
   import json  # pylint: disable=g-import-not-at-top
   result = dist_keras.fit(
       _compiled_with(steps_per_execution=4, jit_compile=True),
@@ -570,6 +571,11 @@ def test_compiled_steps_per_execution_and_jit_compile_are_honoured(
     saved = json.load(f)["train"]
   assert (saved["steps_per_loop"], saved["jit_compile"]) == (0, False)
   assert np.isfinite(result.summary["train_loss"])
+  # One device: the untimed steps are XLA-compiled whole, update included.
+  # Calls stop before each log step's timed one (4, 8, 12): 9-11 the largest.
+  assert result.summary["chosen"] == {
+      "steps_per_call": 4, "largest_call": 3, "xla": "replica_step",
+      "per_replica_batch": user_task.GLOBAL_BATCH}
 
 
 def test_a_models_own_step_is_not_compiled_across_replicas(tmp_path,

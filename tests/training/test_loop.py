@@ -337,9 +337,39 @@ def test_a_workdir_in_use_is_refused_before_anything_reads_it(
 
 def test_a_finished_workdirs_rerun_lets_go_of_it(tiny_run, tmp_path,
                                                   mirrored):
+  """...and writes nothing there: no events file either (each rerun
+  added one of 78 bytes, which TensorBoard reads as nothing)."""
   workdir = _copy_of(tiny_run, tmp_path)
+  before = sorted(helpers.event_files(str(workdir)))
   helpers.train(helpers.tiny_config(), str(workdir), mirrored)
   assert _lock_is_free(workdir)
+  assert sorted(helpers.event_files(str(workdir))) == before
+
+
+class _FailsAtStep1(keras.callbacks.Callback):
+  def on_train_batch_begin(self, batch, logs=None):
+    raise RuntimeError("fails at the run's first step")
+
+
+def test_a_run_that_fails_at_its_first_step_leaves_no_events_file(
+    tiny_run, tmp_path, mirrored):
+  """Neither a new run in a folder that was there (the folder is kept: it
+  was not the run's) nor a resumed one leaves an events file of the
+  config text and the layout alone (a run with nothing in TensorBoard's
+  list; a resumed one's config at a step it never trained)."""
+  resumed = _copy_of(tiny_run, tmp_path)
+  new = tmp_path / "there_before"
+  new.mkdir()
+  before = sorted(helpers.event_files(str(resumed)))
+  c = helpers.tiny_config()
+  c.train.steps = 12
+  for workdir in (new, resumed):
+    with pytest.raises(RuntimeError, match="first step"):
+      dist_keras.fit(c.model.name, c.data.name, workdir=str(workdir),
+                     config=c, strategy=mirrored,
+                     callbacks=[_FailsAtStep1()])
+  assert not helpers.event_files(str(new))
+  assert sorted(helpers.event_files(str(resumed))) == before
 
 
 def test_a_workdir_past_train_steps_says_so_and_writes_its_results(
@@ -580,6 +610,10 @@ def test_steps_per_loop_trains_the_same_steps_and_logs_at_the_same_points(
   # measured before 10); then 11-14, 15 (the checkpoint and eval after
   # it), 16-19, the timed 20, 21-24, 25-28, 29 and the timed 30.
   assert calls[0] == [1] * 10 + [4, 1, 4, 1, 4, 4, 1, 1]
+  # What the automatic run chose, which config.json (steps_per_loop 0)
+  # cannot say.
+  assert runs[0][0]["chosen"] == {"steps_per_call": "auto", "largest_call": 4,
+                                  "xla": "off", "per_replica_batch": 16}
   assert max(calls[7]) == 7 and calls[1] == [1] * 30
   tags = {spl: helpers.scalar_tags(str(tmp_path / str(spl))) for spl in runs}
   (one, w1) = runs[1]

@@ -128,3 +128,38 @@ def test_a_checkpoint_without_a_record_is_finished_saying_what_is_unknown(
   out = capsys.readouterr().out
   assert "(its checkpoint keeps no measurements)" in out
   assert "(its last steps were not logged)" in out, out
+
+
+def test_a_measurement_the_checkpoint_lacks_is_unknown_not_this_processs(
+    tmp_path, monkeypatch, capsys):
+  """A checkpoint saved by a dist_keras that did not time the peak twice
+  (no peak_timed) is finished with the MFU and peak it kept, and
+  peak_timed unknown: not this process's reading beside a peak that MFU
+  was not divided by."""
+  snapshot = run_record.Keep._snapshot  # pylint: disable=protected-access
+
+  def without_peak_timed(self):
+    record, arrays = snapshot(self)
+    del record["measured"]["peak_timed"]
+    return record, arrays
+
+  config = {"train.global_batch_size": user_task.GLOBAL_BATCH,
+            "train.steps": 8, "train.log_every": 2, "eval.every": 0,
+            "log.calibration_steps": 0}  # The peak a timed matmul.
+  with monkeypatch.context() as patched:
+    patched.setattr(run_record.Keep, "_snapshot", without_peak_timed)
+    first = dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                           workdir=str(tmp_path), config=config,
+                           strategy=ONE_CPU).summary
+  assert first["peak_timed"] and first["mfu"]
+  os.remove(tmp_path / "summary.json")
+  capsys.readouterr()
+  again = dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                         workdir=str(tmp_path), config=config,
+                         strategy=ONE_CPU).summary
+  assert (again["peak_tflops"], again["mfu"]) == (first["peak_tflops"],
+                                                  first["mfu"])
+  assert again["peak_timed"] is None
+  assert again["finished_by_rerun"]["not_known"] == ["peak_timed"]
+  assert ("peak_timed (its checkpoint was saved by a dist_keras that did "
+          "not keep them)") in capsys.readouterr().out

@@ -47,6 +47,7 @@ def test_own_train_step_compiles_as_fit_compiles_it(tmp_path):
       workdir=str(tmp_path), strategy=ONE_CPU,
       config={**CONFIG, "train.jit_compile": True})
   assert result.summary["steps"] == STEPS
+  assert result.summary["chosen"]["xla"] == "train_step"
   got = [w.numpy() for w in result.model.weights]
   assert len(got) == len(want)
   for ours, fits in zip(got, want):
