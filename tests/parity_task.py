@@ -19,6 +19,15 @@ FEATURES = 6
 SIZES = {"train": 512, "eval": 200}
 
 
+def short_run(steps: int) -> dict:
+  """dist_keras.fit's config for `steps` quiet steps of these batches: no
+  events, no progress lines, no calibration, a peak given (not timed)."""
+  return {"train.steps": steps, "train.global_batch_size": GLOBAL_BATCH,
+          "train.log_every": 3, "eval.every": 0, "log.tensorboard": False,
+          "log.progress": False, "log.calibration_steps": 0,
+          "log.peak_tflops": 1.0}
+
+
 def _examples(split: str):
   rng = np.random.default_rng({"train": 0, "eval": 1}[split])
   n = SIZES[split]

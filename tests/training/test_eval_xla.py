@@ -20,10 +20,7 @@ from dist_keras.contract import xla_limits
 from dist_keras.training import evaluation, metrics
 
 STEPS = 6
-CONFIG = {"train.steps": STEPS, "train.global_batch_size":
-          parity_task.GLOBAL_BATCH, "train.log_every": 3, "eval.every": 0,
-          "log.tensorboard": False, "log.progress": False,
-          "log.calibration_steps": 0, "log.peak_tflops": 1.0}
+CONFIG = parity_task.short_run(STEPS)
 ONE_CPU = tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
@@ -44,18 +41,24 @@ def _py_eval():
   return model
 
 
+def _refusal_of_py_eval(workdir) -> str:
+  """The one line (exit 2) a run of _py_eval under XLA stops with."""
+  with pytest.raises(dist_keras.UserError) as e:
+    dist_keras.fit(_py_eval, parity_task.dataset_fn, workdir=str(workdir),
+                   strategy=ONE_CPU,
+                   config={**CONFIG, "train.jit_compile": True})
+  line = str(e.value)
+  assert "\n" not in line and e.value.exit_code == 2, line
+  return line
+
+
 def test_an_eval_xla_cannot_compile_is_refused_at_the_start(tmp_path):
   """fit(jit_compile=True) fails such a test_step at its first validation;
   it ran here without XLA, and on a TPU (which compiles every step) it
   would fail after the training steps. Now: one line before step 1 naming
   the op and the fix, exit 2, nothing kept; without XLA it trains and
   evaluates as before."""
-  with pytest.raises(dist_keras.UserError) as e:
-    dist_keras.fit(_py_eval, parity_task.dataset_fn,
-                   workdir=str(tmp_path / "run"), strategy=ONE_CPU,
-                   config={**CONFIG, "train.jit_compile": True})
-  line = str(e.value)
-  assert "\n" not in line and e.value.exit_code == 2, line
+  line = _refusal_of_py_eval(tmp_path / "run")
   assert re.match(
       r"^train.jit_compile=true compiles the eval step with XLA \(as Keras' "
       r"fit\(jit_compile=True\) compiles evaluate's test_step\), and XLA has "
@@ -76,12 +79,7 @@ def test_the_runs_eval_is_compiled(tmp_path, monkeypatch):
   the eval's (a run's translation of XLA's error), exit 2."""
   monkeypatch.setattr(evaluation, "check_compiles", lambda *args: None,
                       raising=False)
-  with pytest.raises(dist_keras.UserError) as e:
-    dist_keras.fit(_py_eval, parity_task.dataset_fn,
-                   workdir=str(tmp_path / "run"), strategy=ONE_CPU,
-                   config={**CONFIG, "train.jit_compile": True})
-  line = str(e.value)
-  assert "\n" not in line and e.value.exit_code == 2, line
+  line = _refusal_of_py_eval(tmp_path / "run")
   assert line.startswith(
       "train.jit_compile=true compiles the eval step with XLA (as Keras' "
       "fit(jit_compile=True) compiles evaluate's test_step), and XLA has no"

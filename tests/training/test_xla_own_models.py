@@ -18,10 +18,7 @@ from dist_keras import installation
 from dist_keras.contract import xla_limits
 
 STEPS = 6
-CONFIG = {"train.steps": STEPS, "train.global_batch_size":
-          parity_task.GLOBAL_BATCH, "train.log_every": 3, "eval.every": 0,
-          "log.tensorboard": False, "log.progress": False,
-          "log.calibration_steps": 0, "log.peak_tflops": 1.0}
+CONFIG = parity_task.short_run(STEPS)
 ONE_CPU = tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
