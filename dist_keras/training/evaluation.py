@@ -51,14 +51,12 @@ def make_eval_pass(strategy, model, jit_compile=False):
   metrics): each replica's weighed by its examples, so that a mean over
   the batch is the global batch's; {} where the step is Keras' own (its
   logs are the metrics). `jit_compile` (train.jit_compile's value, or a
-  steps.Jit) XLA-compiles each replica's test_step (a TPUStrategy compiles
-  the whole replica step as it is)."""
+  steps.Jit) XLA-compiles each replica's test_step (_compiles)."""
   trackers = keras_internals.output_loss_trackers(model)
   keeps_logs = any(overrides(model, name) for name in (
       "test_step", "compute_metrics", "get_metrics_result"))
   weighs = strategy.num_replicas_in_sync > 1
-  test_step = _test_step(model, steps.Jit.of(jit_compile) is not (
-      steps.Jit.OFF) and not isinstance(strategy, tf.distribute.TPUStrategy))
+  test_step = _test_step(model, _compiles(strategy, jit_compile))
 
   def replica_step(batch):
     batch = pipelines.with_nones(batch)
@@ -127,19 +125,27 @@ def _test_step(model, jit: bool):
       tf.function(eval_test_step, jit_compile=True))
 
 
-def check_compiles(strategy, model, eval_spec) -> None:
-  """Refuses, before training, an eval step that XLA cannot compile under
-  train.jit_compile=true (a tf.numpy_function in the model's own
-  test_step: fit(jit_compile=True) fails at its first validation): each
-  replica's test_step, as make_eval_pass(jit=True) compiles it, lowered
-  to XLA on a zero batch like `eval_spec`'s (contract/batches.zeros: what
-  the model met before training). Nothing runs; no state moves. An error
-  that is not XLA's is left to the eval, which meets it as before.
+def _compiles(strategy, jit_compile) -> bool:
+  """Whether the eval compiles each replica's test_step with XLA: under
+  train.jit_compile, except on a TPU (which compiles the whole step)."""
+  return steps.Jit.of(jit_compile) is not steps.Jit.OFF and not isinstance(
+      strategy, tf.distribute.TPUStrategy)
+
+
+def check_compiles(strategy, model, eval_spec, jit_compile) -> None:
+  """Refuses, before training, an eval step XLA cannot compile where the
+  eval compiles one (`jit_compile`: train.jit_compile's; not on a TPU), as
+  fit(jit_compile=True) fails a test_step with a tf.numpy_function at its
+  first validation: each replica's test_step lowered to XLA on a zero
+  batch like `eval_spec`'s (batches.zeros: what the model met). Nothing
+  runs. An error that is not XLA's is left to the eval.
 
   Raises:
     UserError: ops XLA has no kernel for, or another refusal of XLA's
       (xla_limits.eval_refusal).
   """
+  if not _compiles(strategy, jit_compile):
+    return
   test_step = _test_step(model, jit=True)
 
   def lower():

@@ -75,9 +75,9 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
   forward = state_updates.traced(model, layers, strategy, batch_spec)
   updates = state_updates.check(model, layers, forward, replicas)
   own_losses.check(model, strategy, batch_spec, forward)
-  if met.evaluates and train_cfg.jit_compile and not isinstance(
-      strategy, tf.distribute.TPUStrategy):  # (A TPU compiles it anyway.)
-    evaluation.check_compiles(strategy, model, eval_spec)
+  if met.evaluates:
+    evaluation.check_compiles(strategy, model, eval_spec,
+                              train_cfg.jit_compile)
   return met.evaluates, [
       met.no_eval, updates, call_losses.own_step_note(model, replicas,
                                                       forward),
