@@ -3,7 +3,8 @@ weight per class index (Keras' {class: weight} dict, the classes it leaves
 out weighing 1). As fit does, each train batch's labels become its sample
 weights (keras/src/trainers/data_adapters/tf_dataset_adapter.py's
 make_class_weight_map_fn, the same ops, so one device = fit bitwise); the
-eval split is not weighed, as fit's validation_data is not. Nothing here
+eval split is not weighed, as fit's validation_data is not. A label past
+the last class given weighs 1, as a class the dict leaves out. Nothing here
 imports TensorFlow at import time: fit's door reads it before TF starts."""
 import numbers
 
@@ -59,8 +60,14 @@ def weighed(ds, weights: tuple):
   table = tf.convert_to_tensor(list(weights))
 
   def weigh(*batch):
+    # A label past the tuple's end (or below 0) weighs 1, as a class the
+    # dict leaves out: Keras 3.16's fit (keras#23073); 3.15's gather
+    # failed on it (on a GPU, gathered 0: dropped the example).
     x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    return x, y, tf.gather(table, _classes(y))
+    classes = _classes(y)
+    inside = (classes >= 0) & (classes < len(weights))
+    return x, y, tf.where(inside, tf.gather(
+        table, tf.clip_by_value(classes, 0, len(weights) - 1)), 1.0)
 
   del x
   return ds.map(weigh)

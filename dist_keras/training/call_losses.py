@@ -14,15 +14,17 @@ ModelCheckpoint monitor), as fit under MirroredStrategy does; Adam, blind
 to a gradient's scale, hid the gradient's half, SGD did not. A mean taken
 by hand (ops.mean) is divided once, as it should be.
 
-So in dist_keras' step on the compiled model and in Keras' own test_step
+So in dist_keras' step on the compiled model and in every test_step
 (`as_one_device`), a Loss reduced while the model's call runs (Keras'
 call context is open, in this thread) is not divided: it is the replica's
 batch mean one device computes, which compute_loss then divides once,
 like a mean taken by hand. The compiled loss, reduced after the call, is
-divided as before. A model's own train_step or test_step runs as written
-(one that sums model.losses itself wants the divided value; one that
-calls compute_loss does not; which, only its code knows), as under fit;
-one that reaches compute_loss is said at the start (own_step_note). Keras'
+divided as before. A model's own train_step runs as written (one that
+sums model.losses itself wants the divided value; one that calls
+compute_loss does not; which, only its code knows), as under fit; one
+that reaches the model's compute_loss is said at the start
+(own_step_note). An own test_step computes no gradient: undivided is one
+device's value there, whichever it does. Keras'
 private parts here (scale_loss_for_distribution, the call context) are
 checked by tests/training/test_own_losses.py.
 """
@@ -91,8 +93,8 @@ def own_step_note(model, replicas: int, forward) -> str | None:
   that step runs as written, the Loss divided twice, as under fit."""
   if (replicas == 1 or forward is None or not forward.loss_in_call
       or not checks.overrides(model, "train_step")
-      or "compute_loss" not in step_losses.reached_names(model,
-                                                         "train_step")):
+      or "compute_loss" not in step_losses.self_attributes(model,
+                                                           "train_step")):
     return None
   return (f"the model's call reduces a keras.losses.Loss (for add_loss?), "
           f"which Keras divides by the {replicas} replicas there and "

@@ -26,7 +26,6 @@ does. A TPUStrategy compiles the whole replica step anyway. check_compiles
 tries that compilation before training, so a test_step XLA cannot compile
 is refused at the start, not found after training steps were paid for.
 """
-import contextlib
 import time
 
 import keras
@@ -107,14 +106,14 @@ def _test_step(model, jit: bool):
   """(batch) -> the model's test_step's flat logs; with `jit`, one XLA
   computation, as Keras' fit(jit_compile=True) compiles the test_step
   of evaluate (named so XLA's errors tell it from the train step's).
-  Keras' own test_step computes its loss as the train step does
-  (call_losses: a Loss reduced in the call undivided); a model's own runs
-  as written."""
-  one_device = (contextlib.nullcontext if overrides(model, "test_step")
-                else call_losses.as_one_device)
+  A Loss reduced in the model's call is left undivided (call_losses), in
+  Keras' test_step and a model's own alike: the eval differentiates
+  nothing, so that is one device's value; an own step's compute_loss then
+  divides it once, as it divides the compiled loss (its start line says
+  so: step_losses), where fit divided it twice (1/N^2)."""
 
   def eval_test_step(batch):
-    with one_device():
+    with call_losses.as_one_device():
       return model_step.flat_logs(model.test_step(batch))
 
   eval_test_step.__name__ = xla_limits.EVAL_FUNCTION  # (Its graph's.)

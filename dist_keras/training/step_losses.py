@@ -12,6 +12,7 @@ is fed, dist_keras cannot tell from outside (it would have to know what
 the step differentiates), so neither is changed: the run says which the
 code names.
 """
+import dis
 import types
 
 import keras
@@ -29,7 +30,7 @@ _DIVIDES = ("num_replicas_in_sync", "compute_average_loss",
 def divided_losses(model, method: str) -> list[str]:
   """What the model's `method` reaches that Keras divides by the replicas:
   'self.compute_loss', 'self.NAME (LossClass)' for a Loss attribute."""
-  names = reached_names(model, method)
+  names = self_attributes(model, method)
   found = ["self.compute_loss"] if "compute_loss" in names else []
   attributes = vars(model)
   compiled = attributes.get("_compile_loss")  # Said as compute_loss.
@@ -121,4 +122,54 @@ def _names_in(code) -> set[str]:
   for const in code.co_consts:
     if isinstance(const, types.CodeType):
       names |= _names_in(const)
+  return names
+
+
+def self_attributes(model, method: str, depth: int = 4) -> set[str]:
+  """The attributes the model's `method` reads off the model (`self.NAME`,
+  `super().NAME`), and those the methods it reads so and the functions it
+  names read off their first argument (`guide_step(self, data)`'s model),
+  `depth` calls down: not another object's (`self.teacher.compute_loss`),
+  nor a name in a comment or a string."""
+  seen, found = set(), set()
+  todo = [(getattr(type(model), method), depth)]
+  while todo:
+    fn, left = todo.pop()
+    code = getattr(fn, "__code__", None)
+    if code is None or code in seen or left < 0 or not code.co_argcount:
+      continue
+    seen.add(code)
+    own = _read_off(code, code.co_varnames[0])
+    found |= own
+    callees = [klass.__dict__[name] for name in own
+               for klass in type(model).__mro__ if name in klass.__dict__]
+    callees += [getattr(fn, "__globals__", {}).get(name)
+                for name in _names_in(code)]
+    todo.extend((c, left - 1) for c in callees
+                if isinstance(c, types.FunctionType))
+  return found
+
+
+def _read_off(code, this: str) -> set[str]:
+  """The attribute names `code` (and the functions nested in it) loads off
+  the variable `this` or off super()."""
+  names, on_this, calling_super = set(), False, False
+  for op in dis.get_instructions(code):
+    if op.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR"):
+      if on_this or op.opname == "LOAD_SUPER_ATTR":
+        names.add(op.argval)
+      on_this = False
+    elif op.opname.startswith(("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE")):
+      on_this = op.argval == this
+    elif op.opname == "LOAD_GLOBAL" and op.argval == "super":
+      calling_super = True
+    elif op.opname in ("PRECALL", "KW_NAMES", "CACHE"):
+      continue  # (3.11's: the call that follows is what counts.)
+    elif op.opname == "CALL" and calling_super:
+      on_this, calling_super = True, False
+    else:
+      on_this = False
+  for const in code.co_consts:
+    if isinstance(const, types.CodeType) and this in const.co_freevars:
+      names |= _read_off(const, this)
   return names

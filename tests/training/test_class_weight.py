@@ -99,6 +99,18 @@ def test_every_label_form_weighs_as_keras_weighs_it(y):
   np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+@pytest.mark.parametrize("y", [
+    np.array([0, 3, 1, -1], "int64"), np.eye(4, dtype="float32")[[0, 3, 1]]])
+def test_a_label_past_the_last_class_given_weighs_one(y):
+  """{0: .5, 1: 2} and labels 3 or -1: weight 1, as for a class the dict
+  leaves out (Keras 3.16's fit, keras#23073; 3.15's failed in its gather,
+  as dist_keras did: 'a value the model cannot take')."""
+  ds = tf.data.Dataset.from_tensor_slices((np.zeros((len(y), 2)), y))
+  weighed = class_weights.weighed(ds.batch(4), (0.5, 2.0))
+  (_, _, got), = weighed
+  np.testing.assert_array_equal(got.numpy(), [0.5, 1.0, 2.0, 1.0][:len(y)])
+
+
 def _weighted(split, ctx):
   return dataset_fn(split, ctx).map(lambda x, y: (x, y, tf.ones([GLOBAL])))
 

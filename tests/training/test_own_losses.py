@@ -88,16 +88,32 @@ class OwnStep(keras.Model):
     return {"loss": loss}
 
 
-def _own_step_endpoint():
+class TeacherStep(keras.Model):
+  """Its own train_step on a mean taken by hand, beside a teacher's
+  compute_loss (another model's losses): its own are divided once. Its
+  name in the step's code was said as the model's compute_loss."""
+
+  def train_step(self, data):
+    (x,) = data
+    with tf.GradientTape() as tape:
+      loss = keras.ops.sum(self.losses) + 0.0 * keras.ops.mean(
+          self(x, training=True))
+    self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                         self.trainable_variables)
+    return {"loss": loss, "teacher": self.teacher.compute_loss(x=x)}
+
+
+def _own_step_endpoint(step_class=OwnStep):
   model = parity_task.endpoint()
-  own = OwnStep(model.inputs, model.outputs)
+  own = step_class(model.inputs, model.outputs)
   own.compile(optimizer=keras.optimizers.SGD(0.05))
   return own
 
 
 @pytest.mark.parametrize("make, said", [
-    (_own_step_endpoint, True), (parity_task.endpoint, False)],
-    ids=["own_train_step", "keras_train_step"])
+    (_own_step_endpoint, True), (parity_task.endpoint, False),
+    (lambda: _own_step_endpoint(TeacherStep), False)],
+    ids=["own_train_step", "keras_train_step", "another_models_compute"])
 def test_an_own_step_dividing_a_loss_in_the_call_twice_is_said(
     mirrored, make, said):
   from dist_keras import installation  # pylint: disable=g-import-not-at-top
@@ -121,3 +137,37 @@ def test_an_own_step_dividing_a_loss_in_the_call_twice_is_said(
         "which Keras divides by the 2 replicas there and OwnStep.train_step"
         "'s compute_loss divides again, as under fit: if it is an add_loss "
         "term, the 2 replicas train on 1/2 of one device's gradient"), note
+
+
+class OwnTestStep(keras.Model):
+  """keras.io's own test_step on compute_loss, its loss tracker weighed by
+  the batch's examples: fit at 2 replicas reported 1/4 of one device's
+  eval loss (the endpoint's Loss divided in the call, then by
+  compute_loss), where the start line says 1/2 (feed it loss * 2)."""
+
+  def test_step(self, data):
+    (x,) = data
+    loss = self.compute_loss(x=x, y_pred=self(x, training=False))
+    for metric in self.metrics:
+      if metric.name == "loss":
+        metric.update_state(loss, sample_weight=tf.shape(x[0])[0])
+    return {m.name: m.result() for m in self.metrics}
+
+
+def _own_test_step_endpoint():
+  model = parity_task.endpoint()
+  own = OwnTestStep(model.inputs, model.outputs)
+  own.compile(optimizer=keras.optimizers.SGD(0.05))
+  return own
+
+
+def test_an_own_test_steps_compute_loss_divides_a_loss_in_the_call_once(
+    tmp_path, mirrored):
+  runs = [dist_keras.fit(_own_test_step_endpoint,
+                         parity_task.endpoint_dataset_fn,
+                         workdir=str(tmp_path / name), strategy=strategy,
+                         config=dict(CONFIG, **{"train.steps": 2,
+                                                "eval.every": 2}))
+          for name, strategy in (("one", "one_device"), ("two", mirrored))]
+  one, two = (run.summary["eval_loss"] for run in runs)
+  assert 2 * two == pytest.approx(one, rel=1e-5)
