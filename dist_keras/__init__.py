@@ -38,10 +38,10 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
       metrics), called inside the strategy's scope; or a name: a built-in
       model (e.g. "sequence_classifier") or "PKG.MODULE:FN".
     dataset_fn: `(split, input_context) -> tf.data.Dataset` of that input
-      pipeline's per-replica batches (x, y) or (x, y, sample_weight), split
-      "train" (repeated, batches of exactly
-      `input_context.get_per_replica_batch_size(global_batch_size)`) or
-      "eval" (finite); or a name: a built-in dataset or "PKG.MODULE:FN".
+      pipeline's per-replica batches (x, y) or (x, y, sample_weight): "train"
+      repeated, batches of `input_context.get_per_replica_batch_size(B)` (B:
+      train.global_batch_size); "eval" finite, or None for no eval (Keras'
+      fit without validation_data); or a built-in's name, or "PKG.MODULE:FN".
     workdir: folder for checkpoints, TensorBoard events, config.json,
       summary.json and model.keras; a rerun with the same folder resumes.
     config: None (configs/base.py's defaults), a config (ConfigDict, e.g.

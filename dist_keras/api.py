@@ -30,10 +30,12 @@ class FitResult:
     model: the trained Keras model (also saved in `model_file`).
     summary: summary.json's fields: the strategy, replicas and steps, the
       final train and eval loss and every compiled metric (`train_NAME`,
-      `eval_NAME`), throughput, the sync breakdown and MFU.
+      `eval_NAME`; no `eval_` field without an eval split), throughput,
+      the sync breakdown and MFU.
     workdir: where the run wrote its files.
     history: {name: [value per epoch]}, as `model.fit(...).history` (an
-      epoch is one eval interval; this run's epochs only).
+      epoch is one eval interval; this run's epochs only; no `val_` key
+      without an eval split).
     model_file: the file the model is saved in: workdir/model.keras, or
       workdir/model.weights.h5 (its weights: `model.load_weights(path)`)
       for a model Keras cannot save whole (no get_config()).
@@ -198,8 +200,8 @@ def build(job: Job) -> loop.Trainer:
     feed = pipelines.Feed.from_config(config)
     train_ds, batch_spec = pipelines.distribute(
         strategy, dataset_fn, "train", feed, start_step=resume.step)
-    eval_ds, eval_spec = pipelines.distribute(
-        strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
+    eval_ds, eval_spec = _eval_split(strategy, dataset_fn, feed, config,
+                                     role.workers)
     evaluates, said = model_checks.against_batches(
         model, strategy, dataset_fn, (batch_spec, eval_spec), config.train)
     model_file, weights_only = run_files.model_file(model)
@@ -220,3 +222,33 @@ def build(job: Job) -> loop.Trainer:
         asked, notes=[n for n in notes if n])
     undo.pop_all()  # The Trainer's close lets go of them.
   return trainer
+
+
+def _eval_split(strategy, dataset_fn, feed, config, workers: int) -> tuple:
+  """The eval split's distributed dataset and element spec, or (None,
+  None): dataset_fn('eval', ...) returned None, no eval split, as Keras'
+  fit without validation_data. Every worker must say the same (one with
+  eval batches would run the eval's collectives alone): a collective
+  under multi-worker.
+
+  Raises:
+    UserError: workers that disagree; eval.steps set without an eval split
+      (it would be ignored).
+  """
+  eval_ds, eval_spec = pipelines.distribute(
+      strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
+  if workers > 1:
+    replicas = strategy.num_replicas_in_sync
+    have = int(allreduce.host_value_sum(strategy)(float(eval_ds is not None)))
+    if have not in (0, replicas):
+      raise leaving.refused_together(errors.UserError(
+          f"dataset_fn('eval', ...) returned a dataset for {have} of the "
+          f"{replicas} replicas and None (no eval split) for the others "
+          f"(this worker: {'a dataset' if eval_ds is not None else 'None'});"
+          " return None on every worker or an eval split on each."))
+  if eval_ds is None and config.eval.steps:
+    raise errors.UserError(
+        f"eval.steps={config.eval.steps} but dataset_fn('eval', ...) "
+        "returned None (no eval split), so it would be ignored; drop "
+        "eval.steps (0), or return an eval split.")
+  return eval_ds, eval_spec

@@ -53,6 +53,12 @@ def dataset_fn(split, input_context):
                   input_context.input_pipeline_id)
 
 
+def train_only_dataset_fn(split, input_context):
+  """dataset_fn's train split, and no eval split (None), as Keras' fit
+  without validation_data."""
+  return None if split == "eval" else dataset_fn(split, input_context)
+
+
 def two_output_dataset_fn(split, input_context):
   """Two inputs, two named targets: a class (y > 0) and the value."""
   return dataset_fn(split, input_context).map(

@@ -289,6 +289,13 @@ def raising_on_pipeline_1_dataset_fn(split, input_context):
   return dataset_fn(split, input_context)
 
 
+def no_eval_on_pipeline_1_dataset_fn(split, input_context):
+  """No eval split (None) on input pipeline 1 (worker 1 of two) only."""
+  if split == "eval" and input_context.input_pipeline_id == 1:
+    return None
+  return dataset_fn(split, input_context)
+
+
 def classes_model_fn():
   inputs, x = _body(0.0)
   model = keras.Model(inputs, keras.layers.Dense(CLASSES)(x))

@@ -103,10 +103,15 @@ def _cache_in_use(error: Exception) -> UserError | None:
       "(ds.cache()).")
 
 
+# What else an eval split without examples may mean.
+OR_NONE = (", or return None for no eval split (training only, as Keras' "
+           "fit without validation_data)")
+
+
 def no_eval_examples(what: str) -> str:
   """The line for an eval split without examples (in every pipeline)."""
   return (f"{what}; give the eval split examples (built-in data: "
-          "data.eval_size >= 1).")
+          f"data.eval_size >= 1){OR_NONE}.")
 
 
 def smaller_than_a_batch(where: str, per_replica: int, pipeline,

@@ -54,7 +54,9 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   stream skips the `start_step` steps already trained (every pipeline
   feeds num_replicas / num_pipelines batches per step); eval stops after
   `eval_steps` steps when set. One pipeline per replica (Feed) makes one
-  process read exactly what N one-replica workers read.
+  process read exactly what N one-replica workers read. An eval split of
+  None from every pipeline is no eval split, as Keras' fit without
+  validation_data: (None, None).
   """
   checks.check_signature(dataset_fn, "dataset_fn", ("split", "input_context"))
   on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
@@ -64,11 +66,14 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   per_replica_batch_size(global_batch_size, replicas)
   class_weights.check(feed.class_weight)
   specs, sizes = [], []  # sizes: (pipelines, that one's batches).
+  nones = []  # The pipelines whose eval split is None (no eval split).
 
   def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     with errors.raised_in(f"dataset_fn({split!r}, ...) "
                           f"{imports.name_of(dataset_fn)}"):
       ds = dataset_fn(split, ctx)
+    if split == "eval" and (ds is None or nones):
+      return _no_eval_split(ds, ctx, nones, specs)
     batches.check_dataset(ds, split, global_batch_size, replicas, eval_steps,
                           ctx)
     xla_limits.check_tpu_batches(ds.element_spec, split, on_tpu)
@@ -87,23 +92,47 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
     # The dataset itself, as Keras' fit reads it with no strategy: a
     # distributed dataset would move each batch to the device it is already
     # on through a multi-device iterator and its own prefetch thread.
-    return make(tf.distribute.InputContext()), specs[0]
-  options = None
-  if feed.per_replica_pipelines:
-    # Batches stay on the host, where each replica's pipeline runs (TF 2.21
-    # would also prefetch them to the devices; only the batches' contents
-    # matter for the equivalence this mode exists for).
-    options = tf.distribute.InputOptions(
-        experimental_replication_mode=(
-            tf.distribute.InputReplicationMode.PER_REPLICA),
-        experimental_fetch_to_device=False)
+    ds = make(tf.distribute.InputContext())
+    return (None, None) if nones else (ds, specs[0])
   # distribute_datasets_from_function never auto-shards: each pipeline
   # reads the shard its dataset_fn picks by input_pipeline_id.
   with _input_devices_kept(strategy), _whole_batches(strategy, split):
-    dataset = strategy.distribute_datasets_from_function(make, options)
+    dataset = strategy.distribute_datasets_from_function(
+        make, _input_options(feed))
+  if nones:
+    return None, None
   if split == "eval":
     _check_some_eval_batches(sizes)
   return dataset, specs[0]
+
+
+def _input_options(feed: Feed):
+  """The InputOptions of the feed's pipelines (None: one per worker)."""
+  if not feed.per_replica_pipelines:
+    return None
+  # Batches stay on the host, where each replica's pipeline runs (TF 2.21
+  # would also prefetch them to the devices; only the batches' contents
+  # matter for the equivalence this mode exists for).
+  return tf.distribute.InputOptions(
+      experimental_replication_mode=(
+          tf.distribute.InputReplicationMode.PER_REPLICA),
+      experimental_fetch_to_device=False)
+
+
+def _no_eval_split(ds, ctx, nones: list, specs: list) -> tf.data.Dataset:
+  """A stand-in for a pipeline's eval split of None (`ds`), which
+  distribute() drops, its id added to `nones`; UserError where this
+  process's pipelines disagree (`specs`: those made so far): a replica
+  with eval batches would run the eval's collectives alone."""
+  if ds is None and not specs:
+    nones.append(ctx.input_pipeline_id)
+    return tf.data.Dataset.range(0)
+  none = nones[0] if nones else ctx.input_pipeline_id
+  raise UserError(
+      f"dataset_fn('eval', ...) returned None for input pipeline {none} "
+      "but a tf.data.Dataset for another of this worker's; return None for "
+      "every pipeline (no eval split) or a dataset for each (an empty "
+      "shard: ds.take(0)).")
 
 
 def _nones_filled(ds):

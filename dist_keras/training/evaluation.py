@@ -288,7 +288,7 @@ def evaluate(eval_pass, metric_state, dataset) -> dict:
     raise UserError(
         "dataset_fn('eval', ...) gave no examples (every replica's batches "
         "were empty): give the eval split examples (built-in data: "
-        "data.eval_size >= 1).")
+        f"data.eval_size >= 1){batches.OR_NONE}.")
   result = metric_state.results(
       metric_state.read(),
       {name: metrics.logged(value) for name, value in logs.items()})

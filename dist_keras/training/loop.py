@@ -42,7 +42,7 @@ class Parts:
   stop: preemption.StopRequest  # SIGTERM/Ctrl-C's; close() ends it.
   kept: contextlib.ExitStack  # process_state.kept: close() puts it back.
   callbacks: list = dataclasses.field(default_factory=list)  # The users'.
-  evaluates: bool = True  # Has a loss to evaluate (checks.evaluates).
+  evaluates: bool = True  # An eval split with a loss (checks.evaluates).
   batch_spec: object = None  # The train batches' (for the FLOPs).
   model_file: str = run_files.MODEL_FILE  # Or WEIGHTS_FILE: model_file().
 

@@ -29,6 +29,13 @@ from dist_keras.training import evaluation, own_losses
 from dist_keras.training import state_updates, step_losses, varying_slices
 
 
+# The start-up line of a dataset_fn whose eval split is None.
+NO_EVAL_SPLIT = ("no eval split: dataset_fn('eval', ...) returned None, so "
+                 "the run trains without evaluating, as Keras' fit without "
+                 "validation_data (epochs of eval.every steps, no val_ "
+                 "logs, no eval_ fields in summary.json)")
+
+
 def as_compiled(model, strategy, train_cfg) -> list[str]:
   """Applies what the model was compiled with to `train_cfg` (steps per
   call, XLA: compiled.take) and checks it; returns the lines the run says
@@ -53,8 +60,9 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
                     train_cfg) -> tuple[bool, list]:
   """(whether the eval has a loss, the lines to say): the model against
   the batches of both splits (`specs`: the train and eval element specs
-  of `dataset_fn`'s pipelines), met once (its loss and metrics' state
-  built from them); what it made of them read by the checks that follow.
+  of `dataset_fn`'s pipelines; the eval's None: no eval split), met once
+  (its loss and metrics' state built from them); what it made of them read
+  by the checks that follow.
   A stateful RNN built for another batch than a replica's is refused
   before the model meets them.
 
@@ -69,17 +77,19 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
                           train_cfg.global_batch_size)
   met = probe.meet(model, layers, strategy, batch_spec, eval_spec,
                    getattr(dataset_fn, "builtin_data", None))
-  if met.evaluates and not checks.overrides(model, "test_step"):
+  # No eval split (eval_spec None): nothing of the eval is checked.
+  evaluates = met.evaluates and eval_spec is not None
+  if evaluates and not checks.overrides(model, "test_step"):
     traced_limits.check_eval(model)  # (Keras' train_step's: call_model_fn.)
   layers = installation.layers_in(model, include_self=False)  # Now built.
   forward = state_updates.traced(model, layers, strategy, batch_spec)
   updates = state_updates.check(model, layers, forward, replicas)
   own_losses.check(model, strategy, batch_spec, forward)
-  if met.evaluates:
+  if evaluates:
     evaluation.check_compiles(strategy, model, eval_spec,
                               train_cfg.jit_compile)
-  return met.evaluates, [
-      met.no_eval, updates, call_losses.own_step_note(model, replicas,
-                                                      forward),
+  return evaluates, [
+      met.no_eval if eval_spec is not None else NO_EVAL_SPLIT,
+      updates, call_losses.own_step_note(model, replicas, forward),
       batch_losses.divide_means(model, strategy, met),
       varying_slices.one_step_per_call(model, strategy, met, train_cfg)]

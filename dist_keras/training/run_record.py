@@ -167,11 +167,11 @@ def complete(summary: dict, trainer, run) -> str:
       "checkpoint": f"ckpt-{run.step}",
       "not_known": [key for keys, _ in unknown for key in keys]}
   said = "; ".join(f"{', '.join(keys)} ({why})" for keys, why in unknown)
+  again = "its eval is run again; " if trainer.parts.evaluates else ""
   return (f"results written by this rerun for ckpt-{run.step} (the run "
-          "that trained it stopped before writing them): its eval is run "
-          "again; its train values and measurements are those kept with the "
-          "checkpoint" + (f"; not known (null in summary.json): {said}"
-                          if said else ""))
+          f"that trained it stopped before writing them): {again}its train "
+          "values and measurements are those kept with the checkpoint" + (
+              f"; not known (null in summary.json): {said}" if said else ""))
 
 
 def _metric_names(trainer) -> list:

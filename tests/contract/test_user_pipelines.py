@@ -111,7 +111,8 @@ def test_an_eval_split_empty_in_every_pipeline_is_refused(tmp_path,
   assert str(e.value) == (
       "dataset_fn('eval', ...) has no batches in any of its 2 input "
       "pipelines; give the eval split examples (built-in data: "
-      "data.eval_size >= 1).")
+      "data.eval_size >= 1), or return None for no eval split (training "
+      "only, as Keras' fit without validation_data).")
   assert not (tmp_path / "run").exists()
 
 

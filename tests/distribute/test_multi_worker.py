@@ -338,6 +338,20 @@ def test_one_workers_refused_data_stops_both_with_its_line_naming_it(
   assert not (tmp_path / "run").exists()  # As a refusal on one worker.
 
 
+def test_workers_that_disagree_on_an_eval_split_are_refused(tmp_path):
+  """Worker 1's dataset_fn has no eval split (None), worker 0's has one:
+  worker 0 would run the eval's collectives alone. Both refuse at build
+  with the same line, before anything is written."""
+  for code, err in _two_workers_exit(tmp_path / "run", [], train_args=(
+      _user_args("no_eval_on_pipeline_1_dataset_fn"))):
+    assert code == 2, err[-2000:]
+    assert _our_error(err).startswith(
+        "dist_keras: error: dataset_fn('eval', ...) returned a dataset for 1"
+        " of the 2 replicas and None (no eval split) for the others (this "
+        "worker: "), err[-2000:]
+  assert not (tmp_path / "run").exists()
+
+
 # Every stream of unknown size in the slow set: the same switch
 # (pipelines._whole_batches) stops both, and CI's case fails without it.
 @pytest.mark.parametrize("data_name", [
