@@ -82,13 +82,13 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
       config.runtime.strategy = strategy
     _refuse_ignored(config, given, strategy)
     validate.config(config)
-  if not _is_strategy(strategy):  # Too late to set up once TF has started.
+  if not _is_strategy(strategy):  # Chosen, and set up, before TF starts.
+    from dist_keras.distribute import tfconfig  # pylint: disable=g-import-not-at-top
+    strategy = tfconfig.chosen(config.runtime.strategy, tfconfig.from_env())
     prepare_runtime(config.runtime.strategy, config.runtime.tpu)
   from dist_keras import api  # pylint: disable=g-import-not-at-top
   with quiet.tf_info_lines_off(), validate.workdir_spelled(True):  # workdir=.
-    return api.run(api.Job(config, workdir,
-                           strategy if _is_strategy(strategy) else None,
-                           functions, callbacks))
+    return api.run(api.Job(config, workdir, strategy, functions, callbacks))
 
 
 def _is_strategy(strategy) -> bool:
@@ -116,7 +116,7 @@ def _told_to_peers(strategy):
 
 
 # What a strategy object decides in place of these keys: they only choose
-# and build a strategy (distribute/strategies.py get_strategy).
+# and build a strategy (distribute/tfconfig.chosen, strategies.make).
 _STRATEGY_DECIDES = ("runtime.strategy", "runtime.num_cpu_devices",
                      "runtime.tpu", "runtime.collective",
                      "runtime.timeout_seconds",

@@ -54,8 +54,9 @@ class Job:
   Attributes:
     config: the validated config (validate.config).
     workdir: the run's folder.
-    strategy: the tf.distribute.Strategy to train under; None: the one
-      config.runtime names (made once, here: TensorFlow has started).
+    strategy: the tf.distribute.Strategy to train under, or the name of
+      the one the door chose for config.runtime (tfconfig.chosen; made
+      once, here: TensorFlow has started); None: chosen here too.
     functions: (model_fn, dataset_fn); None for the config's name.
     callbacks: the user's Keras callbacks; None: train.callbacks'.
     to_exit: the command line's run, which ends its process: the SIGTERM
@@ -171,7 +172,8 @@ def build(job: Job) -> loop.Trainer:
   check has passed: a refused run removes its workdir (only the lock)."""
   config, workdir = job.config, job.workdir
   validate.workdir_named(workdir)  # (The command line's, before TF.)
-  strategy = job.strategy or strategies.get_strategy(config.runtime)
+  strategy = (job.strategy if isinstance(job.strategy, tf.distribute.Strategy)
+              else strategies.make(job.strategy, config.runtime))
   reports.joined(tfconfig.from_env())  # (For a refusal's report.)
   strategies.own_collective_keys(strategy)
   role = strategies.Role.of(strategy, config.data.pipeline_per_replica)

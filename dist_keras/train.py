@@ -91,7 +91,7 @@ def _train(config, workdir: str) -> int:
   validate.workdir_named(workdir)
   # The strategy against TF_CONFIG (its contradictions), too.
   cluster = tfconfig.from_env()
-  tfconfig.choose(config.runtime.strategy, cluster)
+  chosen = tfconfig.chosen(config.runtime.strategy, cluster)
   if cluster is None or cluster.is_chief:  # Only the chief writes there.
     disk.check_rerun(workdir)  # A rerun's workdir it can no longer write.
     validate.workdir(workdir)
@@ -114,7 +114,7 @@ def _train(config, workdir: str) -> int:
   from dist_keras import api  # pylint: disable=g-import-not-at-top
   from dist_keras.distribute import pipelines  # pylint: disable=g-import-not-at-top
   pipelines.keep_until_exit()  # run() ends the process with os._exit.
-  api.run(api.Job(config, workdir, to_exit=True))
+  api.run(api.Job(config, workdir, chosen, to_exit=True))
   if tfconfig.is_multi_worker(cluster):
     _leave_together(cluster)
   return 0

@@ -24,15 +24,18 @@ def local_devices(num_cpu_devices: int) -> list[str]:
   return [d.name for d in cpus[:num_cpu_devices]]
 
 
-def started_devices() -> list[str]:
-  """The devices TensorFlow has: its GPUs, else its logical CPUs."""
+def local_or_started(num_cpu_devices: int,
+                     started_ok: bool = True) -> tuple[list[str], bool]:
+  """(local_devices, False); or, where TensorFlow started before the CPU
+  could be split (split_cpu refused) and `started_ok`, (the devices it
+  has: its GPUs, else its logical CPUs, True)."""
+  try:
+    return local_devices(num_cpu_devices), False
+  except UserError as e:
+    if not started_ok or not isinstance(e.__cause__, RuntimeError):
+      raise
   return [d.name for d in tf.config.list_logical_devices("GPU")
-          or tf.config.list_logical_devices("CPU")]
-
-
-def is_started_already(error: UserError) -> bool:
-  """Whether split_cpu refused because TensorFlow had started."""
-  return isinstance(error.__cause__, RuntimeError)
+          or tf.config.list_logical_devices("CPU")], True
 
 
 def auto_devices(num_cpu_devices: int) -> list[str]:
@@ -41,13 +44,11 @@ def auto_devices(num_cpu_devices: int) -> list[str]:
   default one, the devices it has, said in one line with how to get the
   split (auto is dist_keras' choice, and N replicas train what one device
   trains); a count the user chose is refused as under mirrored."""
-  try:
-    return local_devices(num_cpu_devices)
-  except UserError as e:
-    default = base.get_config().runtime.num_cpu_devices
-    if not is_started_already(e) or num_cpu_devices != default:
-      raise
-  devices = started_devices()
+  default = base.get_config().runtime.num_cpu_devices
+  devices, started = local_or_started(num_cpu_devices,
+                                      num_cpu_devices == default)
+  if not started:
+    return devices
   terminal.say(
       f"dist_keras: TensorFlow started before fit (a layer, tensor or "
       f"adapt() at import?) with {len(devices)} logical CPU device(s), so "

@@ -1,7 +1,7 @@
 """The one place that turns `config.runtime` into a tf.distribute strategy.
 
 Logical CPU devices must be configured before TensorFlow initialises its
-runtime, so `get_strategy` is called before anything else touches devices.
+runtime, so `make` is called before anything else touches devices.
 """
 import dataclasses
 import errno
@@ -24,34 +24,47 @@ from dist_keras.errors import UserError
 
 def get_strategy(runtime_cfg, environ=None,
                  path_exists=os.path.exists) -> tf.distribute.Strategy:
-  """Returns the strategy `runtime_cfg.strategy` names.
+  """`make` of the strategy `runtime_cfg.strategy` chooses here
+  (tfconfig.chosen), for a caller with no door that chose it (tools).
+
+  Raises:
+    UserError: a bad TF_CONFIG, or one that contradicts the strategy; as
+      `make`.
+  """
+  return make(None, runtime_cfg, environ, path_exists)
+
+
+def make(name: str, runtime_cfg, environ=None,
+         path_exists=os.path.exists) -> tf.distribute.Strategy:
+  """Returns the strategy `name` (tfconfig.chosen for `runtime_cfg`).
 
   Args:
+    name: the strategy to build, as the door chose it; None: chosen here.
     runtime_cfg: `config.runtime` (strategy, num_cpu_devices, collective...).
     environ: where to read TF_CONFIG and TPU variables (default os.environ).
     path_exists: where to look for TPU devices (default os.path.exists).
 
   Raises:
-    UserError: an unknown strategy, a bad TF_CONFIG, a bad device count, or
-      runtime.strategy=tpu with no TPU.
+    UserError: a bad device count, or runtime.strategy=tpu with no TPU.
   """
   environ = os.environ if environ is None else environ
-  cluster = tfconfig.from_env(environ)
-  name = tfconfig.choose(runtime_cfg.strategy, cluster,
-                tpus.detect(environ, path_exists) is not None)
+  if name is None:  # No door chose it.
+    name = tfconfig.chosen(runtime_cfg.strategy, tfconfig.from_env(environ),
+                           environ, path_exists)
   if name == "tpu":
     found = tpus.get_strategy(runtime_cfg.tpu,
                                  required=runtime_cfg.strategy == "tpu",
                                  environ=environ, path_exists=path_exists)
     if found is not None:
       return found
-    # auto, and the TPU did not start (tpus said why).
-    return tf.distribute.MirroredStrategy(
-        _devices_after_tpu_attempt(runtime_cfg.num_cpu_devices))
+    # auto, and the TPU did not start (tpus said why); a failed TPU start
+    # that started TensorFlow's runtime leaves the CPU unsplit.
+    devices, _ = cpus.local_or_started(runtime_cfg.num_cpu_devices)
+    return tf.distribute.MirroredStrategy(devices)
   if name == "multi_worker_mirrored":
     return _once(("multi_worker", environ.get("TF_CONFIG"),
                   *_options_key(runtime_cfg)),
-                 lambda: multi_worker(runtime_cfg, cluster))
+                 lambda: multi_worker(runtime_cfg, tfconfig.from_env(environ)))
   if name == "one_device":
     device = cpus.local_devices(1)[0]  # (num_cpu_devices does not apply.)
     return _once(("one_device", device),
@@ -245,14 +258,3 @@ def check_port_free(spec: tfconfig.ClusterSpec) -> None:
           f"{spec.address}, but port {port} is in use on this machine (by "
           "another process, or a worker of an earlier run still running); "
           "free it, or give the task another port.") from None
-
-
-def _devices_after_tpu_attempt(num_cpu_devices: int) -> list[str]:
-  """local_devices, or the devices TensorFlow has if the failed TPU start
-  already started its runtime (the CPU can then no longer be split)."""
-  try:
-    return cpus.local_devices(num_cpu_devices)
-  except UserError as e:
-    if not cpus.is_started_already(e):
-      raise
-    return cpus.started_devices()

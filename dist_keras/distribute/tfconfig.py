@@ -16,6 +16,7 @@ import json
 import os
 import re
 
+from dist_keras.distribute import tpu_env
 from dist_keras.errors import UserError
 
 _CHIEF = "chief"
@@ -287,3 +288,13 @@ def choose(name: str, cluster, tpu_possible: bool = False) -> str:
                     "runtime.strategy=multi_worker_mirrored (or auto), or "
                     "unset TF_CONFIG.")
   return name
+
+
+def chosen(name: str, cluster, environ=None,
+           path_exists=os.path.exists) -> str:
+  """`choose` for this process, a TPU it shows counted (tpu_env.detect on
+  `environ`, default os.environ): each door calls it once, before
+  TensorFlow starts, and hands the name down (strategies.make)."""
+  environ = os.environ if environ is None else environ
+  return choose(name, cluster,
+                tpu_env.detect(environ, path_exists) is not None)

@@ -99,7 +99,7 @@ def _per_replica_batch_norm(layers: list, replicas: int) -> str | None:
 def keeps_ema(optimizer) -> bool:
   """Whether `optimizer` keeps moving averages of the weights (use_ema),
   through a LossScaleOptimizer's wrapper or in any of a MultiOptimizer's."""
-  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  optimizer = keras_internals.inner(optimizer)
   return any(getattr(o, "use_ema", False)
              for o in getattr(optimizer, "optimizers", [optimizer]))
 
@@ -114,7 +114,7 @@ def optimizers_of(model) -> dict:
   optimizers, so its attributes are walked: a layer's own optimizers
   first, in order, then its public attributes, then its private ones."""
   found = {"optimizer": model.optimizer}
-  seen = {id(model.optimizer), id(_inner(model.optimizer))}
+  seen = {id(model.optimizer), id(keras_internals.inner(model.optimizer))}
   _walk(model, "", found, seen)
   return found
 
@@ -126,7 +126,7 @@ def _walk(value, name: str, found: dict, seen: set) -> None:
     if id(value) not in seen:
       found[name] = value
       # A LossScaleOptimizer's inner one steps through it only.
-      seen.update((id(value), id(_inner(value))))
+      seen.update((id(value), id(keras_internals.inner(value))))
     return
   if id(value) in seen:
     return
@@ -145,10 +145,6 @@ def _walk(value, name: str, found: dict, seen: set) -> None:
     seen.add(id(value))
     for i, item in enumerate(value):
       _walk(item, f"{name}[{i}]", found, seen)
-
-
-def _inner(optimizer):
-  return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def prepare_optimizers(model, strategy, batch_spec, optimizers: dict,

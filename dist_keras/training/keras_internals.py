@@ -68,6 +68,12 @@ def _require(obj, name: str, what: str):
   return installation.require(obj, name, what, _HERE)
 
 
+def inner(optimizer):
+  """The optimizer that updates the weights: a LossScaleOptimizer's inner
+  one (train.precision=float16), else `optimizer` itself."""
+  return getattr(optimizer, "inner_optimizer", optimizer)
+
+
 def disable_optimizer_allreduce(optimizer) -> None:
   """Makes `optimizer` (and a LossScaleOptimizer's inner one) apply the
   gradients as given: the caller has reduced them.
@@ -81,9 +87,9 @@ def disable_optimizer_allreduce(optimizer) -> None:
                        "callable: dist_keras needs updating.")
   setattr(optimizer, ALLREDUCE_HOOK, lambda grads_and_vars: list(
       grads_and_vars))
-  inner = getattr(optimizer, "inner_optimizer", None)
-  if inner is not None:
-    disable_optimizer_allreduce(inner)
+  wrapped = getattr(optimizer, "inner_optimizer", None)
+  if wrapped is not None:
+    disable_optimizer_allreduce(wrapped)
 
 
 def reduce_in_apply(optimizer, all_reduce) -> None:
@@ -269,13 +275,13 @@ def wrap_compiled_loss(model, index: int, wrap) -> None:
 def applied_batches(optimizer):
   """The batches the updating optimizer has applied (a LossScaleOptimizer's
   inner one): what its learning-rate schedule is evaluated at."""
-  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  optimizer = inner(optimizer)
   return _require(optimizer, "_iterations", "its step counter")
 
 
 def rate_schedule(optimizer):
   """The updating optimizer's LearningRateSchedule, or None."""
-  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  optimizer = inner(optimizer)
   # Required: read with a default, a moved name would make a schedule look
   # like a constant rate, which lr.apply would then overwrite.
   rate = _require(optimizer, "_learning_rate", "its rate or schedule")
@@ -287,14 +293,7 @@ def rate_schedule(optimizer):
 def built_on(optimizer) -> list | None:
   """The variables `optimizer` (a LossScaleOptimizer's inner one) was
   built on, in the order of its slots and averages; None before build."""
-  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  optimizer = inner(optimizer)
   if not optimizer.built:
     return None
   return list(_require(optimizer, "_trainable_variables", "its variables"))
-
-
-def unscaled_loss(loss):
-  """A replica's loss without Keras' 1 / replicas distribution scaling (as
-  Keras' own train_step feeds its loss tracker)."""
-  replicas = tf.distribute.get_strategy().num_replicas_in_sync
-  return loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss

@@ -56,7 +56,7 @@ class Rate:
     BackupAndRestore keeps it too; None where they agree."""
     kept = []
     for name, rate in self.asked.items():
-      now = _constant_rate(_inner(optimizers[name]))
+      now = _constant_rate(keras_internals.inner(optimizers[name]))
       if now != rate:
         named = "" if name == "optimizer" else f"{name} "
         kept.append(f"{named}{now:g} (this run's: {rate:g})")
@@ -79,7 +79,7 @@ def apply(optimizers: dict, train_cfg) -> Rate:
       or the model's own step also steps other optimizers (which scaling
       the compiled one would leave as they are).
   """
-  inner = _inner(optimizers["optimizer"])
+  inner = keras_internals.inner(optimizers["optimizer"])
   base = _constant_rate(inner)
   if train_cfg.lr_scaling == "none":
     return Rate(base, base, asked=_constant_rates(optimizers))
@@ -100,14 +100,10 @@ def apply(optimizers: dict, train_cfg) -> Rate:
               _constant_rates(optimizers))
 
 
-def _inner(optimizer):
-  return getattr(optimizer, "inner_optimizer", optimizer)  # float16
-
-
 def _constant_rates(optimizers: dict) -> dict:
   """{name: rate} of the optimizers whose rate is a constant: a variable,
   which a checkpoint holds (a schedule's is computed, none is kept)."""
-  rates = {name: _constant_rate(_inner(o)) for name, o in optimizers.items()}
+  rates = {name: _constant_rate(keras_internals.inner(o)) for name, o in optimizers.items()}
   return {name: rate for name, rate in rates.items() if rate is not None}
 
 
@@ -142,7 +138,7 @@ def last_applied(optimizer) -> float:
   if schedule is not None:
     applied = int(keras_internals.applied_batches(optimizer).numpy())
     return float(keras.ops.convert_to_numpy(schedule(max(applied - 1, 0))))
-  optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+  optimizer = keras_internals.inner(optimizer)
   return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 

@@ -211,3 +211,21 @@ class TrainMetrics:
     """The values since the epoch began, up to `step`: `fit`'s epoch logs
     (and its batch logs: the epoch's running values)."""
     return self.state.results(self._state_at(step), step_logs)
+
+
+def update_loss_tracker(model, x, loss) -> None:
+  """Keras' loss tracker ("loss" in the model's metrics), fed as Keras'
+  train_step and test_step feed it: each replica's unscaled loss weighed
+  by its examples, so the read is the job's mean loss."""
+  tracker = next((m for m in model.metrics if m.name == "loss"), None)
+  if tracker is not None:
+    examples = tf.shape(tf.nest.flatten(x)[0])[0]
+    tracker.update_state(unscaled_loss(loss),
+                         sample_weight=examples)
+
+
+def unscaled_loss(loss):
+  """A replica's loss without Keras' 1 / replicas distribution scaling (as
+  Keras' own train_step feeds its loss tracker)."""
+  replicas = tf.distribute.get_strategy().num_replicas_in_sync
+  return loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss

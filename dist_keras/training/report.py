@@ -259,5 +259,5 @@ def xla_compiled(trainer) -> str:
     return "off"
   if trainer.custom_step:
     return "train_step"
-  return ("replica_step" if jit is steps.Jit.STEP
-          or steps.update_compiles(strategy) else "forward_backward")
+  return ("replica_step" if steps.compiles_whole(strategy, jit)
+          else "forward_backward")

@@ -17,8 +17,8 @@ import tensorflow as tf
 from dist_keras.contract import model_calls
 from dist_keras.measure import stamps
 from dist_keras.training import (allreduce, batch_read, call_losses,
-                                 keras_internals, replica_seeds, shared_slices,
-                                 sparse_grads, trained_set)
+                                 keras_internals, metrics, replica_seeds,
+                                 shared_slices, sparse_grads, trained_set)
 
 _SUM = tf.distribute.ReduceOp.SUM
 
@@ -86,20 +86,9 @@ def forward_backward(model, optimizer, batch, update_metrics: bool = True,
   grads = tape.gradient(scaled, model.trainable_variables
                         if variables is None else variables)
   if update_metrics:
-    update_loss_tracker(model, x, loss)
+    metrics.update_loss_tracker(model, x, loss)
     model.compute_metrics(x, y, y_pred, sample_weight)
   return loss, grads
-
-
-def update_loss_tracker(model, x, loss) -> None:
-  """Keras' loss tracker ("loss" in the model's metrics), fed as Keras'
-  train_step and test_step feed it: each replica's unscaled loss weighed
-  by its examples, so the read is the job's mean loss."""
-  tracker = next((m for m in model.metrics if m.name == "loss"), None)
-  if tracker is not None:
-    examples = tf.shape(tf.nest.flatten(x)[0])[0]
-    tracker.update_state(keras_internals.unscaled_loss(loss),
-                         sample_weight=examples)
 
 
 def make_compute_only(model, allreduce_dtype: str = "float32"):
@@ -137,6 +126,13 @@ def update_compiles(strategy) -> bool:
   return isinstance(strategy, tf.distribute.OneDeviceStrategy)
 
 
+def compiles_whole(strategy, jit: Jit, timed: bool = False) -> bool:
+  """Whether XLA compiles the whole replica step, update included:
+  Jit.STEP's, and Jit.COMPUTE's untimed steps where the update compiles."""
+  return jit is Jit.STEP or (jit is Jit.COMPUTE and not timed
+                             and update_compiles(strategy))
+
+
 def make_train_step(strategy, model, options: StepOptions = StepOptions(),
                     timed: bool = False, traced: list | None = None):
   """A tf.function `(distributed_iterator) -> dict` running one step of the
@@ -166,8 +162,7 @@ def make_train_step(strategy, model, options: StepOptions = StepOptions(),
   if timed and jit is Jit.STEP:
     raise ValueError("timed steps cannot be XLA-compiled whole: tf.timestamp "
                      "has no XLA kernel; use jit_compile=True.")
-  whole = jit is Jit.STEP or (jit is Jit.COMPUTE and not timed
-                              and update_compiles(strategy))
+  whole = compiles_whole(strategy, jit, timed)
   replica_step = _replica_step(strategy, model, options, timed,
                                jit is Jit.COMPUTE and not whole, traced)
   if whole:

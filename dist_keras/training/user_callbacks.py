@@ -89,7 +89,7 @@ def check_for_model(callbacks: list, model) -> None:
   if not callbacks:
     return
   optimizer = model.optimizer
-  shown = type(getattr(optimizer, "inner_optimizer", optimizer)).__name__
+  shown = type(keras_internals.inner(optimizer)).__name__
   keeps_ema = compiled.keeps_ema(optimizer)
   schedule = keras_internals.rate_schedule(optimizer)
   for i, callback in enumerate(callbacks):
