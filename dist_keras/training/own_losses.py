@@ -102,7 +102,7 @@ def _values(model, x, twice_x, training: bool):
   holders = []
 
   def losses(x):
-    model_calls.forward(model, x, training=training)
+    model_calls.traced_forward(model, x, training)
     found = list(model.losses)
     holders[:] = [_holder(model, t) for t in found]
     return found

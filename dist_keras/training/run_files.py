@@ -41,7 +41,10 @@ def prepare(workdir: str) -> str | None:
     _remove_unused(created)  # A folder it made, empty.
     raise
   _hold(workdir)
-  _CREATED[os.path.abspath(workdir)] = created
+  key = os.path.abspath(workdir)
+  _CREATED[key] = created
+  if created in (None, os.path.join(key, _LOCK_FILE)):  # There before.
+    _FOUND[key] = _as_found(workdir)
   return created
 
 
@@ -91,12 +94,14 @@ def _new_part(workdir: str) -> str | None:
 # processes at once would interleave checkpoints, config.json, summary.json
 # and model.keras, and both report success.
 _HELD = {}
-# Per held workdir: what prepare() created, and whether the run ended
-# with nothing worth keeping before its first checkpoint (refused()).
-_CREATED, _REFUSED = {}, set()
+# Per held workdir: what prepare() created; whether the run ended with
+# nothing worth keeping before its first checkpoint (refused()); and, in
+# a folder there before, what such a run puts back (_as_found).
+_CREATED, _REFUSED, _FOUND = {}, set(), {}
+_EVENTS = "events.out.tfevents."
 _LOCK_FILE = ".lock"
 # What a run writes before its first checkpoint, and nothing else.
-_STARTING_FILES = (_LOCK_FILE, CONFIG_JSON, "events.out.tfevents.")
+_STARTING_FILES = (_LOCK_FILE, CONFIG_JSON, _EVENTS)
 
 
 def _hold(workdir: str) -> None:
@@ -149,7 +154,8 @@ def check_held(workdir: str, saved: str) -> None:
 def refused(workdir: str) -> None:
   """The run ended before its first checkpoint with nothing worth keeping
   (api._nothing_kept): release() removes what it wrote (config.json,
-  TensorBoard's events) with the folder prepare() created."""
+  TensorBoard's events) with the folder prepare() created, or puts back
+  the config.json a folder there before held."""
   _REFUSED.add(os.path.abspath(workdir))
 
 
@@ -161,15 +167,51 @@ def release(workdir: str, started: bool = True) -> None:
   run's.)"""
   key = os.path.abspath(workdir)
   lock, created = _HELD.pop(key, None), _CREATED.pop(key, None)
-  refused_run = key in _REFUSED
+  refused_run, found = key in _REFUSED, _FOUND.pop(key, None)
   _REFUSED.discard(key)
   if lock is None:
     return
   try:
+    if refused_run and found is not None:
+      _put_back(workdir, *found)
     if refused_run or not started:
       _remove_unused(created, starting_files=refused_run)
   finally:
     lock.close()
+
+
+def _as_found(workdir: str) -> tuple | None:
+  """(config.json's bytes, None for none; the TensorBoard event files), or
+  None where they cannot be read (then a refused run leaves them)."""
+  path = os.path.join(workdir, CONFIG_JSON)
+  try:
+    with contextlib.ExitStack() as stack:
+      return (stack.enter_context(tf.io.gfile.GFile(path, "rb")).read()
+              if tf.io.gfile.exists(path) else None), _event_files(workdir)
+  except (tf.errors.OpError, OSError):
+    return None
+
+
+def _event_files(workdir: str) -> frozenset:
+  return frozenset(name for name in tf.io.gfile.listdir(workdir)
+                   if name.startswith(_EVENTS))
+
+
+def _put_back(workdir: str, config: bytes | None, events: frozenset) -> None:
+  """`workdir` as a refused run found it: its event files removed, the
+  config.json it replaced written back (or its own removed)."""
+  path = os.path.join(workdir, CONFIG_JSON)
+  try:  # (A full disk leaves the run's own: the run's error is the one said.)
+    for name in _event_files(workdir) - events:
+      tf.io.gfile.remove(os.path.join(workdir, name))
+    if config is not None:
+      with (_replacing(path + ".tmp", path),
+            tf.io.gfile.GFile(path + ".tmp", "wb") as f):
+        f.write(config)
+    elif tf.io.gfile.exists(path):
+      tf.io.gfile.remove(path)
+  except (tf.errors.OpError, OSError):
+    pass
 
 
 def _remove_unused(created: str | None, starting_files=False) -> None:

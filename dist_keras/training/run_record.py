@@ -24,7 +24,10 @@ from dist_keras.measure import calibration
 from dist_keras.training import callback_state, report, segments
 
 _JSON = "record.json"  # The npz member that holds the JSON part.
-# summary.json fields a rerun computes itself, whatever the record says.
+# summary.json fields a rerun counts itself where the checkpoint keeps no
+# measurements (no MFU then); beside a kept MFU they are the record's, the
+# count that MFU is of (a rerun's own count differs where the batches'
+# shape did: data.seq_len; or where dist_keras counts a layer anew).
 _ANALYTIC = ("flops_per_example", "flops_uncounted")
 
 
@@ -135,11 +138,10 @@ def complete(summary: dict, trainer, run) -> str:
   the line that says so."""
   record = (trainer.parts.checkpoints.record.restored or ({}, {}))[0]
   unknown = []  # (the fields, why they are not known)
-  measured = [k for k in [*report.measured_fields(run, trainer.meters),
-                          "chosen"] if k not in _ANALYTIC]
+  measured = [*report.measured_fields(run, trainer.meters), "chosen"]
   if record.get("step") == run.step:
     kept = record["measured"]
-    summary.update({k: v for k, v in kept.items() if k not in _ANALYTIC})
+    summary.update(kept)
     # A field the dist_keras that saved it did not keep yet (peak_timed
     # before 2026-12-06, chosen): null, not this process's figure beside
     # the checkpoint's (its timed peak beside the peak the MFU was over).
@@ -149,6 +151,7 @@ def complete(summary: dict, trainer, run) -> str:
       unknown.append((missing, "its checkpoint was saved by a dist_keras "
                       "that did not keep them"))
   else:
+    measured = [k for k in measured if k not in _ANALYTIC]
     summary.update(dict.fromkeys(measured))
     unknown.append((measured, "its checkpoint keeps no measurements"))
   names = [] if run.logged else [

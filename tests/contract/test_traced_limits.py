@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import dist_keras
 import helpers
 import parity_task
 from dist_keras import installation
-from dist_keras.contract import traced_limits
+from dist_keras.contract import probe, traced_limits
 from dist_keras.errors import UserError
 
 CONFIG = {"train.global_batch_size": parity_task.GLOBAL_BATCH,
@@ -215,6 +216,88 @@ def test_a_layer_named_with_a_leading_underscore_trains_and_leaves_no_scope(
   assert re.fullmatch(r"blocks(_\d+)?/__block(_\d+)?/variable(_\d+)?",
                       result.model.variables[0].path)
   assert _next_models_path() == "next_model/after/kernel"
+
+
+class ScopedStep(keras.Model):
+  """A train_step of its own that calls the model inside a name scope,
+  where fit trains a class named with a leading '_' as any other. Its call
+  counts its training calls in a variable of `aggregation` and adds a
+  penalty that is a mean or a sum (`how`) over the batch."""
+
+  def __init__(self, aggregation="mean", how="mean"):
+    super().__init__()
+    self.how, self.out = how, keras.layers.Dense(1)
+    self.count = self.add_weight(shape=(), initializer="zeros",
+                                 trainable=False, aggregation=aggregation,
+                                 name="count")
+
+  def call(self, x, training=None):
+    if training:
+      self.count.assign_add(1.0)
+    reduce = keras.ops.mean if self.how == "mean" else keras.ops.sum
+    self.add_loss(1e-3 * reduce(keras.ops.square(x)))
+    return self.out(x)
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      with tf.name_scope("step"):
+        y_pred = self(x, training=True)
+      loss = self.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+    self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                         self.trainable_variables)
+    return {"loss": loss}
+
+
+class _ScopedStep(ScopedStep):
+  """The same, named '__scoped_step' by Keras."""
+
+
+def _scoped(cls, names=None, loss="mse", **kwargs):
+  def model_fn():
+    model = cls(**kwargs)
+    model.compile(optimizer="sgd", loss=loss)
+    if names is not None:
+      names.append(model.name)
+    return model
+  return model_fn
+
+
+@pytest.mark.parametrize("aggregation, how, refused", [
+    ("sum", "mean", "variable 'MODEL/count' has aggregation=\"sum\" and "),
+    ("mean", "sum", ("the own loss of layer 'MODEL' (add_loss in its "
+                     "call) sums over the batch"))],
+    ids=["sum_variable", "summed_add_loss"])
+def test_an_own_steps_model_named_with_a_leading_underscore_is_checked(
+    tmp_path, mirrored, aggregation, how, refused):
+  """The start's checks of the model's call traced it at a graph's
+  outermost scope, where TensorFlow refuses '__scoped_step': they were
+  skipped, and 2 replicas trained it silently (its counter 6 after 2
+  steps, one device's 2). Either name is now refused in the same line."""
+  lines = []
+  for cls in (ScopedStep, _ScopedStep):
+    names = []
+    with pytest.raises(UserError) as e:
+      dist_keras.fit(_scoped(cls, names, aggregation=aggregation, how=how),
+                     parity_task.dataset_fn, workdir=str(tmp_path / "w"),
+                     config=CONFIG, strategy=mirrored)
+    lines.append(str(e.value).replace(names[-1], "MODEL"))
+    assert not os.path.exists(tmp_path / "w")
+  assert lines[0].startswith(refused), lines[0]
+  assert lines[1] == lines[0]
+
+
+def test_an_own_steps_model_named_with_a_leading_underscore_is_evaluated(
+    mirrored):
+  """Keras' fit trains it (its step calls it inside a scope), and its eval
+  (Keras' test_step) has its add_loss term to report, as the same model's
+  of another name has; it was taken for a model without an eval."""
+  assert _keras_fit_error(_scoped(_ScopedStep)) is None
+  spec = (tf.TensorSpec([24, parity_task.FEATURES]), tf.TensorSpec([24, 1]))
+  for cls in (ScopedStep, _ScopedStep):
+    with mirrored.scope():
+      model = _scoped(cls, loss=None)()
+    assert probe.evaluates(model, mirrored, spec, spec), cls.__name__
 
 
 REMAT = {"full": {}, "larger_than": {"output_size_threshold": 4},

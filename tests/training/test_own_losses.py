@@ -103,6 +103,11 @@ class TeacherStep(keras.Model):
     return {"loss": loss, "teacher": self.teacher.compute_loss(x=x)}
 
 
+class _OwnStep(OwnStep):
+  """The same, named '__own_step': the trace of its call at a graph's
+  outermost scope failed on that name, and the line was not said."""
+
+
 def _own_step_endpoint(step_class=OwnStep):
   model = parity_task.endpoint()
   own = step_class(model.inputs, model.outputs)
@@ -112,8 +117,10 @@ def _own_step_endpoint(step_class=OwnStep):
 
 @pytest.mark.parametrize("make, said", [
     (_own_step_endpoint, True), (parity_task.endpoint, False),
-    (lambda: _own_step_endpoint(TeacherStep), False)],
-    ids=["own_train_step", "keras_train_step", "another_models_compute"])
+    (lambda: _own_step_endpoint(TeacherStep), False),
+    (lambda: _own_step_endpoint(_OwnStep), True)],
+    ids=["own_train_step", "keras_train_step", "another_models_compute",
+         "own_train_step_named_with_a_leading_underscore"])
 def test_an_own_step_dividing_a_loss_in_the_call_twice_is_said(
     mirrored, make, said):
   from dist_keras import installation  # pylint: disable=g-import-not-at-top
@@ -134,8 +141,9 @@ def test_an_own_step_dividing_a_loss_in_the_call_twice_is_said(
   if said:
     assert note.startswith(
         "the model's call reduces a keras.losses.Loss (for add_loss?), "
-        "which Keras divides by the 2 replicas there and OwnStep.train_step"
-        "'s compute_loss divides again, as under fit: if it is an add_loss "
+        "which Keras divides by the 2 replicas there and "
+        f"{type(model).__name__}.train_step's compute_loss divides again, "
+        "as under fit: if it is an add_loss "
         "term, the 2 replicas train on 1/2 of one device's gradient"), note
 
 

@@ -248,6 +248,36 @@ def test_a_run_failing_unexpectedly_at_step_1_leaves_no_workdir(tmp_path):
   assert len(helpers.event_files(str(workdir))) == 1
 
 
+def test_a_run_failing_at_step_1_leaves_a_folder_there_before_as_it_was(
+    tmp_path):
+  """Its config.json stayed in the folder (over the one there before, or
+  where there was none) with TensorBoard's start-up events: a rerun then
+  compared itself with a run that trained nothing. Now the folder is as
+  it was before the run, and the rerun with the model fixed trains there
+  with events of its own only."""
+  import helpers  # pylint: disable=g-import-not-at-top
+  import parity_task  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("the user's")
+  run = dict(_RUN, **{"train.steps": 2})
+  for before in (None, '{"train": {"steps": 7}}'):
+    if before is not None:
+      (workdir / run_files.CONFIG_JSON).write_text(before)
+    with pytest.raises(RuntimeError, match="my call failed in training"):
+      helpers.fit_fns(_failing(), parity_task.dataset_fn, workdir, run)
+    assert sorted(os.listdir(workdir)) == sorted(
+        ["notes.txt"] + ([run_files.CONFIG_JSON] if before else []))
+    if before is not None:
+      assert (workdir / run_files.CONFIG_JSON).read_text() == before
+  result = helpers.fit_fns(_failing(fail=False), parity_task.dataset_fn,
+                           workdir, dict(_RUN, **{"train.steps": 3}))
+  assert result.summary["steps"] == 3
+  assert len(helpers.event_files(str(workdir))) == 1
+  with open(workdir / run_files.CONFIG_JSON, encoding="utf-8") as f:
+    assert json.load(f)["train"]["steps"] == 3
+
+
 class _FailsAtStep2(keras.Model):
   """Its training call fails at the second step, in TensorFlow."""
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import dist_keras
 import user_task
+from dist_keras.measure import flops
 from dist_keras.training import callback_state, checkpoints, run_record
 
 ONE_CPU = tf.distribute.OneDeviceStrategy("/cpu:0")
@@ -163,3 +164,31 @@ def test_a_measurement_the_checkpoint_lacks_is_unknown_not_this_processs(
   assert again["finished_by_rerun"]["not_known"] == ["peak_timed"]
   assert ("peak_timed (its checkpoint was saved by a dist_keras that did "
           "not keep them)") in capsys.readouterr().out
+
+
+def test_a_rerun_keeps_the_flop_count_its_kept_mfu_is_of(
+    tmp_path, monkeypatch):
+  """Its own count (here one of twice the FLOPs: another data.seq_len
+  counts so) stood beside the checkpoint's MFU, over the first count: the
+  pair disagreed. FLOPs, MFU, throughput and peak are now one run's."""
+  config = {"train.global_batch_size": user_task.GLOBAL_BATCH,
+            "train.steps": 8, "train.log_every": 2, "eval.every": 0,
+            "log.calibration_steps": 0, "log.peak_tflops": 1.0,
+            "log.tensorboard": False, "log.progress": False}
+  first = dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                         workdir=str(tmp_path), config=config,
+                         strategy=ONE_CPU).summary
+  assert first["mfu"] and first["flops_per_example"]
+  os.remove(tmp_path / "summary.json")
+  count = flops.count
+  monkeypatch.setattr(flops, "count", lambda *args: flops.FlopCount(
+      2 * count(*args).forward))
+  again = dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
+                         workdir=str(tmp_path), config=config,
+                         strategy=ONE_CPU).summary
+  assert "finished_by_rerun" in again
+  for key in ("flops_per_example", "mfu", "examples_per_sec", "peak_tflops"):
+    assert again[key] == first[key], key
+  assert again["mfu"] == pytest.approx(
+      again["flops_per_example"] * again["examples_per_sec"]
+      / (again["peak_tflops"] * 1e12), rel=1e-9)
