@@ -112,8 +112,8 @@ def _train(config, workdir: str) -> int:
           f"({installation.install('tpu')}), or set PJRT_DEVICE yourself."
       ) from e
   from dist_keras import api  # pylint: disable=g-import-not-at-top
-  from dist_keras.distribute import pipelines  # pylint: disable=g-import-not-at-top
-  pipelines.keep_until_exit()  # run() ends the process with os._exit.
+  from dist_keras.distribute import iterators  # pylint: disable=g-import-not-at-top
+  iterators.keep_until_exit()  # run() ends the process with os._exit.
   api.run(api.Job(config, workdir, chosen, to_exit=True))
   if tfconfig.is_multi_worker(cluster):
     _leave_together(cluster)

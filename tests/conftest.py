@@ -26,11 +26,6 @@ from dist_keras.distribute import cpus  # pylint: disable=g-import-not-at-top
 
 cpus.split_cpu(2)
 
-import helpers  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-helpers.drop_train_iterators_in_background()
-
-
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 

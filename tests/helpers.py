@@ -1,15 +1,12 @@
 """Shared test helpers: tiny configs, subprocess runs, event-file reading,
 made-up profiler traces."""
-import atexit
 import contextlib
 import glob
 import json
 import os
-import queue
 import subprocess
 import sys
 import tempfile
-import threading
 
 from dist_keras import catalog, configs, tensorboard_events
 
@@ -55,63 +52,6 @@ def tiny_config(name: str = "lstm_longmem"):
   # tests' command-line runs keep the default (on).
   c.log.sync_timing = False
   return c
-
-
-def drop_train_iterators_in_background() -> None:
-  """From now on a finished run's train iterator is destroyed on a thread
-  of its own, not where the run let go of it. Destroying one waits until
-  tf.data's autotune thread next wakes (TF 2.21: 1-17 s after each tiny
-  run here, the process idle meanwhile: ~a third of the time of a test
-  file of in-process runs); the wait is outside Python's lock, so the next
-  test trains meanwhile. What dist_keras does with an iterator it is done
-  with is unchanged (pipelines.hold: its list, else let go);
-  tests/training/test_loop.py asserts both ways with lists of its own."""
-  from dist_keras.distribute import pipelines  # pylint: disable=g-import-not-at-top
-  if pipelines._KEPT is None:  # pylint: disable=protected-access
-    pipelines._KEPT = _DroppedInBackground()  # pylint: disable=protected-access
-
-
-class _DroppedInBackground:
-  """A list's append for pipelines.hold: each iterator appended is let go
-  of on the thread once nothing else refers to it (the run's frame still
-  does as it appends), so its destruction's wait happens there."""
-
-  def __init__(self):
-    self._given = queue.SimpleQueue()
-    self._held = []
-    self._dropping = threading.Lock()  # Held while the thread destroys.
-    self._closed = False
-    threading.Thread(target=self._drop, daemon=True,
-                     name="drop-train-iterators").start()
-    atexit.register(self._close)
-
-  def append(self, iterator) -> None:
-    self._given.put(iterator)
-
-  def _drop(self) -> None:
-    while True:
-      try:
-        self._held.append(self._given.get(timeout=0.1))
-      except queue.Empty:
-        pass
-      with self._dropping:
-        if self._closed:
-          return
-        self._let_go()
-
-  def _let_go(self) -> None:
-    # Ours alone: the list's, the loop's name and getrefcount's argument.
-    self._held = [it for it in self._held if sys.getrefcount(it) > 3]
-
-  def _close(self) -> None:
-    """At exit: the thread must not be inside a destruction as Python
-    ends (a daemon thread ended there aborts the process: "terminate
-    called ... exception not rethrown"); what is left is dropped here."""
-    with self._dropping:
-      self._closed = True
-      while not self._given.empty():
-        self._held.append(self._given.get())
-      self._let_go()
 
 
 def builtin_dataset_fn(config, with_ids: bool = False):

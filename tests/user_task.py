@@ -6,6 +6,8 @@ compare replica and worker counts on them. Nothing here imports dist_keras.
 """
 import json
 import os
+import threading
+import time
 
 import keras
 import numpy as np
@@ -45,6 +47,38 @@ def _pipeline(split, input_context, labels):
 def dataset_fn(split, input_context):
   """Regression: (x, y, sample_weight)."""
   return _pipeline(split, input_context, lambda y: y)
+
+
+# The train pipeline of slow_closing_dataset_fn: destroying its iterator
+# takes CLOSE_SECONDS, as destroying an autotuned one waits for tf.data's
+# autotune thread (0-60 s, at random).
+CLOSE_SECONDS = 10.0
+closing = threading.Event()  # Set as a destruction begins.
+closed_at = []  # time.monotonic() as each destruction ended.
+
+
+def slow_closing_dataset_fn(split, input_context):
+  """dataset_fn's splits; its train stream from a generator whose end (as
+  its iterator is destroyed) takes CLOSE_SECONDS."""
+  if split != "train":
+    return dataset_fn(split, input_context)
+  x, y, weights = _examples(split)
+
+  def examples():
+    try:
+      for i in range(10**9):
+        n = i % SIZES["train"]
+        yield x[n], y[n], weights[n]
+    finally:  # (On a thread of TensorFlow's, the destroying one waiting.)
+      closing.set()
+      time.sleep(CLOSE_SECONDS)
+      closed_at.append(time.monotonic())
+
+  ds = tf.data.Dataset.from_generator(examples, output_signature=(
+      tf.TensorSpec([FEATURES], tf.float32), tf.TensorSpec([1], tf.float32),
+      tf.TensorSpec([], tf.float32)))
+  batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+  return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def binary_dataset_fn(split, input_context):

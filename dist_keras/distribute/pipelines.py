@@ -237,26 +237,3 @@ def _whole_batches(strategy, split: str):
         setattr(extended, name, saved[name])
       elif hasattr(extended, name):
         delattr(extended, name)
-
-
-# Train iterators kept to the process's end (keep_until_exit), never
-# destroyed: destroying one waits until tf.data's autotune thread next
-# wakes (TF 2.21: 0-60 s after a run of tens of seconds; cancelling the
-# iterator does not wake it), and a process that exits with os._exit
-# never needs them destroyed.
-_KEPT: list | None = None
-
-
-def keep_until_exit() -> None:
-  """From now on `hold` keeps the iterators it is given: for a process
-  that ends with os._exit (the command line)."""
-  global _KEPT
-  if _KEPT is None:
-    _KEPT = []
-
-
-def hold(iterator) -> None:
-  """A finished iterator: kept under keep_until_exit, else left to its
-  owner to drop (and wait for)."""
-  if _KEPT is not None:
-    _KEPT.append(iterator)

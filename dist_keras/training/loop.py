@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from dist_keras import errors, tensorboard_events, terminal
-from dist_keras.distribute import pipelines, strategies
+from dist_keras.distribute import iterators, strategies
 from dist_keras.measure import flops, mfu, profiler
 from dist_keras.measure.meters import RunMeters
 from dist_keras.training import actions, allreduce, calls, divergence
@@ -127,7 +127,7 @@ class Trainer:
       if run.final_eval is None:  # Resumed where training had ended.
         run.final_eval = self.evaluate()
       ending.finalize(self, run, hooks, logs)
-    pipelines.hold(iterator)
+    iterators.hold(iterator)
     return ending.finish(self, run)
 
   def _epoch(self, run, hooks, call, iterator) -> dict:

@@ -183,10 +183,8 @@ def main():
   parser.add_argument("--interrupt_at", type=int, default=7)
   parser.add_argument("--out", required=True)
   args = parser.parse_args()
-  import helpers  # pylint: disable=g-import-not-at-top
   from dist_keras.distribute import tfconfig  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  helpers.drop_train_iterators_in_background()  # A run each model.
   cluster = tfconfig.from_env()
   for run in args.runs.split(","):
     out = {}

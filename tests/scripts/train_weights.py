@@ -103,7 +103,6 @@ def main():
   # starting another.
   parser.add_argument("--eval_ids_out")
   args = parser.parse_args()
-  helpers.drop_train_iterators_in_background()  # A run each model.
   c = helpers.tiny_config()
   c.runtime.strategy, c.runtime.num_cpu_devices = args.strategy, args.devices
   strategy = strategies.get_strategy(c.runtime)

@@ -20,7 +20,7 @@ import tensorflow as tf
 import dist_keras
 import helpers
 from dist_keras import data, models, tensorboard_events, validate
-from dist_keras.distribute import pipelines, strategies
+from dist_keras.distribute import iterators, strategies
 from dist_keras.training import allreduce, run_files
 
 CONTRACT_TAGS = {"loss", "accuracy", "learning_rate", "perf/step_ms",
@@ -788,25 +788,31 @@ def test_only_the_command_line_keeps_the_train_iterator_to_its_exit(
     tmp_path, mirrored, monkeypatch):
   """Destroying an autotuned iterator waits until tf.data's autotune thread
   next wakes (TF 2.21: 19 s after every other default run). The command
-  line keeps it (pipelines.keep_until_exit) and ends with
-  os._exit; from Python it goes when run() returns, as any object does."""
+  line keeps it (iterators.keep_until_exit) and ends with os._exit; from
+  Python the run hands it to the dropping thread, which destroys it once
+  run() has let go (tests/distribute/test_iterators.py: off the caller's
+  thread)."""
   c = helpers.tiny_config()
   c.train.steps = c.eval.every = 2
-  background = pipelines._KEPT  # pylint: disable=protected-access
-  held, hold = [], pipelines.hold
-  monkeypatch.setattr(pipelines, "hold", lambda iterator: (
+  held, hold = [], iterators.hold
+  monkeypatch.setattr(iterators, "hold", lambda iterator: (
       held.append(weakref.ref(iterator)), hold(iterator)))
   for keeping in (False, True):
-    monkeypatch.setattr(pipelines, "_KEPT", [] if keeping else None)
+    monkeypatch.setattr(iterators, "_KEPT", None)
     if keeping:
-      pipelines.keep_until_exit()  # Keeps the list it finds.
+      iterators.keep_until_exit()
     with helpers.trainer(c, str(tmp_path / str(keeping)), mirrored) as trainer:
       trainer.run()
-    iterator = held[-1]()
-    assert isinstance(iterator, tf.distribute.DistributedIterator) == keeping
-    assert pipelines._KEPT == ([iterator] if keeping else None)  # pylint: disable=protected-access
-  if background is not None:  # Not destroyed here (conftest.py).
-    background.append(iterator)
+  kept = iterators._KEPT  # pylint: disable=protected-access
+  assert kept == [held[1]()]
+  assert isinstance(kept[0], tf.distribute.DistributedIterator)
+  monkeypatch.setattr(iterators, "_KEPT", None)
+  hold(kept.pop())  # Not destroyed here: the dropping thread's too.
+  deadline = time.monotonic() + 120  # The autotune thread's sleep, at most.
+  while any(ref() is not None for ref in held) and (
+      time.monotonic() < deadline):
+    time.sleep(0.1)
+  assert [ref() for ref in held] == [None, None]
 
 
 def test_a_process_running_many_runs_is_not_warned_of_retracing(caplog):
