@@ -12,8 +12,9 @@ the input pipelines.
    (state_updates.py), its own losses that sum over the batch
    (own_losses.py), compiled losses of one mean per batch
    (batch_losses.py), gathered slices whose count changes: one step per
-   call (varying_slices.py); under train.jit_compile, an eval step XLA
-   cannot compile (evaluation.py).
+   call (varying_slices.py), TensorFlow's stateful random ops in its
+   train_step or training call (random_ops.py); under train.jit_compile,
+   an eval step XLA cannot compile (evaluation.py).
 
 Each half walks the model's layers once and hands the list to each check
 that reads them; against_batches walks them again once the model has met
@@ -25,7 +26,7 @@ import tensorflow as tf
 from dist_keras import installation
 from dist_keras.contract import checks, probe, traced_limits, xla_limits
 from dist_keras.training import batch_losses, call_losses, compiled
-from dist_keras.training import evaluation, own_losses
+from dist_keras.training import evaluation, own_losses, random_ops
 from dist_keras.training import state_updates, step_losses, varying_slices
 
 
@@ -92,4 +93,6 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
       met.no_eval if eval_spec is not None else NO_EVAL_SPLIT,
       updates, call_losses.own_step_note(model, replicas, forward),
       batch_losses.divide_means(model, strategy, met),
-      varying_slices.one_step_per_call(model, strategy, met, train_cfg)]
+      varying_slices.one_step_per_call(model, strategy, met, train_cfg),
+      random_ops.note(model, layers, strategy, compiled.optimizers_of(model),
+                      batch_spec)]

@@ -91,11 +91,11 @@ def traced(model, layers: list, strategy, batch_spec) -> Forward | None:
 def _worth_tracing(model, layers: list) -> bool:
   """Whether the model or one of its `layers` is of a class not Keras'
   own, or a variable of aggregation "sum"."""
-  return (any(not _keras_own(layer) for layer in [model, *layers])
+  return (any(not keras_own(layer) for layer in [model, *layers])
           or any(v.aggregation == "sum" for v in model.variables))
 
 
-def _keras_own(layer) -> bool:
+def keras_own(layer) -> bool:
   """Whether `layer`'s class is one of Keras' (keras.src...), not the
   user's (or another library's, as keras_hub's)."""
   return type(layer).__module__.startswith("keras.")
@@ -212,4 +212,4 @@ def _users_layer_state(layers: list) -> set:
       known = holder.get(id(variable))
       if known is None or len(layer.variables) < len(known.variables):
         holder[id(variable)] = layer
-  return {key for key, layer in holder.items() if not _keras_own(layer)}
+  return {key for key, layer in holder.items() if not keras_own(layer)}

@@ -87,7 +87,7 @@ def _handed(model, strategy, optimizers, batch_spec):
     with (strategy.scope(), installation.keras_name_scopes_kept(),
           contextlib.ExitStack() as stack):
       for optimizer in optimizers:
-        stack.enter_context(_recording(optimizer, handed))
+        stack.enter_context(recording(optimizer, handed))
       tf.function(step, autograph=False).get_concrete_function(batch_spec)
   except Exception as e:  # pylint: disable=broad-except
     # Whatever stops the trace stops this build only: the refusal says it.
@@ -97,7 +97,7 @@ def _handed(model, strategy, optimizers, batch_spec):
 
 
 @contextlib.contextmanager
-def _recording(optimizer, handed: dict):
+def recording(optimizer, handed: dict):
   """While it lasts, `optimizer.apply` and `optimizer.build` (instance
   attributes over the class's) record the variables they are handed in
   `handed[id(optimizer)]` and update nothing."""

@@ -677,10 +677,10 @@ class _HandMean(_LowerLevel):
         "2 replicas, as under fit (a tracker fed it reports 1/2 of val_loss:"
         " feed it loss * 2)"]),
     (_HandMean, [
-        "; if its loss is a mean it takes by hand (it names keras.ops.mean "
-        "or tf.reduce_mean, no keras.losses.Loss), the 2 replicas train on 2"
-        " x one device's gradient, as under fit with MirroredStrategy",
-        "divide it by self.distribute_strategy.num_replicas_in_sync"])])
+        " | divide _HandMean.train_step's loss by "
+        "self.distribute_strategy.num_replicas_in_sync if it is a "
+        "keras.ops.mean (2 replicas: 2x one device's gradient, as "
+        "under fit): own_models.md, Your own train_step"])])
 def test_an_own_steps_loss_object_or_hand_taken_mean_is_said(
     mirrored, model_class, said):
   """Read from the step's code: what Keras divides by the replicas (a
@@ -696,6 +696,9 @@ def test_an_own_steps_loss_object_or_hand_taken_mean_is_said(
     notes = " | ".join(model_checks.as_compiled(model, strategy, train_cfg))
     for line in said:
       assert (line in notes) == (strategy is mirrored), notes
+    if model_class is _HandMean and strategy is mirrored:
+      hand_mean = notes.split(" | ")[-1]  # A line of its own, short.
+      assert hand_mean.startswith("divide ") and len(hand_mean) < 200, notes
   assert "val_loss" not in notes
   if model_class is _HandMean:
     assert "is divided by the" not in notes

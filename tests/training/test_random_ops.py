@@ -1,0 +1,165 @@
+"""TensorFlow's stateful random ops (tf.random.normal ...) in what a model
+trains with, said at the start in one line (training/random_ops.py).
+
+Silent before: keras.io's WGAN-GP, which calls tf.random.normal in its own
+train_step, ended 0.011 off Keras fit after 8 steps on one device, and a
+run resumed after step 6 0.011 off the uninterrupted one; the same model
+drawing with keras.random.normal and a SeedGenerator was bitwise equal to
+both, and is said nothing.
+"""
+import contextlib
+import inspect
+import io
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dist_keras
+from dist_keras.training import random_ops
+
+LATENT, FEATURES, BATCH = 4, 3, 8
+CONFIG = {"train.global_batch_size": BATCH, "train.steps": 2,
+          "train.log_every": 2, "eval.every": 0, "log.calibration_steps": 0,
+          "log.tensorboard": False}
+
+
+class Wgan(keras.Model):
+  """keras.io's WGAN-GP in small: its own train_step and compile, an
+  unbuilt optimizer per network, a gradient penalty on an interpolation,
+  Dropout in the critic; its latents and interpolation weights drawn with
+  tf.random.normal, or (`use_keras`) keras.random.normal from a
+  SeedGenerator made in __init__."""
+
+  def __init__(self, use_keras):
+    super().__init__()
+    self.use_keras = use_keras
+    self.generator = keras.Sequential(
+        [keras.Input((LATENT,)), keras.layers.Dense(FEATURES)])
+    self.critic = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dropout(0.2),
+         keras.layers.Dense(1)])
+    self.seed_generator = keras.random.SeedGenerator(1337)
+
+  def compile(self, d_optimizer, g_optimizer):  # pylint: disable=arguments-differ
+    super().compile()
+    self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+
+  def normal(self, shape):
+    if self.use_keras:
+      return keras.random.normal(shape, seed=self.seed_generator)
+    return tf.random.normal(shape)
+
+  def penalty(self, real, fake):
+    alpha = self.normal((tf.shape(real)[0], 1))
+    mixed = real + alpha * (fake - real)
+    with tf.GradientTape() as tape:
+      tape.watch(mixed)
+      score = self.critic(mixed, training=True)
+    norm = tf.norm(tape.gradient(score, mixed), axis=-1)
+    return tf.reduce_mean((norm - 1.0) ** 2)
+
+  def train_step(self, real):
+    z = self.normal((tf.shape(real)[0], LATENT))
+    with tf.GradientTape() as tape:
+      fake = self.generator(z, training=True)
+      d_loss = (tf.reduce_mean(self.critic(fake, training=True))
+                - tf.reduce_mean(self.critic(real, training=True))
+                + 10.0 * self.penalty(real, fake))
+    weights = self.critic.trainable_variables
+    self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, weights),
+                                         weights))
+    with tf.GradientTape() as tape:
+      g_loss = -tf.reduce_mean(self.critic(
+          self.generator(self.normal((tf.shape(real)[0], LATENT)),
+                         training=True), training=True))
+    weights = self.generator.trainable_variables
+    self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, weights),
+                                         weights))
+    return {"d_loss": d_loss, "g_loss": g_loss}
+
+
+def _wgan(use_keras):
+  model = Wgan(use_keras)
+  model.compile(keras.optimizers.Adam(2e-4), keras.optimizers.Adam(2e-4))
+  return model
+
+
+def _dataset_fn(split, input_context):
+  if split != "train":
+    return None  # As keras.io fits it: no validation_data.
+  x = np.tanh(np.random.default_rng(0).normal(size=(64, FEATURES)))
+  return tf.data.Dataset.from_tensor_slices(x.astype("float32")).repeat(
+  ).batch(input_context.get_per_replica_batch_size(BATCH),
+          drop_remainder=True)
+
+
+def _said(use_keras, workdir) -> str:
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    dist_keras.fit(lambda: _wgan(use_keras), _dataset_fn,
+                   workdir=str(workdir), config=CONFIG,
+                   strategy="one_device")
+  return out.getvalue()
+
+
+def test_a_train_step_drawing_with_tf_random_is_said_and_keras_random_not(
+    tmp_path):
+  """The line names the op, where it is drawn, and the fix; a step drawing
+  from a SeedGenerator (and Dropout's) is said nothing."""
+  said = _said(False, tmp_path / "tf")
+  lines = [line for line in said.splitlines() if "tf.random.normal" in line]
+  assert len(lines) == 1, said
+  assert (
+      "Wgan.train_step draws with tf.random.normal (test_random_ops.py:"
+      in lines[0])
+  # One place in the code (Wgan.normal's return), drawn 3 times a step.
+  line = inspect.getsourcelines(Wgan.normal)
+  at = line[1] + next(i for i, text in enumerate(line[0])
+                      if "tf.random.normal" in text)
+  assert lines[0].endswith(
+      f":{at} in normal), whose state no checkpoint keeps: a resumed run "
+      "draws other numbers, and fit others; use keras.random.normal(..., "
+      "seed=self.seed_generator) with a keras.random.SeedGenerator made in "
+      "__init__ (checkpointed)"), lines[0]
+  said = _said(True, tmp_path / "keras")
+  assert "draws with tf.random" not in said, said
+
+
+class Noisy(keras.layers.Layer):
+  """Adds noise drawn with `draw` in its training call, inside a tf.cond
+  (a function of its own, looked into)."""
+
+  def __init__(self, draw, **kwargs):
+    super().__init__(**kwargs)
+    self.draw = draw
+
+  def call(self, x, training=False):
+    if not training:
+      return x
+    return tf.cond(tf.reduce_sum(x) > -1e9, lambda: x + self.draw(x),
+                   lambda: x)
+
+
+@pytest.mark.parametrize("draw, op", [
+    (lambda x: tf.random.uniform(tf.shape(x)), "tf.random.uniform"),
+    (lambda x: tf.random.stateless_normal(tf.shape(x), seed=[1, 2]), None),
+    (lambda x: keras.layers.GaussianNoise(0.1)(x, training=True), None),
+])
+def test_a_layers_call_is_looked_into(draw, op):
+  """A layer of the user's own: its call's stateful op is found inside a
+  tf.cond; stateless draws are not."""
+  model = keras.Sequential([keras.Input((FEATURES,)), Noisy(draw),
+                            keras.layers.Dropout(0.5),
+                            keras.layers.Dense(1)], name="noisy")
+  model.compile(optimizer="sgd", loss="mse")
+  line = random_ops.note(
+      model, model.layers, tf.distribute.get_strategy(), {},
+      (tf.TensorSpec((BATCH, FEATURES)), tf.TensorSpec((BATCH, 1))))
+  if op is None:
+    assert line is None
+  else:
+    assert line.startswith(
+        f"the training call of model 'noisy' draws with {op} "
+        "(test_random_ops.py:"), line
