@@ -18,7 +18,8 @@ from dist_keras.training import steps
 _MEAN = tf.distribute.ReduceOp.MEAN
 
 
-def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
+def make_train_step(strategy, model, timed: bool = False, jit: bool = False,
+                    logs_specs: list | None = None):
   """A tf.function `(distributed_iterator) -> dict` running the model's
   train_step on every replica: 'logs' (what the step returned, averaged
   over replicas as Keras' fit does) and 'finite' (every float log finite);
@@ -26,7 +27,8 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
   [start, end] for breakdown.whole_step. `jit` compiles the model's
   train_step with XLA, as fit(jit_compile=True) compiles it (one device
   and TPUs: no merge_call to cross); the stamps around it stay outside
-  (tf.timestamp has no XLA kernel)."""
+  (tf.timestamp has no XLA kernel). Each trace appends its 'logs' specs
+  to `logs_specs` (own_steps' loop starts from them)."""
   clock = stamps.make_clock(strategy) if timed else None
   own_step = _own_step(model, jit)
 
@@ -53,6 +55,9 @@ def make_train_step(strategy, model, timed: bool = False, jit: bool = False):
     logs, stamped = strategy.run(replica_step, args=(batch,), kwargs=kwargs)
     out["logs"] = _mean_logs(strategy, logs)
     out["finite"] = all_finite(out["logs"])
+    if logs_specs is not None:
+      logs_specs.append(tf.nest.map_structure(tf.TensorSpec.from_tensor,
+                                              out["logs"]))
     if timed:
       out["stamps"] = tf.stack(strategy.experimental_local_results(stamped))
     return out

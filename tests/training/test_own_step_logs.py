@@ -52,9 +52,13 @@ class OwnTestStep(keras.Model):
 
 class OwnTrainStep(keras.Model):
   """Its train_step returns its loss as "loss" (Keras' loss tracker's
-  name; the tracker is never updated) and its gradients' norm."""
+  name; the tracker is never updated) and its gradients' norm; counts
+  its traces."""
+
+  traces = 0
 
   def train_step(self, data):
+    OwnTrainStep.traces += 1  # Python runs only as a step function traces.
     x, y = data
     with tf.GradientTape() as tape:
       loss = self.compute_loss(y=y, y_pred=self(x, training=True))
@@ -153,13 +157,18 @@ def test_an_own_train_steps_loss_is_reported_as_fit_reports_it(
   """Its last step's loss and gradient norm, in History and in every
   batch's logs, as fit's under the same strategy (at 2 replicas each
   replica's loss is its share, Keras' loss divided by 2, and the logs
-  their mean: fit's own)."""
+  their mean: fit's own). The step traces once a replica in each of the
+  run's two step functions (the plain one's loop starts from the timed
+  one's logs, not from a step traced outside it) and once in the start's
+  look for stateful random ops (random_ops): three, not four."""
   model_fn = _model_fn(OwnTrainStep)
   strategy = None if replicas == 1 else mirrored
   theirs = Recorder()
   fitted = _keras_fit(model_fn, [theirs], strategy)
   recorder = Recorder()
+  OwnTrainStep.traces = 0
   result = _ours(tmp_path, model_fn, strategy or "one_device", [recorder])
+  assert OwnTrainStep.traces == 3 * replicas
   _assert_same(result.history, fitted, 1e-6 if replicas == 1 else 1e-5)
   assert result.summary["train_loss"] == pytest.approx(
       result.history["loss"][-1])
