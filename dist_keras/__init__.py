@@ -85,7 +85,7 @@ def fit(model_fn, dataset_fn, *, workdir: str, config=None, strategy=None,
   if not _is_strategy(strategy):  # Chosen, and set up, before TF starts.
     from dist_keras.distribute import tfconfig  # pylint: disable=g-import-not-at-top
     strategy = tfconfig.chosen(config.runtime.strategy, tfconfig.from_env())
-    prepare_runtime(config.runtime.strategy, config.runtime.tpu)
+    _prepare(config, _set_in(given, config), strategy)
   from dist_keras import api  # pylint: disable=g-import-not-at-top
   with quiet.tf_info_lines_off(), validate.workdir_spelled(True):  # workdir=.
     return api.run(api.Job(config, workdir, strategy, functions, callbacks))
@@ -150,6 +150,20 @@ def _recorded(given, config, model_fn, dataset_fn) -> tuple:
           _record_name(config.data, dataset_fn, "dataset_fn"))
 
 
+def _prepare(config, user_set, chosen: str) -> None:
+  """fit's part of prepare_runtime: the TPU's environment; and a
+  runtime.num_cpu_devices set in fit's config (`user_set`), where
+  TensorFlow started before fit with fewer devices, refused as a split
+  asked for (cpus.split_cpu), even at the default count: not set, auto
+  trains on the devices TensorFlow has (cpus.auto_devices)."""
+  _prepare_tpu(config.runtime.strategy, config.runtime.tpu)
+  if (chosen != "mirrored" or "runtime.num_cpu_devices" not in user_set
+      or "tensorflow" not in _sys.modules):  # (Not imported: not started.)
+    return
+  from dist_keras.distribute import cpus  # pylint: disable=g-import-not-at-top
+  cpus.asked(config.runtime.num_cpu_devices)
+
+
 def _record_name(section, fn, what: str):
   """For a function: records its import path as section.name (config.json
   says what trained) and returns it; for a name: sets section.name.
@@ -193,9 +207,9 @@ def prepare_runtime(strategy: str = "auto", tpu: str = "local",
   reaches the TPU only through the PJRT runtime, chosen by environment
   variables read when TensorFlow is imported: this sets them (never over a
   value you set) when `strategy` ("auto" or "tpu", as runtime.strategy)
-  wants this host's TPU and the libtpu package is installed. Elsewhere it
-  does nothing. The command line and `fit` call it; a notebook calls it in
-  its first cell, before anything imports TensorFlow.
+  wants this host's TPU and the libtpu package is installed. The command
+  line and `fit` do the same; a notebook calls it in its first cell, before
+  anything imports TensorFlow.
 
   `num_cpu_devices=N` also splits the host CPU into N logical devices (as
   runtime.num_cpu_devices, which `fit` asks for when it starts): for a
@@ -203,19 +217,34 @@ def prepare_runtime(strategy: str = "auto", tpu: str = "local",
   at import), which fixes the device list, call it first thing. It imports
   TensorFlow.
 
+  Where TF_CONFIG names a cluster that `strategy` trains on, it makes
+  MultiWorkerMirroredStrategy now, waiting for the other workers (it
+  configures TensorFlow's collectives, which only program start can), and
+  `fit` trains under it: a script that uses TensorFlow before `fit` calls
+  it first thing on every worker.
+
   Returns:
     {variable: value} of what was set.
 
   Raises:
-    UserError: TensorFlow started before it with fewer CPU devices.
+    UserError: TensorFlow started before it with fewer CPU devices, or
+      at all under a TF_CONFIG cluster.
   """
-  from dist_keras.distribute import tpu_env  # pylint: disable=g-import-not-at-top
-  set_now = tpu_env.prepare_and_report(strategy, tpu, verbose)
+  set_now = _prepare_tpu(strategy, tpu, verbose)
   if num_cpu_devices is not None:
     validate.num_cpu_devices(num_cpu_devices)
     from dist_keras.distribute import cpus  # pylint: disable=g-import-not-at-top
     cpus.split_cpu(num_cpu_devices)
+  from dist_keras.distribute import tfconfig  # pylint: disable=g-import-not-at-top
+  if tfconfig.from_env() is not None:  # (No TensorFlow import before.)
+    from dist_keras.distribute import strategies  # pylint: disable=g-import-not-at-top
+    strategies.prepare(strategy)
   return set_now
+
+
+def _prepare_tpu(strategy: str, tpu: str, verbose: bool = False) -> dict:
+  from dist_keras.distribute import tpu_env  # pylint: disable=g-import-not-at-top
+  return tpu_env.prepare_and_report(strategy, tpu, verbose)
 
 
 def __getattr__(name):

@@ -62,6 +62,14 @@ def auto_devices(num_cpu_devices: int) -> list[str]:
 _PREPARE = "dist_keras.prepare_runtime(num_cpu_devices={n})"
 
 
+def asked(num_cpu_devices: int) -> None:
+  """split_cpu for a count the user set (fit's config): refused now where
+  TensorFlow started with fewer, as under runtime.strategy=mirrored, not
+  taken as auto's default (auto_devices). GPUs: the count does not apply."""
+  if not tf.config.list_physical_devices("GPU"):
+    split_cpu(num_cpu_devices)
+
+
 def split_cpu(num_devices: int) -> None:
   """Splits the host CPU into `num_devices` logical devices (once per process).
 

@@ -14,6 +14,7 @@ from tensorflow.python.distribute import cross_device_utils  # pylint: disable=g
 from dist_keras import installation
 from dist_keras import terminal
 from dist_keras.configs import base
+from dist_keras.distribute import cluster_start
 from dist_keras.distribute import cpus
 from dist_keras.distribute import rendezvous
 from dist_keras.distribute import sigterm
@@ -62,8 +63,12 @@ def make(name: str, runtime_cfg, environ=None,
     devices, _ = cpus.local_or_started(runtime_cfg.num_cpu_devices)
     return tf.distribute.MirroredStrategy(devices)
   if name == "multi_worker_mirrored":
-    return _once(("multi_worker", environ.get("TF_CONFIG"),
-                  *_options_key(runtime_cfg)),
+    key = ("multi_worker", environ.get("TF_CONFIG"))
+    for made in _STRATEGIES:  # (At most one: a second cannot start.)
+      if made[:2] == key:
+        cluster_start.refuse_other_options(made[2:], _options_key(runtime_cfg),
+                                           _OPTIONS)
+    return _once((*key, *_options_key(runtime_cfg)),
                  lambda: multi_worker(runtime_cfg, tfconfig.from_env(environ)))
   if name == "one_device":
     device = cpus.local_devices(1)[0]  # (num_cpu_devices does not apply.)
@@ -88,9 +93,27 @@ def _once(key, make):
   return _STRATEGIES[key]
 
 
+_OPTIONS = ("collective", "bytes_per_pack", "timeout_seconds")
+
+
 def _options_key(runtime_cfg) -> tuple:
-  return (runtime_cfg.collective, runtime_cfg.bytes_per_pack,
-          runtime_cfg.timeout_seconds)
+  return tuple(runtime_cfg[name] for name in _OPTIONS)
+
+
+def prepare(name: str, environ=None) -> None:
+  """`make`'s strategy, with base.py's runtime options, made now where
+  `name` (runtime.strategy) picks MultiWorkerMirroredStrategy for this
+  process's TF_CONFIG (dist_keras.prepare_runtime, before anything uses
+  TensorFlow: cluster_start.py); fit's `make` reuses it."""
+  environ = os.environ if environ is None else environ
+  cluster = tfconfig.from_env(environ)
+  if cluster is None:
+    return
+  runtime_cfg = base.get_config().runtime
+  runtime_cfg.strategy = name
+  chosen = tfconfig.chosen(name, cluster, environ)
+  if chosen == "multi_worker_mirrored":
+    make(chosen, runtime_cfg, environ)
 
 
 # Every MirroredStrategy numbers its collectives from the same keys (group
@@ -216,6 +239,7 @@ def multi_worker(runtime_cfg,
   `runtime.peer_start_timeout_seconds`).
   """
   options = communication_options(runtime_cfg)
+  cluster_start.refuse_started(cluster)  # (Before anyone waits for it.)
   check_port_free(cluster)
   note = cpu_devices_note(runtime_cfg.num_cpu_devices)
   if note:

@@ -12,7 +12,8 @@ import dist_keras, user_task
 config = {"train.global_batch_size": user_task.GLOBAL_BATCH, "train.steps": 2,
           "eval.every": 0, "log.calibration_steps": 0, "log.progress": False}
 for overrides in ({"runtime.strategy": "mirrored"},
-                  {"runtime.num_cpu_devices": 3}):
+                  {"runtime.num_cpu_devices": 3},
+                  {"runtime.num_cpu_devices": 2}):  # Set: at the default too.
   try:
     dist_keras.fit(user_task.model_fn, user_task.dataset_fn,
                    workdir=tempfile.mkdtemp(dir=sys.argv[1]) + "/run",
@@ -35,7 +36,8 @@ def test_tensorflow_started_before_fit(tmp_path):
   """'runtime.num_cpu_devices=2 but TensorFlow already started with 1
   logical CPU device(s); set it before anything else uses TensorFlow' did
   not say how, and came with fit's defaults too: 3 of 7 keras.io scripts
-  ported stopped there."""
+  ported stopped there. A count set in fit's config is refused even at the
+  default (it trained 1 replica with auto's line)."""
   result = _run(_TF_FIRST, tmp_path)
   assert result.returncode == 0, result.stderr[-3000:]
   refused = [line for line in result.stdout.splitlines()
@@ -45,7 +47,7 @@ def test_tensorflow_started_before_fit(tmp_path):
       "with 1 logical CPU device(s) (a layer, tensor or adapt() made before "
       "fit starts it); call dist_keras.prepare_runtime(num_cpu_devices="
       f"{n}) at the top of the script, before anything uses TensorFlow, or "
-      "set runtime.num_cpu_devices=1." for n in (2, 3)]
+      "set runtime.num_cpu_devices=1." for n in (2, 3, 2)]
   assert (
       "dist_keras: TensorFlow started before fit (a layer, tensor or adapt() "
       "at import?) with 1 logical CPU device(s), so runtime.strategy=auto "
