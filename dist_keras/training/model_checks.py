@@ -95,4 +95,4 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
       batch_losses.divide_means(model, strategy, met),
       varying_slices.one_step_per_call(model, strategy, met, train_cfg),
       random_ops.note(model, layers, strategy, compiled.optimizers_of(model),
-                      batch_spec)]
+                      batch_spec, forward)]

@@ -56,10 +56,11 @@ _LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
                    for m in (tf, keras, installation, os))
 
 
-def note(model, layers: list, strategy, optimizers: dict,
-         batch_spec) -> str | None:
+def note(model, layers: list, strategy, optimizers: dict, batch_spec,
+         forward=None) -> str | None:
   """The line for the stateful random ops the model trains with (its own
-  train_step's, else its training call's), or None: none, nothing of the
+  train_step's, else its training call's: `forward`'s graph where
+  state_updates.traced traced it already), or None: none, nothing of the
   user's to trace, or a step that cannot be traced (left to its step)."""
   own_step = overrides(model, "train_step")
   if not own_step and not _has_own_layer([model, *layers]):
@@ -67,6 +68,8 @@ def note(model, layers: list, strategy, optimizers: dict,
   try:
     if own_step:
       graph = _traced_step(model, strategy, optimizers, batch_spec)
+    elif forward is not None:
+      graph = forward.graph
     else:
       graph = model_calls.traced(model, strategy, batch_spec, True)[0]
   except Exception:  # pylint: disable=broad-except

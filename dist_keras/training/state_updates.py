@@ -60,10 +60,12 @@ class Forward:
     losses: how many losses model.losses held after it (add_loss terms,
       regularisers).
     loss_in_call: whether it reduces a keras.losses.Loss (call_losses.py).
+    graph: the traced call's graph (random_ops reads its ops there).
   """
   assigned: tuple
   losses: int
   loss_in_call: bool = False
+  graph: object = None
 
 
 def traced(model, layers: list, strategy, batch_spec) -> Forward | None:
@@ -85,7 +87,7 @@ def traced(model, layers: list, strategy, batch_spec) -> Forward | None:
       in_call = call_losses.reductions() > before
   except Exception:  # pylint: disable=broad-except
     return None  # Left as Keras runs it: its own error at its step.
-  return Forward(assigned_in(graph, model.variables), losses, in_call)
+  return Forward(assigned_in(graph, model.variables), losses, in_call, graph)
 
 
 def _worth_tracing(model, layers: list) -> bool:

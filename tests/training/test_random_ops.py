@@ -163,3 +163,30 @@ def test_a_layers_call_is_looked_into(draw, op):
     assert line.startswith(
         f"the training call of model 'noisy' draws with {op} "
         "(test_random_ops.py:"), line
+
+
+def test_a_call_state_updates_traced_is_read_from_its_graph(
+    mirrored, monkeypatch):
+  """At 2 replicas state_updates.traced has traced the training call of a
+  model with a layer of its own: the note reads that graph (the same line)
+  rather than tracing the call again."""
+  from dist_keras.contract import model_calls  # pylint: disable=g-import-not-at-top
+  from dist_keras.training import state_updates  # pylint: disable=g-import-not-at-top
+  with mirrored.scope():
+    model = keras.Sequential([
+        keras.Input((FEATURES,)),
+        Noisy(lambda x: tf.random.uniform(tf.shape(x))),
+        keras.layers.Dense(1)], name="noisy")
+    model.compile(optimizer="sgd", loss="mse")
+  spec = (tf.TensorSpec((BATCH // 2, FEATURES)),
+          tf.TensorSpec((BATCH // 2, 1)))
+  forward = state_updates.traced(model, model.layers, mirrored, spec)
+  traces = []
+  traced = model_calls.traced
+  monkeypatch.setattr(model_calls, "traced",
+                      lambda *a: traces.append(a) or traced(*a))
+  line = random_ops.note(model, model.layers, mirrored, {}, spec, forward)
+  assert not traces
+  assert line == random_ops.note(model, model.layers, mirrored, {}, spec)
+  assert len(traces) == 1
+  assert "draws with tf.random.uniform" in line, line
