@@ -98,22 +98,32 @@ def hand_mean_note(model, replicas: int) -> str:
 def reached_names(model, method: str, depth: int = 4) -> set[str]:
   """The names the model's `method` loads, and those of the functions and
   methods it names, `depth` calls down (super()'s included)."""
-  seen, names, todo = set(), set(), [(getattr(type(model), method), depth)]
+  return _reached(model, method, _names_in, depth)
+
+
+def _reached(model, method: str, read, depth: int) -> set[str]:
+  """What `read(code)` finds in the model's `method` and in the methods
+  (of any class in the MRO: super()'s too) it names so and the functions
+  it names, `depth` calls down; `read` returning None passes a function
+  by."""
+  seen, found, todo = set(), set(), [(getattr(type(model), method), depth)]
   while todo:
     fn, left = todo.pop()
     code = getattr(fn, "__code__", None)
     if code is None or code in seen or left < 0:
       continue
     seen.add(code)
-    own = _names_in(code)
-    names |= own
-    for name in own:  # A method of any class in the MRO (super()'s too).
-      callees = [klass.__dict__[name] for klass in type(model).__mro__
-                 if name in klass.__dict__]
-      callees.append(getattr(fn, "__globals__", {}).get(name))
-      todo.extend((c, left - 1) for c in callees
-                  if isinstance(c, types.FunctionType))
-  return names
+    own = read(code)
+    if own is None:
+      continue
+    found |= own
+    callees = [klass.__dict__[name] for name in own
+               for klass in type(model).__mro__ if name in klass.__dict__]
+    callees += [getattr(fn, "__globals__", {}).get(name)
+                for name in _names_in(code)]
+    todo.extend((c, left - 1) for c in callees
+                if isinstance(c, types.FunctionType))
+  return found
 
 
 def _names_in(code) -> set[str]:
@@ -131,23 +141,8 @@ def self_attributes(model, method: str, depth: int = 4) -> set[str]:
   names read off their first argument (`guide_step(self, data)`'s model),
   `depth` calls down: not another object's (`self.teacher.compute_loss`),
   nor a name in a comment or a string."""
-  seen, found = set(), set()
-  todo = [(getattr(type(model), method), depth)]
-  while todo:
-    fn, left = todo.pop()
-    code = getattr(fn, "__code__", None)
-    if code is None or code in seen or left < 0 or not code.co_argcount:
-      continue
-    seen.add(code)
-    own = _read_off(code, code.co_varnames[0])
-    found |= own
-    callees = [klass.__dict__[name] for name in own
-               for klass in type(model).__mro__ if name in klass.__dict__]
-    callees += [getattr(fn, "__globals__", {}).get(name)
-                for name in _names_in(code)]
-    todo.extend((c, left - 1) for c in callees
-                if isinstance(c, types.FunctionType))
-  return found
+  return _reached(model, method, lambda code: _read_off(
+      code, code.co_varnames[0]) if code.co_argcount else None, depth)
 
 
 def _read_off(code, this: str) -> set[str]:
