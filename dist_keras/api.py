@@ -19,7 +19,7 @@ from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, checkpoints, compiled, loop, lr
 from dist_keras.training import model_checks, preemption, process_state
 from dist_keras.training import ray_report, run_files, same_model, settings
-from dist_keras.training import user_callbacks, varying_slices
+from dist_keras.training import unsharded, user_callbacks, varying_slices
 
 
 @dataclasses.dataclass
@@ -200,8 +200,8 @@ def build(job: Job) -> loop.Trainer:
     callbacks, note = user_callbacks.collect(
         config.train.callbacks, job.callbacks, model, config.train)
     feed = pipelines.Feed.from_config(config)
-    train_ds, batch_spec = pipelines.distribute(
-        strategy, dataset_fn, "train", feed, start_step=resume.step)
+    train_ds, batch_spec, shards = _train_split(strategy, dataset_fn, feed,
+                                                role, resume.step)
     eval_ds, eval_spec = _eval_split(strategy, dataset_fn, feed, config,
                                      role.workers)
     evaluates, said = model_checks.against_batches(
@@ -217,13 +217,27 @@ def build(job: Job) -> loop.Trainer:
     parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate,
                        optimizers, stop, kept, callbacks, evaluates,
                        batch_spec, model_file)
-    notes += [*said, weights_only, note, *settings.notes(config, on_tpu),
-              resumed]
+    notes += [shards, *said, weights_only, note,
+              *settings.notes(config, on_tpu), resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,
         asked, notes=[n for n in notes if n])
     undo.pop_all()  # The Trainer's close lets go of them.
   return trainer
+
+
+def _train_split(strategy, dataset_fn, feed, role, start_step: int) -> tuple:
+  """The train split's distributed dataset (resumed at `start_step`), its
+  element spec, and the line said of its pipelines' first batches.
+
+  Raises:
+    UserError: pipelines that read the same stream (unsharded.py), on
+      every worker together.
+  """
+  train_ds, batch_spec = pipelines.distribute(
+      strategy, dataset_fn, "train", feed, start_step=start_step)
+  return train_ds, batch_spec, unsharded.check(
+      strategy, dataset_fn, role, feed.per_replica_pipelines)
 
 
 def _eval_split(strategy, dataset_fn, feed, config, workers: int) -> tuple:

@@ -49,6 +49,18 @@ def dataset_fn(split, input_context):
   return _pipeline(split, input_context, lambda y: y)
 
 
+def unsharded_dataset_fn(split, input_context):
+  """dataset_fn as a user of Keras' fit (which shards for them) writes it:
+  no ds.shard, so every input pipeline reads the same stream."""
+  x, y, weights = _examples(split)
+  ds = tf.data.Dataset.from_tensor_slices((x, y, weights))
+  batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+  if split == "train":
+    return ds.shuffle(SIZES["train"], seed=0).repeat().batch(
+        batch, drop_remainder=True)
+  return ds.batch(batch)
+
+
 # The train pipeline of slow_closing_dataset_fn: destroying its iterator
 # takes CLOSE_SECONDS, as destroying an autotuned one waits for tf.data's
 # autotune thread (0-60 s, at random).

@@ -56,16 +56,24 @@ def seeded(seed: int):
   """keras.utils.set_random_seed(seed) in the block; then every generator
   it seeds goes on from the state it had before, as if the block had not
   drawn from it (unseeded ones stay unseeded)."""
+  with undrawn(), _keras_seed_kept():
+    keras.utils.set_random_seed(seed)
+    yield
+
+
+@contextlib.contextmanager
+def undrawn():
+  """Python's and NumPy's global generators, and TensorFlow's global seed
+  and op seeds, go on after the block from the state they had before it,
+  as if nothing in the block had drawn from them."""
   python, numpy, tf_state = (random.getstate(), np.random.get_state(),
                              _tf_state())
-  with _keras_seed_kept():
-    keras.utils.set_random_seed(seed)
-    try:
-      yield
-    finally:
-      random.setstate(python)
-      np.random.set_state(numpy)
-      _set_tf_state(*tf_state)
+  try:
+    yield
+  finally:
+    random.setstate(python)
+    np.random.set_state(numpy)
+    _set_tf_state(*tf_state)
 
 
 @contextlib.contextmanager

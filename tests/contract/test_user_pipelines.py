@@ -18,6 +18,7 @@ import dist_keras
 from dist_keras.contract import batches, fit_args
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
+from dist_keras.training import unsharded
 
 CONFIG = {"train.global_batch_size": user_task.GLOBAL_BATCH,
           "train.steps": 4, "train.log_every": 4, "eval.every": 0,
@@ -94,6 +95,64 @@ def test_any_auto_shard_policy_is_fine_for_one_pipeline(policy):
   if policy in ("AUTO", "OFF"):
     batches.check_dataset(ds, "train", user_task.GLOBAL_BATCH, 2,
                           ctx=tf.distribute.InputContext(2, 1, 2))
+
+
+def test_a_dataset_fn_that_does_not_shard_is_refused_before_a_step(
+    tmp_path, mirrored):
+  """Keras' fit shards for its user; dist_keras never does. Every pipeline
+  read the same stream: each step's global batch was the first 24
+  examples twice, trained silently (20 steps: 0.043 off one device).
+  Refused in one line, nothing written."""
+  with pytest.raises(UserError) as e:
+    _fit(tmp_path, user_task.unsharded_dataset_fn, mirrored)
+  assert str(e.value) == (
+      "dataset_fn('train', ...) gives input pipelines 0 and 1 (of 2, one "
+      f"per replica) the same first batch ({PER_REPLICA} examples): it does "
+      "not shard by input_context, so every step's global batch of "
+      f"{user_task.GLOBAL_BATCH} would hold the same {PER_REPLICA} examples"
+      " 2 times over, which one device never trains on; shard it in "
+      "dataset_fn, ds.shard(input_context.num_input_pipelines, "
+      "input_context.input_pipeline_id) before batching (dist_keras never "
+      "auto-shards; Keras' fit does).")
+  assert not (tmp_path / "run").exists()
+
+
+def _alike(split, ctx):
+  """Unsharded batches of one example (zeros) over and over, as tests and
+  users write them: pipelines that read them alike train alike."""
+  ds = tf.data.Dataset.from_tensors((tf.zeros([user_task.FEATURES]),
+                                     tf.ones([1])))
+  ds = ds.repeat() if split == "train" else ds.repeat(5)
+  return ds.batch(ctx.get_per_replica_batch_size(user_task.GLOBAL_BATCH),
+                  drop_remainder=split == "train")
+
+
+def _in_pairs(split, ctx):
+  """user_task's data, unsharded, each example twice in a row: equal
+  first batches whose examples repeat say nothing certain."""
+  ds = user_task.unsharded_dataset_fn(split, ctx).unbatch()
+  ds = ds.flat_map(lambda *e: tf.data.Dataset.from_tensors(e).repeat(2))
+  return ds.batch(ctx.get_per_replica_batch_size(user_task.GLOBAL_BATCH),
+                  drop_remainder=True)
+
+
+def test_first_batches_alike_or_of_repeated_examples_are_not_refused(
+    tmp_path, mirrored):
+  """A constant dataset trains; a sharded one says nothing; pipelines
+  whose first batches repeat examples within themselves are told the fix
+  in a line, not refused."""
+  role = strategies.Role.of(mirrored, True)
+  assert unsharded.check(mirrored, user_task.dataset_fn, role, True) == ""
+  assert unsharded.check(mirrored, _in_pairs, role, True) == (
+      "dataset_fn('train', ...) gives input pipelines 0 and 1 (of 2, one "
+      f"per replica) the same first batch, of {PER_REPLICA} examples of "
+      f"which only {PER_REPLICA // 2} differ: if it repeats examples by "
+      "design, ignore this; if it does not shard by input_context, each "
+      "step trains on those examples 2 times over, not on one device's: "
+      "shard it, ds.shard(input_context.num_input_pipelines, "
+      "input_context.input_pipeline_id) before batching.")
+  assert _fit(tmp_path, _alike, mirrored).summary["steps"] == CONFIG[
+      "train.steps"]
 
 
 def test_an_eval_split_empty_in_one_pipeline_evaluates_the_rest(

@@ -352,6 +352,29 @@ def test_workers_that_disagree_on_an_eval_split_are_refused(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+# The check's logic runs in CI at 2 replicas (test_user_pipelines.py); the
+# refusal across workers shares leaving.refused_together with the eval
+# split's disagreement above.
+@pytest.mark.slow
+def test_workers_whose_dataset_fn_does_not_shard_are_refused(tmp_path):
+  """Each worker's one pipeline read the whole split, the same stream:
+  every step trained on its first 24 examples twice, silently (exit 0).
+  Both refuse at build with the same line, before anything is written."""
+  for code, err in _two_workers_exit(tmp_path / "run", [], train_args=(
+      _user_args("unsharded_dataset_fn"))):
+    assert code == 2, err[-2000:]
+    assert _our_error(err) == (
+        "dist_keras: error: dataset_fn('train', ...) gives input pipelines "
+        "0 and 1 (of 2, one per worker) the same first batch (24 examples):"
+        " it does not shard by input_context, so every step's global batch "
+        "of 48 would hold the same 24 examples 2 times over, which one "
+        "device never trains on; shard it in dataset_fn, ds.shard("
+        "input_context.num_input_pipelines, input_context.input_pipeline_id)"
+        " before batching (dist_keras never auto-shards; Keras' fit does)."
+    ), err[-2000:]
+  assert not (tmp_path / "run").exists()
+
+
 # Every stream of unknown size in the slow set: the same switch
 # (pipelines._whole_batches) stops both, and CI's case fails without it.
 @pytest.mark.parametrize("data_name", [
