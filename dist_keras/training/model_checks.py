@@ -12,9 +12,10 @@ the input pipelines.
    (state_updates.py), its own losses that sum over the batch
    (own_losses.py), compiled losses of one mean per batch
    (batch_losses.py), gathered slices whose count changes: one step per
-   call (varying_slices.py), TensorFlow's stateful random ops in its
-   train_step or training call (random_ops.py); under train.jit_compile,
-   an eval step XLA cannot compile (evaluation.py).
+   call (varying_slices.py), random draws whose state no checkpoint keeps
+   in its train_step, compute_loss or training call (random_ops.py);
+   under train.jit_compile, an eval step XLA cannot compile
+   (evaluation.py).
 
 Each half walks the model's layers once and hands the list to each check
 that reads them; against_batches walks them again once the model has met

@@ -1,29 +1,40 @@
-"""TensorFlow's stateful random ops in what a model trains with, said at
-the start in one line.
+"""Random draws whose state no checkpoint keeps in what a model trains
+with, said at the start in one line, the fix first.
 
-`tf.random.normal`, `tf.random.uniform`, `tf.random.shuffle` and their
-kin (RandomStandardNormal, RandomUniform, ... ops) keep their generator
-state inside the op's kernel, seeded from the op's place in the traced
-graph: no checkpoint holds it, so a resumed run draws the first numbers
-again, not the next ones, and Keras' fit traces another graph, so it
-draws others (keras.io's WGAN-GP, tf.random.normal in its train_step:
-weights 0.011 off fit after 8 steps on one device, and a run resumed
-after step 6 0.011 off the uninterrupted one, 2026-12-07). Draws from a
-keras.random.SeedGenerator (Dropout's, `keras.random.normal(...,
-seed=self.seed_generator)`) are stateless ops reading a variable the
-checkpoint keeps: exact, and not looked at here.
+Three kinds, each found by tracing (nothing runs):
+- TensorFlow's stateful random ops (`tf.random.normal`, `uniform`,
+  `shuffle` ...: RandomStandardNormal, RandomUniform, ... ops) keep their
+  generator state inside the op's kernel, seeded from the op's place in
+  the traced graph: a resumed run draws the first numbers again, and
+  Keras' fit traces another graph, so it draws others (keras.io's WGAN-GP,
+  tf.random.normal in its train_step: weights 0.011 off fit after 8 steps
+  on one device, and 0.011 off the uninterrupted run resumed after step 6,
+  2026-12-07);
+- `keras.random.*` drawing from a SeedGenerator the model does not hold:
+  Keras' global one (no seed=), whose state variable is in no checkpoint
+  (dist_keras' saves the model's variables, and fit's BackupAndRestore
+  its save_weights): resumed after step 4 of 8, 0.49 off the
+  uninterrupted run (2026-12-07);
+- a `tf.random.Generator` (its draws are RngReadAndSkip ops on its state,
+  a tf.Variable, not a Keras one: not among the model's variables the
+  checkpoint keeps): resumed 0.31 off.
+Draws from a SeedGenerator the model holds (Dropout's, `keras.random.normal(
+..., seed=self.seed_generator)`) read a variable the checkpoint keeps, and
+`seed=<int>` draws the same numbers every step: both resume exactly and
+are said nothing.
 
-Said, not refused: a GAN or VAE written so still trains (its numbers are
-drawn from the same distributions, as fit's are on each of its runs);
-what it loses is the bitwise replay, which the line names with the fix.
-Found by tracing (nothing runs) the model's own train_step in each replica
-with its optimizers' apply recorded only (step_optimizers.recording), or
-the training call of a model with a layer of its own (a Lambda's
-included); Keras' own layers draw from SeedGenerators, so a model of them
-alone is not traced. Nested functions (tf.cond, tf.while_loop, a
-tf.function of its own) are looked into.
+Said, not refused: such a model still trains (its numbers are drawn from
+the same distributions, as fit's are on each of its runs); what it loses
+is the bitwise replay. Traced: the model's own train_step in each replica
+with its optimizers' apply recorded only (step_optimizers.recording); else
+Keras' (the call and compute_loss) where the model has its own
+compute_loss; else the training call of a model with a layer of its own (a
+Lambda's included); Keras' own layers draw from SeedGenerators they hold,
+so a model of them alone is not traced. Nested functions (tf.cond,
+tf.while_loop, a tf.function of its own) are looked into.
 """
 import contextlib
+import inspect
 import os
 import re
 
@@ -50,6 +61,13 @@ _STATEFUL = {
     "RandomPoisson": ("tf.random.poisson", "tf.random.stateless_poisson"),
     "RandomPoissonV2": ("tf.random.poisson", "tf.random.stateless_poisson"),
 }
+# A tf.random.Generator's draws: ops on its state variable (inputs[0]).
+_GENERATOR = ("RngReadAndSkip", "RngSkip", "StatefulRandomBinomial",
+              "StatefulStandardNormal", "StatefulStandardNormalV2",
+              "StatefulUniform", "StatefulUniformInt",
+              "StatefulUniformFullInt", "StatefulTruncatedNormal")
+# A SeedGenerator's draw assigns its state in this file (SeedGenerator.next).
+_SEEDS = os.path.abspath(inspect.getfile(keras.random.SeedGenerator))
 # Attributes of the ops that call functions of their own.
 _CALLED = ("f", "then_branch", "else_branch", "body", "cond", "branches")
 _LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
@@ -58,26 +76,31 @@ _LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
 
 def note(model, layers: list, strategy, optimizers: dict, batch_spec,
          forward=None) -> str | None:
-  """The line for the stateful random ops the model trains with (its own
-  train_step's, else its training call's: `forward`'s graph where
+  """The line for the random draws whose state no checkpoint keeps in what
+  the model trains with (its own train_step's, else Keras' with its own
+  compute_loss, else its training call's: `forward`'s graph where
   state_updates.traced traced it already), or None: none, nothing of the
   user's to trace, or a step that cannot be traced (left to its step)."""
   own_step = overrides(model, "train_step")
-  if not own_step and not _has_own_layer([model, *layers]):
+  own_loss = not own_step and overrides(model, "compute_loss")
+  if not (own_step or own_loss or _has_own_layer([model, *layers])):
     return None
   try:
-    if own_step:
-      graph = _traced_step(model, strategy, optimizers, batch_spec)
+    if own_step or own_loss:
+      replica_fn = (model.train_step if own_step
+                    else lambda batch: _keras_step(model, batch))
+      graph = _traced_step(replica_fn, strategy, optimizers, batch_spec)
     elif forward is not None:
       graph = forward.graph
     else:
       graph = model_calls.traced(model, strategy, batch_spec, True)[0]
   except Exception:  # pylint: disable=broad-except
     return None  # Left as Keras runs it: its own error at its step.
-  found = stateful_ops(graph)
+  found = unkept_draws(graph, model.variables)
   if not found:
     return None
-  where = (f"{type(model).__name__}.train_step" if own_step
+  where = (f"{type(model).__name__}.train_step" if own_step else
+           f"{type(model).__name__}.compute_loss or call" if own_loss
            else f"the training call of model {model.name!r}")
   return _line(where, found)
 
@@ -89,13 +112,23 @@ def _has_own_layer(layers: list) -> bool:
              or isinstance(layer, keras.layers.Lambda) for layer in layers)
 
 
-def _traced_step(model, strategy, optimizers: dict, batch_spec):
-  """The graph of the model's train_step traced in each replica on
-  `batch_spec` (as the loop's step calls it), its optimizers' apply and
-  build only recording their variables meanwhile: nothing moves."""
+def _keras_step(model, batch):
+  """What Keras' train_step computes before its gradients, as the run's
+  steps (steps.py) call it: the model's call and its own compute_loss."""
+  x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+  y_pred = model_calls.forward(model, x, training=True)
+  return model_calls.compute_loss(model, x, y, y_pred, sample_weight,
+                                  training=True)
+
+
+def _traced_step(replica_fn, strategy, optimizers: dict, batch_spec):
+  """The graph of `replica_fn` (a train_step) traced in each replica on
+  `batch_spec` (as the loop's step calls it), the model's optimizers'
+  apply and build only recording their variables meanwhile: nothing
+  moves."""
 
   def step(batch):
-    strategy.run(model.train_step, args=(batch,))
+    strategy.run(replica_fn, args=(batch,))
     return tf.constant(0)
 
   with (strategy.scope(), installation.keras_name_scopes_kept(),
@@ -106,22 +139,49 @@ def _traced_step(model, strategy, optimizers: dict, batch_spec):
     return function.get_concrete_function(batch_spec).graph
 
 
-def stateful_ops(graph) -> list:
-  """The stateful random ops of `graph` and of the functions it calls,
-  one per place in the code (a replica's copy, or a Python loop's, once),
-  in graph order."""
+def unkept_draws(graph, kept) -> list:
+  """The random draws of `graph` and of the functions it calls whose state
+  no checkpoint keeps (none of the `kept` variables'): stateful random
+  ops, tf.random.Generator ops, SeedGenerator draws of another state; one
+  per place in the code (a replica's copy, or a Python loop's, once), in
+  graph order."""
   found, places, todo, seen = [], set(), [graph], set()
+  held = _handles(kept)  # Grows by each graph's captures of them.
   while todo:
     current = todo.pop(0)
     if id(current) in seen:
       continue
     seen.add(id(current))
+    held.update(id(inner) for outer, inner in current.captures
+                if id(outer) in held)
     for op in current.get_operations():
       todo.extend(_called_graphs(op))
-      if op.type in _STATEFUL and _place(op) not in places:
+      if _draws_unkept(op, held) and _place(op) not in places:
         places.add(_place(op))
         found.append(op)
   return found
+
+
+def _handles(variables) -> set:
+  """The ids of the resource handles of `variables` (each replica's)."""
+  held = set()
+  for variable in variables:
+    inner = getattr(variable, "value", variable)
+    for component in getattr(inner, "values", (inner,)):  # Mirrored: each.
+      held.add(id(component.handle))
+  return held
+
+
+def _draws_unkept(op, held: set) -> bool:
+  """Whether `op` draws a random number from a state no checkpoint keeps
+  (`held`: the ids of the kept variables' handles in op's graph)."""
+  if op.type in _STATEFUL:
+    return True
+  if op.type in _GENERATOR:
+    return id(op.inputs[0]) not in held
+  return (op.type == "AssignVariableOp" and id(op.inputs[0]) not in held
+          and any(os.path.abspath(frame.filename) == _SEEDS
+                  for frame in getattr(op, "traceback", None) or []))
 
 
 def _called_graphs(op) -> list:
@@ -141,34 +201,53 @@ def _called_graphs(op) -> list:
   return graphs
 
 
-def _user_frame(op):
-  """The innermost frame of the code that made `op` outside TensorFlow,
-  Keras, dist_keras and Python's own modules, or None."""
-  for frame in reversed(getattr(op, "traceback", None) or []):
-    if not os.path.abspath(frame.filename).startswith(_LIBRARIES):
-      return frame
-  return None
+def _frames(op) -> tuple:
+  """(the innermost frame of the code that made `op` outside TensorFlow,
+  Keras, dist_keras and Python's own modules, the frame it called), each
+  None where there is none."""
+  stack = list(getattr(op, "traceback", None) or [])
+  for i in range(len(stack) - 1, -1, -1):
+    if not os.path.abspath(stack[i].filename).startswith(_LIBRARIES):
+      return stack[i], stack[i + 1] if i + 1 < len(stack) else None
+  return None, None
 
 
 def _place(op) -> tuple:
   """Where `op` was made: its user frame's file and line, else its name
   with no replica prefix."""
-  frame = _user_frame(op)
+  frame = _frames(op)[0]
   if frame is not None:
     return (frame.filename, frame.lineno)
   return (re.sub(r"^replica_\d+/", "", op.name),)
 
 
+def _keras_call(op) -> str:
+  """The keras.random function to draw what `op` draws."""
+  if op.type in _STATEFUL:
+    return _STATEFUL[op.type][1]
+  called = _frames(op)[1]  # keras.random.normal, Generator.normal ...
+  name = getattr(called, "name", "")
+  return f"keras.random.{name}" if hasattr(keras.random, name) else (
+      "keras.random.*")
+
+
 def _line(where: str, found: list) -> str:
-  """The one line naming the first of `found` and the fix."""
+  """The one line naming the first of `found` and the fix first."""
   first = found[0]
-  tf_call, keras_call = _STATEFUL[first.type]
-  frame = _user_frame(first)
+  call = _keras_call(first)
+  frame = _frames(first)[0]
   at = (f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
         if frame is not None else f"op {_place(first)[0]!r}")
-  more = f"; {len(found) - 1} more" if len(found) > 1 else ""
-  return (
-      f"{where} draws with {tf_call} ({at}{more}), whose state no "
-      "checkpoint keeps: a resumed run draws other numbers, and fit others; "
-      f"use {keras_call}(..., seed=self.seed_generator) with a "
-      "keras.random.SeedGenerator made in __init__ (checkpointed)")
+  at += f"; {len(found) - 1} more" if len(found) > 1 else ""
+  fix = "a keras.random.SeedGenerator made in __init__"
+  if first.type in _STATEFUL:
+    return (f"use {call}(..., seed=self.seed_generator), {fix}: {where} "
+            f"draws with {_STATEFUL[first.type][0]} ({at}), whose state no "
+            "checkpoint keeps: resumes and fit differ")
+  if first.type in _GENERATOR:
+    return (f"use {call}(..., seed=self.seed_generator), {fix}: {where} "
+            f"draws with a tf.random.Generator ({at}), whose state no "
+            "checkpoint keeps: resumes differ")
+  return (f"pass seed=self.seed_generator, {fix}, to {call}: {where} draws "
+          f"from a seed state outside the model (Keras' global without "
+          f"seed=; {at}), which no checkpoint keeps: resumes differ")
