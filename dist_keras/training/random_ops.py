@@ -37,13 +37,16 @@ import contextlib
 import inspect
 import os
 import re
+import traceback
 
 import keras
+from keras.src.random import seed_generator
 import tensorflow as tf
 
 from dist_keras import installation
 from dist_keras.contract import model_calls
 from dist_keras.contract.checks import overrides
+from dist_keras.errors import UserError
 from dist_keras.training import state_updates, step_optimizers
 
 # Each stateful random op, as the TensorFlow and Keras calls that make it.
@@ -85,17 +88,19 @@ def note(model, layers: list, strategy, optimizers: dict, batch_spec,
   own_loss = not own_step and overrides(model, "compute_loss")
   if not (own_step or own_loss or _has_own_layer([model, *layers])):
     return None
-  try:
-    if own_step or own_loss:
-      replica_fn = (model.train_step if own_step
-                    else lambda batch: _keras_step(model, batch))
-      graph = _traced_step(replica_fn, strategy, optimizers, batch_spec)
-    elif forward is not None:
-      graph = forward.graph
-    else:
-      graph = model_calls.traced(model, strategy, batch_spec, True)[0]
-  except Exception:  # pylint: disable=broad-except
-    return None  # Left as Keras runs it: its own error at its step.
+  with _global_seed_draws() as drawn:
+    try:
+      if own_step or own_loss:
+        replica_fn = (model.train_step if own_step
+                      else lambda batch: _keras_step(model, batch))
+        graph = _traced_step(replica_fn, strategy, optimizers, batch_spec)
+      elif forward is not None:
+        graph = forward.graph
+      else:
+        graph = model_calls.traced(model, strategy, batch_spec, True)[0]
+    except Exception:  # pylint: disable=broad-except
+      _refuse_global_seed_per_replica(drawn, model, strategy)
+      return None  # Left as Keras runs it: its own error at its step.
   found = unkept_draws(graph, model.variables)
   if not found:
     return None
@@ -103,6 +108,44 @@ def note(model, layers: list, strategy, optimizers: dict, batch_spec,
            f"{type(model).__name__}.compute_loss or call" if own_loss
            else f"the training call of model {model.name!r}")
   return _line(where, found)
+
+
+@contextlib.contextmanager
+def _global_seed_draws():
+  """The user frames (file, line, function) that reach Keras' global
+  SeedGenerator (keras.random.* without seed=) in the block, any thread."""
+  drawn, keras_global = [], seed_generator.global_seed_generator
+
+  def recorded():
+    stack = traceback.extract_stack()
+    drawn.append(next((f for f in reversed(stack) if not os.path.abspath(
+        f.filename).startswith(_LIBRARIES)), None))
+    return keras_global()
+
+  seed_generator.global_seed_generator = recorded
+  try:
+    yield drawn
+  finally:
+    seed_generator.global_seed_generator = keras_global
+
+
+def _refuse_global_seed_per_replica(drawn: list, model, strategy) -> None:
+  """Raises UserError where a trace that failed drew from Keras' global
+  SeedGenerator at N > 1 replicas: Keras keeps it per thread, so each
+  replica's thread makes its state inside the traced step, which
+  TensorFlow refuses (Keras' fit under MirroredStrategy fails the same,
+  with its "singleton tf.Variables" ValueError at the first step)."""
+  if not drawn or strategy.num_replicas_in_sync < 2:
+    return
+  user = next((f for f in drawn if f is not None), None)
+  at = (f" ({os.path.basename(user.filename)}:{user.lineno} in {user.name})"
+        if user is not None else "")
+  raise UserError(
+      "pass seed=self.seed_generator, a keras.random.SeedGenerator made in "
+      f"__init__, to keras.random.*: {type(model).__name__} draws without "
+      f"seed={at}, and at {strategy.num_replicas_in_sync} replicas each "
+      "replica's thread makes Keras' global seed state inside the step, "
+      "which TensorFlow refuses (as under Keras' fit)")
 
 
 def _has_own_layer(layers: list) -> bool:

@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import dist_keras
+from dist_keras.errors import UserError
 from dist_keras.training import process_state, random_ops
 
 LATENT, FEATURES, BATCH = 4, 3, 8
@@ -266,3 +267,26 @@ def test_draws_from_a_state_no_checkpoint_keeps_are_said(model, said):
     assert line is None, line
   else:
     assert line is not None and line.startswith(said), line
+
+
+def test_keras_random_without_a_seed_at_2_replicas_is_refused_at_start(
+    mirrored):
+  """Keras keeps its global SeedGenerator per thread: each replica's thread
+  made its state inside the traced step, and step 1 failed with
+  TensorFlow's "singleton tf.Variables" traceback (Keras' fit under
+  MirroredStrategy fails the same way). Refused at start in one line, the
+  fix first, naming the draw's place."""
+  with mirrored.scope():
+    model = Drawing(lambda self, s: keras.random.normal(s))
+    model.compile(optimizer="sgd", loss="mse")
+    model(np.zeros((BATCH, FEATURES), "float32"))
+  spec = (tf.TensorSpec((BATCH // 2, FEATURES)),
+          tf.TensorSpec((BATCH // 2, 1)))
+  with process_state.seeded(0), pytest.raises(UserError) as e:
+    random_ops.note(model, model.layers, mirrored,
+                    {"optimizer": model.optimizer}, spec)
+  assert str(e.value).startswith(
+      "pass seed=self.seed_generator, a keras.random.SeedGenerator made in "
+      "__init__, to keras.random.*: Drawing draws without seed= "
+      "(test_random_ops.py:"), str(e.value)
+  assert "at 2 replicas" in str(e.value)
