@@ -31,11 +31,14 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=helpers.REPO)
 MODELS = list(parity_weights.MODELS)
 # What distribution can change (each has its own code path across replicas);
 # the other models only vary options of the same update (the slow set's 4
-# replicas train them all).
+# replicas train them all). embedding_adam's 2 replicas train in this
+# process (test_an_embeddings_sparse_gradient_trains_what_fit_trains, the
+# same comparison, timed); gathered slices untimed: positions_adam's and
+# sparse_adam's.
 DISTRIBUTED = ("plain,custom_step,custom_loss,accumulate,ema,global_clipnorm,"
-               "loss_scale,two_output,gan,callbacks_model,embedding_adam,"
-               "sparse_adam,sparse_own_step,gan_unflagged,vae,gan_unbuilt,"
-               "gan_held,positions_adam,endpoint")
+               "loss_scale,two_output,gan,callbacks_model,sparse_adam,"
+               "sparse_own_step,gan_unflagged,vae,gan_unbuilt,gan_held,"
+               "positions_adam,endpoint")
 # Across workers (2 processes a model): the acceptance's five, the GAN's
 # two optimizers, the callbacks that must stop every worker alike and an
 # Embedding's sparse gradient (gathered by the collective runtime; under a
