@@ -205,8 +205,15 @@ def test_slices_of_a_changing_count_train_one_step_a_call_as_fit_trains(
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
+# RMSprop and Adagrad in the slow set: the column sum after the gather
+# (training/allreduce.py, merge_duplicates) comes before any optimizer sees
+# the gradient and names none, so sparse-Adam, which squares the slices
+# too, fails wherever they would; the clips take their own path
+# (training/sparse_grads.py) and stay in CI.
 @pytest.mark.parametrize("kind,optimizer", [
-    ("sparse", "Adam"), ("sparse", "RMSprop"), ("sparse", "Adagrad"),
+    ("sparse", "Adam"),
+    pytest.param("sparse", "RMSprop", marks=pytest.mark.slow),
+    pytest.param("sparse", "Adagrad", marks=pytest.mark.slow),
     ("sparse", "clipnorm"), ("sparse", "global_clipnorm"),
     ("padded", "Adam")])
 def test_gathered_slices_train_under_adaptive_optimizers_as_one_device(

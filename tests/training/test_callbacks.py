@@ -233,12 +233,13 @@ def test_calibration_leaves_the_model_as_training_left_it(
   replica), Dropout's seed and the per-output loss trackers: the model
   returned and saved was not the one trained, nor the one summary.json's
   eval is of, and a run with a callback said the callback had set other
-  weights."""
+  weights. (2 epochs: the calibration follows the last step, whichever.)"""
   strategy = mirrored if replicas == 2 else ONE_CPU
   runs = [_ours(tmp_path / str(steps), [keras.callbacks.Callback()],
                 strategy=strategy, model_fn=parity_task.batch_norm,
                 dataset_fn=parity_task.two_output_dataset_fn,
-                **{"log.calibration_steps": steps, "log.progress": True})
+                **{"log.calibration_steps": steps, "log.progress": True,
+                   "train.steps": 2 * EPOCH})
           for steps in (0, 3)]
   assert runs[1].summary["ideal_step_ms"] > 0  # It ran.
   for trained, calibrated in zip(_every_copy(runs[0].model, strategy),

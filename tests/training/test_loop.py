@@ -434,14 +434,21 @@ def test_the_sent_bytes_are_the_gradients_as_sent(tiny_run):
   assert tiny_run.summary["gathered_bytes"] == 0
 
 
-def test_the_sent_bytes_are_counted_without_timed_steps(tmp_path, mirrored):
+@pytest.fixture(scope="module")
+def untimed_run(tmp_path_factory, mirrored):
+  """The tiny run with log.sync_timing off (tiny_config's) and no clip:
+  the sent bytes' and the host times' tests read the same run."""
+  c = helpers.tiny_config()
+  c.train.global_clipnorm = 0.0
+  return helpers.fit(c, tmp_path_factory.mktemp("untimed"), mirrored)
+
+
+def test_the_sent_bytes_are_counted_without_timed_steps(untimed_run):
   """With log.sync_timing off (no timed step) the plain steps count them:
   the summary had the Embedding's dense table as all-reduced bytes. No
   clip: Adam sees the slices, so a replica gathers its batch's, 16
   sequences x 12 tokens of 8 float32s, and their int32 indices."""
-  c = helpers.tiny_config()
-  c.train.global_clipnorm = 0.0
-  result = helpers.fit(c, tmp_path, mirrored)
+  result = untimed_run
   dense = allreduce.gradient_bytes(result.model.trainable_variables)
   assert result.summary["gradient_bytes"] == dense - 16 * 8 * 4
   assert result.summary["gathered_bytes"] == 16 * 12 * (8 * 4 + 4)
@@ -463,12 +470,15 @@ def test_a_large_vocabularys_slices_are_sent_not_its_table(tmp_path,
   assert result.summary["gathered_bytes"] == 16 * 12 * (8 * 4 + 4)
 
 
-def test_sync_timing_off_writes_only_the_host_times(tmp_path, mirrored):
-  """No timed step, no split; the host's clocks (test_step_meters.py)."""
-  c = helpers.tiny_config()
-  c.log.sync_timing = False
-  summary = helpers.train(c, str(tmp_path), mirrored)
-  assert sorted(t for t in helpers.scalar_tags(str(tmp_path))
+def test_sync_timing_off_writes_only_the_host_times(untimed_run):
+  """No timed step, no split; the host's clocks (test_step_meters.py).
+  (Its slices gathered: a timed window's sync/gathered_bytes is not
+  written either.)"""
+  summary, workdir = untimed_run.summary, str(untimed_run.workdir)
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["log"]["sync_timing"] is False
+  assert summary["gathered_bytes"] > 0
+  assert sorted(t for t in helpers.scalar_tags(workdir)
                 if t.startswith("sync")) == ["sync/callbacks_ms",
                                              "sync/outside_ms"]
   assert summary["sync_fraction"] is None and summary["sync_split"] is None
@@ -592,7 +602,9 @@ def test_steps_per_loop_trains_the_same_steps_and_logs_at_the_same_points(
   """1, 7 and automatic (0) steps a call train the same weights and log,
   evaluate and checkpoint at the same steps. Automatic: every window after
   the first measured a step long enough for 4 a call (the sizing itself:
-  tests/training/test_settings.py), so its calls are known."""
+  tests/training/test_settings.py), so its calls are known. (20 steps:
+  each run's calls are cut short both at a checkpoint and eval and before
+  a timed step.)"""
   from dist_keras.training import actions  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(actions, "auto_steps_per_call",
                       lambda seconds, multi_worker: 4 if seconds else 1)
@@ -600,26 +612,26 @@ def test_steps_per_loop_trains_the_same_steps_and_logs_at_the_same_points(
   for spl in (1, 7, 0):
     c = helpers.tiny_config()
     c.log.sync_timing = True  # Timed steps run alone: calls stop before them.
-    c.train.steps, c.train.log_every, c.train.checkpoint_every = 30, 10, 15
-    c.eval.every, c.train.steps_per_loop = 15, spl
+    c.train.steps, c.train.log_every, c.train.checkpoint_every = 20, 10, 13
+    c.eval.every, c.train.steps_per_loop = 13, spl
     with helpers.trainer(c, str(tmp_path / str(spl)), mirrored) as trainer:
       calls[spl] = _call_sizes(monkeypatch, trainer)
       summary = trainer.run()
     runs[spl] = summary, [w.numpy() for w in trainer.model.weights]
   # Automatic: steps 1-10 one a call (1 and 10 are timed; no window
-  # measured before 10); then 11-14, 15 (the checkpoint and eval after
-  # it), 16-19, the timed 20, 21-24, 25-28, 29 and the timed 30.
-  assert calls[0] == [1] * 10 + [4, 1, 4, 1, 4, 4, 1, 1]
+  # measured before 10); then 11-13 (the checkpoint and eval after it),
+  # 14-17, 18-19 (before the timed step) and the timed 20.
+  assert calls[0] == [1] * 10 + [3, 4, 2, 1]
   # What the automatic run chose, which config.json (steps_per_loop 0)
   # cannot say.
   assert runs[0][0]["chosen"] == {"steps_per_call": "auto", "largest_call": 4,
                                   "xla": "off", "per_replica_batch": 16}
-  assert max(calls[7]) == 7 and calls[1] == [1] * 30
+  assert max(calls[7]) == 7 and calls[1] == [1] * 20
   tags = {spl: helpers.scalar_tags(str(tmp_path / str(spl))) for spl in runs}
   (one, w1) = runs[1]
   for spl in (7, 0):
     many, weights = runs[spl]
-    assert one["steps"] == many["steps"] == sum(calls[spl]) == 30
+    assert one["steps"] == many["steps"] == sum(calls[spl]) == 20
     for a, b in zip(w1, weights):
       np.testing.assert_array_equal(a, b)
     for tag in ("loss", "eval/accuracy", "sync/allreduce_ms"):
