@@ -117,9 +117,7 @@ def _global_seed_draws():
   drawn, keras_global = [], seed_generator.global_seed_generator
 
   def recorded():
-    stack = traceback.extract_stack()
-    drawn.append(next((f for f in reversed(stack) if not os.path.abspath(
-        f.filename).startswith(_LIBRARIES)), None))
+    drawn.append(_user_frames(traceback.extract_stack())[0])
     return keras_global()
 
   seed_generator.global_seed_generator = recorded
@@ -138,8 +136,7 @@ def _refuse_global_seed_per_replica(drawn: list, model, strategy) -> None:
   if not drawn or strategy.num_replicas_in_sync < 2:
     return
   user = next((f for f in drawn if f is not None), None)
-  at = (f" ({os.path.basename(user.filename)}:{user.lineno} in {user.name})"
-        if user is not None else "")
+  at = f" ({_at(user)})" if user is not None else ""
   raise UserError(
       "pass seed=self.seed_generator, a keras.random.SeedGenerator made in "
       f"__init__, to keras.random.*: {type(model).__name__} draws without "
@@ -245,10 +242,13 @@ def _called_graphs(op) -> list:
 
 
 def _frames(op) -> tuple:
-  """(the innermost frame of the code that made `op` outside TensorFlow,
-  Keras, dist_keras and Python's own modules, the frame it called), each
-  None where there is none."""
-  stack = list(getattr(op, "traceback", None) or [])
+  """_user_frames of the code that made `op`."""
+  return _user_frames(list(getattr(op, "traceback", None) or []))
+
+
+def _user_frames(stack: list) -> tuple:
+  """(the innermost frame of `stack` outside TensorFlow, Keras, dist_keras
+  and Python's own modules, the frame it called), each None if none."""
   for i in range(len(stack) - 1, -1, -1):
     if not os.path.abspath(stack[i].filename).startswith(_LIBRARIES):
       return stack[i], stack[i + 1] if i + 1 < len(stack) else None
@@ -262,6 +262,11 @@ def _place(op) -> tuple:
   if frame is not None:
     return (frame.filename, frame.lineno)
   return (re.sub(r"^replica_\d+/", "", op.name),)
+
+
+def _at(frame) -> str:
+  """`frame`'s place as a line says it: file:line in function."""
+  return f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
 def _keras_call(op) -> str:
@@ -279,8 +284,7 @@ def _line(where: str, found: list) -> str:
   first = found[0]
   call = _keras_call(first)
   frame = _frames(first)[0]
-  at = (f"{os.path.basename(frame.filename)}:{frame.lineno} in {frame.name}"
-        if frame is not None else f"op {_place(first)[0]!r}")
+  at = _at(frame) if frame is not None else f"op {_place(first)[0]!r}"
   at += f"; {len(found) - 1} more" if len(found) > 1 else ""
   fix = "a keras.random.SeedGenerator made in __init__"
   if first.type in _STATEFUL:
