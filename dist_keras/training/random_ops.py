@@ -40,8 +40,8 @@ import re
 import traceback
 
 import keras
-from keras.src.random import seed_generator
 import tensorflow as tf
+from keras.src.random import seed_generator
 
 from dist_keras import installation
 from dist_keras.contract import model_calls
