@@ -42,9 +42,19 @@ def stamp_after(tensors, clock=None):
       return tf.timestamp()
   # A data dependency on one element of each tensor: control dependencies
   # of a function call do not survive its inlining.
-  firsts = [tf.cast(tf.reshape(t, [-1])[:1], tf.float64) for t in deps]
+  firsts = [_first_as_number(t) for t in deps]
   return _timestamp_reading(clock.handle,
                             tf.concat([*firsts, tf.zeros([1], tf.float64)], 0))
+
+
+def _first_as_number(t):
+  """t's first element (none if empty) as float64; a string's length. A
+  string has no cast: TF's graph optimizer had removed the cast (it feeds a
+  control dependency only), so a text batch trained only while it ran."""
+  first = tf.reshape(t, [-1])[:1]
+  if first.dtype == tf.string:
+    first = tf.strings.length(first)
+  return tf.cast(first, tf.float64)
 
 
 def _available(t):
