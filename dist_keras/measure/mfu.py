@@ -100,8 +100,9 @@ def _matmul(a, b):
 
 
 def measure_matmul_tflops(dtype: str = "float32", device: str = "/cpu:0",
-                          seconds: float = MATMUL_SECONDS) -> float:
-  """Best TFLOP/s of one square matmul on `device`, over about `seconds`.
+                          seconds: float | None = None) -> float:
+  """Best TFLOP/s of one square matmul on `device`, over about `seconds`
+  (MATMUL_SECONDS if None).
 
   The side doubles from 512 until one matmul takes >= 20 ms (at most
   8192), so the matmul is large enough to reach the peak on a CPU or a
@@ -118,6 +119,7 @@ def measure_matmul_tflops(dtype: str = "float32", device: str = "/cpu:0",
       elapsed = time.perf_counter() - start
     return 2 * n**3 / elapsed / 1e12, elapsed
 
+  seconds = MATMUL_SECONDS if seconds is None else seconds
   n, deadline = 512, time.perf_counter() + seconds
   timed(n)  # Traces.
   best, elapsed = timed(n)
