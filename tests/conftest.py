@@ -29,6 +29,15 @@ cpus.split_cpu(2)
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from dist_keras.measure import mfu  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# A measured MFU peak is timed for MATMUL_SECONDS at a run's start (once a
+# process) and again at its end: 0.5 s of a busy matmul, ~0.8 CPU-s, an
+# eighth of a tiny in-process run. The tests check what a run does with
+# its readings (kept, the higher one, MFU from it), not how close they
+# are to the machine's peak: 50 ms still times 4 or more matmuls.
+mfu.MATMUL_SECONDS = 0.05
+
 # Seconds each test file took in the last recorded run (`pytest
 # --record-durations ...` writes it): CI hands the longest files out first.
 DURATIONS = os.path.join(TESTS, "durations.json")
@@ -68,6 +77,21 @@ def pytest_sessionstart(session):
 def pytest_addoption(parser):
   parser.addoption("--record-durations", action="store_true",
                    help=f"write each file's seconds to {DURATIONS}")
+  parser.addoption("--graph-optimizer", action="store_true",
+                   help="in-process runs keep TensorFlow's graph optimizer")
+
+
+def pytest_configure(config):
+  """In-process runs run their graphs without TensorFlow's graph optimizer
+  (grappler) unless --graph-optimizer: optimizing a step's graph at its
+  first call is ~30% of a tiny run's CPU, and a graph run as written is
+  the stricter test (a cast the optimizer had removed failed here first:
+  measure/stamps.py). Runs in subprocesses (the command line, workers, fit
+  parity, resume, the examples and the wheel) keep TensorFlow's default,
+  as users run."""
+  if not config.getoption("--graph-optimizer"):
+    tf.config.optimizer.set_experimental_options(
+        {"disable_meta_optimizer": True})
 
 
 def pytest_xdist_auto_num_workers(config):  # pylint: disable=unused-argument
