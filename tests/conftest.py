@@ -1,4 +1,5 @@
-"""Test set-up: 2 logical CPU devices for every in-process test, and the
+"""Test set-up: 2 logical CPU devices for every in-process test, its graphs
+run without TensorFlow's graph optimizer, short MFU peak readings, and the
 order CI hands test files to its workers.
 
 The split must happen before TensorFlow initialises, hence at import time.
