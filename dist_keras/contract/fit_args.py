@@ -4,6 +4,7 @@ habit is refused in one line that says where it went; class_weight= is
 taken, as the config key train.class_weight. Nothing here imports
 TensorFlow."""
 import functools
+import inspect
 import sys
 
 from dist_keras.contract import class_weights, imports
@@ -59,6 +60,13 @@ def refusing_keras_args(fit):
                                             kwargs.pop("class_weight"))
     return fit(*args, **kwargs)
 
+  # What inspect, help() and IDEs show: fit's own, and the class_weight=
+  # this wrapper takes for it.
+  signature = inspect.signature(fit)
+  checked.__signature__ = signature.replace(parameters=[
+      *signature.parameters.values(),
+      inspect.Parameter("class_weight", inspect.Parameter.KEYWORD_ONLY,
+                        default=None)])
   return checked
 
 

@@ -393,9 +393,13 @@ def test_a_worker_reads_the_input_pipeline_tf_distribute_gives_it():
 
 
 def test_fits_signature_and_help_are_its_own():
-  """The refusal of Keras' arguments wraps fit without hiding them."""
+  """The refusal of Keras' arguments wraps fit without hiding them; the
+  class_weight= it takes for fit is shown too (an IDE offers it)."""
   assert list(inspect.signature(dist_keras.fit).parameters) == [
-      "model_fn", "dataset_fn", "workdir", "config", "strategy", "callbacks"]
+      "model_fn", "dataset_fn", "workdir", "config", "strategy", "callbacks",
+      "class_weight"]
+  assert inspect.signature(dist_keras.fit).parameters[
+      "class_weight"].kind == inspect.Parameter.KEYWORD_ONLY
   assert dist_keras.fit.__doc__.startswith("Trains `model_fn`'s model")
 
 
