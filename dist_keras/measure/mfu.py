@@ -99,14 +99,14 @@ def _matmul(a, b):
   return tf.reduce_sum(tf.matmul(a, b))  # One scalar back: a sync point.
 
 
-def measure_matmul_tflops(dtype: str = "float32", device: str = "/cpu:0",
-                          seconds: float | None = None) -> float:
-  """Best TFLOP/s of one square matmul on `device`, over about `seconds`
-  (MATMUL_SECONDS if None).
+def measure_matmul_tflops(dtype: str = "float32",
+                          device: str = "/cpu:0") -> float:
+  """Best TFLOP/s of one square matmul on `device`, over about
+  MATMUL_SECONDS (read at each call: tests shorten it).
 
   The side doubles from 512 until one matmul takes >= 20 ms (at most
   8192), so the matmul is large enough to reach the peak on a CPU or a
-  GPU; then it repeats until `seconds` have passed. Inputs are constants,
+  GPU; then it repeats until that time has passed. Inputs are constants,
   not random, so the run's random streams are untouched.
   """
 
@@ -119,8 +119,7 @@ def measure_matmul_tflops(dtype: str = "float32", device: str = "/cpu:0",
       elapsed = time.perf_counter() - start
     return 2 * n**3 / elapsed / 1e12, elapsed
 
-  seconds = MATMUL_SECONDS if seconds is None else seconds
-  n, deadline = 512, time.perf_counter() + seconds
+  n, deadline = 512, time.perf_counter() + MATMUL_SECONDS
   timed(n)  # Traces.
   best, elapsed = timed(n)
   while elapsed < 0.02 and n < 8192:
