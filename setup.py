@@ -6,6 +6,7 @@ TensorFlow build is never replaced: pick exactly one of [cpu], [cuda], [tpu].
 import setuptools
 
 _TF = ">=2.16,<2.22"
+_ML_DTYPES = "ml-dtypes<0.7"
 
 setuptools.setup(
     name="dist-keras",
@@ -32,8 +33,13 @@ setuptools.setup(
         "numpy",
     ],
     extras_require={
-        "cpu": [f"tensorflow-cpu{_TF}"],
-        "cuda": [f"tensorflow[and-cuda]{_TF}"],
+        # ml-dtypes 0.7.0 (pip's pick for TF 2.21, which asks for >=0.5.1,
+        # <1) takes 0.8-1.3 CPU-s to import (it registers its ufunc loops
+        # one promoter at a time), 0.6.0 0.01 s: a quarter of `import
+        # tensorflow`, in every process of every run (measured 2026-12-07,
+        # docs/testing.md).
+        "cpu": [f"tensorflow-cpu{_TF}", _ML_DTYPES],
+        "cuda": [f"tensorflow[and-cuda]{_TF}", _ML_DTYPES],
         # tensorflow-tpu stops at 2.20 (PyPI: 2.16.1-2.20.0). Colab's TPU
         # runtimes no longer ship TensorFlow (since March 2025), so Colab
         # needs this extra too. tensorflow-tpu 2.20.0 asks for libtpu~=0.0.14,
