@@ -157,7 +157,8 @@ def test_without_tensorflow_fit_and_the_command_line_name_the_extras(
   assert result.returncode == 0, result.stderr
   # Not "pip install 'dist-keras[cpu]'": PyPI's dist-keras is another
   # project. The extra's own packages, as this installation declares them.
-  assert "pip install 'tensorflow-cpu<2.22,>=2.16' (CPU)" in result.stdout
+  assert ("pip install 'tensorflow-cpu<2.22,>=2.16' 'ml-dtypes<0.7' (CPU)"
+          in result.stdout), result.stdout
   assert "dist-keras[" not in result.stdout
   result = helpers.run_module(["-c", no_tf + (
       "import runpy\n"
