@@ -165,6 +165,15 @@ _ROOT_ERROR = re.compile(r"^\s+\(0\) [A-Z_]+:\s*(\S.*)$")
 _IN_DATASET_FN = re.compile(r"Error in user-defined function passed to "
                             r"(\w+?)(?::\d+)? transformation with iterator: "
                             r"\S+: ")
+# A TF runtime error's frames ("[[{{node CheckNumerics}}]]", then the calls
+# around it): one an input pipeline's iterator ran failed in tf.data, on
+# the dataset dataset_fn returned (a corrupt record, a file gone, a bad
+# image to decode, the user's own check in a map), not in a step's math.
+_FRAME = re.compile(r"\[\[([^\]]*)\]\]")
+# What a rerun meets again in the same data; a transient read (Unavailable,
+# DeadlineExceeded) stays unexpected: a restart may get past it.
+_DATA_FAULTS = ("InvalidArgumentError", "DataLossError", "NotFoundError")
+IN_PIPELINE = "raised in the input pipeline dataset_fn returned"
 
 
 def first_line(error: BaseException, limit: int | None = 240) -> str:
@@ -215,12 +224,15 @@ def _short(line: str, limit: int = 160) -> str:
 def unexpected(error: Exception, said=()) -> str:
   """One line for an error no check anticipated: its type and what
   happened (a TF runtime error's cause, not its "Graph execution error:"),
-  then in brackets where, if a user's function raised it (raised_in), and
-  what `said` adds."""
+  then in brackets where, if a user's function (raised_in) or input
+  pipeline (_in_pipeline) raised it, and what `said` adds."""
   line = first_line(error)
   if line.startswith(_BOILERPLATE):
     line = cause(str(error))
-  said = [*_where(error)[-1:], *said]
+  where = _where(error)[-1:]
+  if not (where or _IN_DATASET_FN.search(str(error))) and _in_pipeline(error):
+    where = [IN_PIPELINE]
+  said = [*where, *said]
   return f"{type(error).__name__}: {line}" + (f" ({'; '.join(said)})"
                                               if said else "")
 
@@ -251,8 +263,20 @@ def users_own(error: BaseException) -> bool:
 
 def in_users_code(error: Exception) -> bool:
   """Whether a user's function raised `error`: raised_in marked it, or a
-  function a dataset's map (filter, ...) runs did, as the run iterated."""
-  return bool(_where(error) or _IN_DATASET_FN.search(str(error)))
+  function a dataset's map (filter, ...) runs did, or their pipeline
+  failed on a record, as the run iterated."""
+  return bool(_where(error) or _IN_DATASET_FN.search(str(error))
+              or _in_pipeline(error))
+
+
+def _in_pipeline(error: Exception) -> bool:
+  """Whether `error` is a data fault (_DATA_FAULTS) that TF raised inside
+  an input pipeline's iterator: its first root error's frames."""
+  if type(error).__name__ not in _DATA_FAULTS:
+    return False
+  first_root = str(error).split("\n  (1) ")[0]
+  return any("IteratorGetNext" in frame
+             for frame in _FRAME.findall(first_root))
 
 
 def _where(error: Exception) -> list:

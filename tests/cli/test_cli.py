@@ -301,6 +301,58 @@ def test_an_unexpected_tf_error_is_one_line_saying_what_happened():
       None, None, "Graph execution error:\n\nsomething of ours"))
 
 
+# What TF 2.21 raised mid-run, 2026-12-07 (str of the error, trimmed): a
+# map's own check failed on one device (the iterator's frames under the
+# failing node), and a layer's own check failed on 2 replicas (the step's
+# frames; the iterator's frame in its second root error is the test's).
+_ITERATOR_FAILED = """Graph execution error:
+
+Detected at node CheckNumerics defined at (most recent call last):
+<stack traces unavailable>
+a bad record : Tensor had Inf values
+\t [[{{node CheckNumerics}}]]
+\t [[while/body/_1/while/IteratorGetNext]] [Op:__inference_train_steps_676]"""
+_LAYER_FAILED = """Graph execution error:
+
+Detected at node while/sequential_1/check_1/CheckNumerics defined at (most recent call last):
+  File "/tmp/dry/modeltask.py", line 4, in call
+
+2 root error(s) found.
+  (0) INVALID_ARGUMENT:  the model saw an inf : Tensor had Inf values
+\t [[{{node while/sequential_1/check_1/CheckNumerics}}]]
+\t [[while/loop_body_control/_52/_13]]
+  (1) INVALID_ARGUMENT:  the model saw an inf : Tensor had Inf values
+\t [[{{node while/sequential_1/check_1/CheckNumerics}}]]
+\t [[MultiDeviceIteratorGetNextFromShard]]
+0 successful operations.
+0 derived errors ignored. [Op:__inference_train_steps_1721]"""
+
+
+def test_a_data_fault_in_the_input_pipeline_is_said_to_be_the_users_data():
+  """A record the user's pipeline fails on (its own check, a corrupt file,
+  a file gone) is theirs: said where, not called unexpected (a bug's
+  word), and told to a cluster's peers (errors.users_own). A transient
+  read and a step's own failure stay unexpected (2 replicas in process:
+  tests/contract/test_user_pipelines.py)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  for kind in (tf.errors.InvalidArgumentError, tf.errors.DataLossError,
+               tf.errors.NotFoundError):
+    error = kind(None, None, _ITERATOR_FAILED)
+    assert errors.in_users_code(error) and errors.users_own(error)
+    assert errors.unexpected(error) == (
+        f"{kind.__name__}: a bad record : Tensor had Inf values "
+        f"({errors.IN_PIPELINE})")
+  transient = tf.errors.UnavailableError(None, None, _ITERATOR_FAILED)
+  assert not errors.in_users_code(transient)
+  # A frame of the iterator in the second root error only: the first (the
+  # one said) is the layer's.
+  layer = tf.errors.InvalidArgumentError(None, None, _LAYER_FAILED)
+  assert not errors.in_users_code(layer)
+  assert errors.unexpected(layer, ["unexpected"]) == (
+      "InvalidArgumentError: the model saw an inf : Tensor had Inf values "
+      "(unexpected)")
+
+
 def _until_stopped(workdir, log_every: int) -> list:
   """The arguments of a tiny run only a signal ends (no checkpoint before
   it); `_resumed` reruns them to a given step."""

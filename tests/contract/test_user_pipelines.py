@@ -295,6 +295,41 @@ def test_one_pipelines_train_stream_of_padded_batches_running_dry_says_so(
       "(ds.repeat()) so training runs train.steps=6 steps.")
 
 
+def _failing_at_batch(n: int):
+  """user_task's data whose map fails its own check at pipeline 1's batch
+  `n` (a record the user's pipeline cannot take, met mid-run)."""
+
+  def dataset_fn(split, ctx):
+    if split == "eval":
+      return None
+    x, y, weights = user_task._examples(split)  # pylint: disable=protected-access
+    bad = n * PER_REPLICA if ctx.input_pipeline_id == 1 else -1
+
+    def check(i, example):
+      x, *rest = example
+      x = tf.debugging.check_numerics(
+          tf.where(i == bad, np.inf, x), "a bad record")
+      return (x, *rest)
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y, weights)).repeat()
+    ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    return ds.enumerate().map(check).batch(PER_REPLICA, drop_remainder=True)
+
+  return dataset_fn
+
+
+def test_a_record_the_pipeline_fails_on_mid_run_is_the_users_data(
+    tmp_path, mirrored):
+  """fit raises TF's error as it came; the command line's line says it
+  came from the input pipeline, not that it was unexpected."""
+  with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+    _fit(tmp_path, _failing_at_batch(2), mirrored)
+  assert dist_keras.errors.in_users_code(raised.value)
+  assert dist_keras.errors.unexpected(raised.value) == (
+      "InvalidArgumentError: a bad record : Tensor had Inf values "
+      f"({dist_keras.errors.IN_PIPELINE})")
+
+
 def test_a_built_model_passed_as_model_fn_is_one_line(tmp_path, mirrored):
   """Keras' fit(model, data) habit."""
   model = user_task.model_fn()
