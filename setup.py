@@ -34,8 +34,8 @@ setuptools.setup(
     ],
     extras_require={
         # ml-dtypes 0.7.0 (pip's pick for TF 2.21, which asks for >=0.5.1,
-        # <1) takes 0.8-1.3 CPU-s to import (it registers its ufunc loops
-        # one promoter at a time), 0.6.0 0.01 s: a quarter of `import
+        # <1) takes 0.8-1.3 CPU-s to import (py-spy: numpy's PyUFunc_AddLoop
+        # under PyUFunc_AddPromoter), 0.6.0 0.01 s: a quarter of `import
         # tensorflow`, in every process of every run (measured 2026-12-07,
         # docs/testing.md).
         "cpu": [f"tensorflow-cpu{_TF}", _ML_DTYPES],
