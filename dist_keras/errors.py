@@ -229,10 +229,7 @@ def unexpected(error: Exception, said=()) -> str:
   line = first_line(error)
   if line.startswith(_BOILERPLATE):
     line = cause(str(error))
-  where = _where(error)[-1:]
-  if not (where or _IN_DATASET_FN.search(str(error))) and _in_pipeline(error):
-    where = [IN_PIPELINE]
-  said = [*where, *said]
+  said = [*_said_where(error), *said]
   return f"{type(error).__name__}: {line}" + (f" ({'; '.join(said)})"
                                               if said else "")
 
@@ -265,8 +262,18 @@ def in_users_code(error: Exception) -> bool:
   """Whether a user's function raised `error`: raised_in marked it, or a
   function a dataset's map (filter, ...) runs did, or their pipeline
   failed on a record, as the run iterated."""
-  return bool(_where(error) or _IN_DATASET_FN.search(str(error))
-              or _in_pipeline(error))
+  return bool(_said_where(error) or _IN_DATASET_FN.search(str(error)))
+
+
+def _said_where(error: Exception) -> list:
+  """Where a user's function or input pipeline raised `error`, as
+  unexpected() says it: raised_in's last note, or IN_PIPELINE ([] when a
+  dataset's function raised it: its line says so, "in a tf.data
+  function")."""
+  where = _where(error)[-1:]
+  if where or _IN_DATASET_FN.search(str(error)):
+    return where
+  return [IN_PIPELINE] if _in_pipeline(error) else []
 
 
 def _in_pipeline(error: Exception) -> bool:
