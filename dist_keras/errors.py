@@ -22,7 +22,6 @@ Exit codes (documented in the README):
   201 no checkpoint in the workdir reads back (all damaged): RETRYABLE, a
       copy still arriving or a flaky read heals; else restore the folder.
 """
-import contextlib
 import re
 
 EXIT_CONFIG_ERROR = 2
@@ -148,9 +147,9 @@ KNOWN = (UserError, Preempted, PeerLost, NoIntactCheckpoint, NoSpace,
 
 
 # Lines of a TensorFlow runtime error that say where, not what.
-_BOILERPLATE = ("Graph execution error", "Detected at node", "[[",
-                "The error could be", "Additional GRPC", ":UNKNOWN",
-                "<stack traces unavailable>")
+BOILERPLATE = ("Graph execution error", "Detected at node", "[[",
+               "The error could be", "Additional GRPC", ":UNKNOWN",
+               "<stack traces unavailable>")
 # Keras' wrapping of an error a layer's call raised (its message follows in
 # bold, then the call's arguments).
 _KERAS_CALL = re.compile(r"^Exception encountered when calling (\S+)\.$")
@@ -162,18 +161,9 @@ _EAGER_OP = re.compile(r"^\{\{function_node [^}]*\}\}\s*(.*?)(\s+name:)?$")
 _ROOT_ERROR = re.compile(r"^\s+\(0\) [A-Z_]+:\s*(\S.*)$")
 # tf.data's wrapping of what a dataset's own function raised: the iterator's
 # path (Iterator::Root::Prefetch::...) would fill the line.
-_IN_DATASET_FN = re.compile(r"Error in user-defined function passed to "
-                            r"(\w+?)(?::\d+)? transformation with iterator: "
-                            r"\S+: ")
-# A TF runtime error's frames ("[[{{node CheckNumerics}}]]", then the calls
-# around it): one an input pipeline's iterator ran failed in tf.data, on
-# the dataset dataset_fn returned (a corrupt record, a file gone, a bad
-# image to decode, the user's own check in a map), not in a step's math.
-_FRAME = re.compile(r"\[\[([^\]]*)\]\]")
-# What a rerun meets again in the same data; a transient read (Unavailable,
-# DeadlineExceeded) stays unexpected: a restart may get past it.
-_DATA_FAULTS = ("InvalidArgumentError", "DataLossError", "NotFoundError")
-IN_PIPELINE = "raised in the input pipeline dataset_fn returned"
+IN_DATASET_FN = re.compile(r"Error in user-defined function passed to "
+                           r"(\w+?)(?::\d+)? transformation with iterator: "
+                           r"\S+: ")
 
 
 def first_line(error: BaseException, limit: int | None = 240) -> str:
@@ -206,7 +196,7 @@ def cause(text: str) -> str:
       return _short(first_root.group(1))
   for line in lines:
     if (line.strip() and not line[0].isspace()
-        and not line.startswith(_BOILERPLATE)
+        and not line.startswith(BOILERPLATE)
         and not line.endswith("root error(s) found.")):
       return _short(line)
   return _short(" ".join(text.split()))
@@ -215,77 +205,7 @@ def cause(text: str) -> str:
 def _short(line: str, limit: int = 160) -> str:
   """`line` for a one-line message: at most `limit` characters, cut at a
   word's end with "..." (not mid-word, as if that were all it said)."""
-  line = _IN_DATASET_FN.sub(r"in a tf.data function (\1): ", line.strip())
+  line = IN_DATASET_FN.sub(r"in a tf.data function (\1): ", line.strip())
   if len(line) <= limit:
     return line
   return line[:limit - 3].rsplit(" ", 1)[0] + "..."
-
-
-def unexpected(error: Exception, said=()) -> str:
-  """One line for an error no check anticipated: its type and what
-  happened (a TF runtime error's cause, not its "Graph execution error:"),
-  then in brackets where, if a user's function (raised_in) or input
-  pipeline (_in_pipeline) raised it, and what `said` adds."""
-  line = first_line(error)
-  if line.startswith(_BOILERPLATE):
-    line = cause(str(error))
-  said = [*_said_where(error), *said]
-  return f"{type(error).__name__}: {line}" + (f" ({'; '.join(said)})"
-                                              if said else "")
-
-
-_IN = "raised in "
-
-
-@contextlib.contextmanager
-def raised_in(where: str):
-  """Marks an error a user's function raises with `where` (a note, which a
-  traceback shows and unexpected() says); the error itself passes
-  unchanged, so dist_keras.fit's caller catches their own exception."""
-  try:
-    yield
-  except Exception as e:  # pylint: disable=broad-except
-    if not isinstance(e, KNOWN) and not _where(e):
-      e.add_note(_IN + where)
-    raise
-
-
-def users_own(error: BaseException) -> bool:
-  """Whether `error` is a user's function's own error that no check of
-  dist_keras knows (said as `unexpected` says it, exit 1): a worker of a
-  cluster tells its peers of it, as of its UserError."""
-  return (isinstance(error, Exception) and not isinstance(error, KNOWN)
-          and in_users_code(error))
-
-
-def in_users_code(error: Exception) -> bool:
-  """Whether a user's function raised `error`: raised_in marked it, or a
-  function a dataset's map (filter, ...) runs did, or their pipeline
-  failed on a record, as the run iterated."""
-  return bool(_said_where(error) or _IN_DATASET_FN.search(str(error)))
-
-
-def _said_where(error: Exception) -> list:
-  """Where a user's function or input pipeline raised `error`, as
-  unexpected() says it: raised_in's last note, or IN_PIPELINE ([] when a
-  dataset's function raised it: its line says so, "in a tf.data
-  function")."""
-  where = _where(error)[-1:]
-  if where or _IN_DATASET_FN.search(str(error)):
-    return where
-  return [IN_PIPELINE] if _in_pipeline(error) else []
-
-
-def _in_pipeline(error: Exception) -> bool:
-  """Whether `error` is a data fault (_DATA_FAULTS) that TF raised inside
-  an input pipeline's iterator: its first root error's frames."""
-  if type(error).__name__ not in _DATA_FAULTS:
-    return False
-  first_root = str(error).split("\n  (1) ")[0]
-  return any("IteratorGetNext" in frame
-             for frame in _FRAME.findall(first_root))
-
-
-def _where(error: Exception) -> list:
-  """raised_in's notes on `error`."""
-  return [n for n in getattr(error, "__notes__", ()) if n.startswith(_IN)]

@@ -28,8 +28,8 @@ import traceback
 
 from absl import app, flags, logging
 
-from dist_keras import (configs, disk, errors, installation, quiet, signals,
-                        terminal, validate)
+from dist_keras import (configs, disk, errors, installation, origins, quiet,
+                        signals, terminal, validate)
 from dist_keras.distribute import peers, tfconfig, tpu_env
 
 _CONFIG = flags.DEFINE_string(
@@ -156,10 +156,10 @@ def _fail(error: Exception, code: int, chosen_workdir=None) -> None:
   if code == errors.EXIT_UNEXPECTED and not isinstance(error, errors.KNOWN):
     # A user's function's own error is theirs, not an unexpected one; the
     # traceback is printed above already with --verbose.
-    said = [] if errors.in_users_code(error) else ["unexpected"]
+    said = [] if origins.in_users_code(error) else ["unexpected"]
     if not _VERBOSE.value:
       said.append("rerun with --verbose for the traceback")
-    message = errors.unexpected(error, said)
+    message = origins.unexpected(error, said)
   # The same command without --workdir would start afresh in a new folder.
   if chosen_workdir and os.path.isdir(chosen_workdir):
     message += (f" (this run named its own workdir: add --workdir="

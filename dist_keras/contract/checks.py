@@ -14,7 +14,7 @@ import inspect
 import keras
 import tensorflow as tf
 
-from dist_keras import errors, installation, validate
+from dist_keras import installation, origins, validate
 from dist_keras.contract import fit_args, imports, traced_limits
 from dist_keras.errors import UserError
 
@@ -50,7 +50,7 @@ def call_model_fn(model_fn, strategy, precision: str) -> keras.Model:
   if precision != "float32":
     keras.config.set_dtype_policy(policy)
   try:
-    with strategy.scope(), errors.raised_in(
+    with strategy.scope(), origins.raised_in(
         f"model_fn {imports.name_of(model_fn)}"):
       model = model_fn()
   finally:

@@ -11,7 +11,7 @@ import errno
 import re
 import socket
 
-from dist_keras import errors
+from dist_keras import errors, origins
 from dist_keras.distribute import tfconfig
 
 # What TensorFlow raises in a collective when a peer dies or stops
@@ -46,13 +46,13 @@ def report_text(error: Exception, cluster) -> str:
   line as it says it itself (train.py), uncut (a peer's line is the same;
   measured on 2 local workers, a report of 50,000 characters reached the
   peer's collective whole). A user's function's own error (not a
-  UserError: errors.users_own) is said as train.py says it, exit 1,
+  UserError: origins.users_own) is said as train.py says it, exit 1,
   without its hint to rerun with --verbose (the traceback is that
   worker's)."""
   if isinstance(error, errors.UserError):
     code, line = error.exit_code, errors.first_line(error, limit=None)
   else:
-    code, line = errors.EXIT_UNEXPECTED, errors.unexpected(error)
+    code, line = errors.EXIT_UNEXPECTED, origins.unexpected(error)
   return _STOPPED.format(task=f"{cluster.task_type}:{cluster.task_index}",
                          code=code, line=line)
 

@@ -6,7 +6,7 @@ import warnings
 
 import tensorflow as tf
 
-from dist_keras import errors
+from dist_keras import origins
 from dist_keras.contract import (batches, checks, class_weights, imports,
                                  xla_limits)
 from dist_keras.errors import UserError
@@ -69,7 +69,7 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
   nones = []  # The pipelines whose eval split is None (no eval split).
 
   def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-    with errors.raised_in(f"dataset_fn({split!r}, ...) "
+    with origins.raised_in(f"dataset_fn({split!r}, ...) "
                           f"{imports.name_of(dataset_fn)}"):
       ds = dataset_fn(split, ctx)
     if split == "eval" and (ds is None or nones):

@@ -2,7 +2,7 @@
 
 A worker whose own one-line error (a UserError: its data refused; or an
 error its user's function raised, e.g. a RuntimeError in dataset_fn:
-errors.users_own) stops the job tells the others before it leaves
+origins.users_own) stops the job tells the others before it leaves
 (`report`): their collectives
 then fail with its line (peers.stopped), not as if it had died. A peer
 that is at a barrier of the coordination service when the report comes
@@ -26,7 +26,7 @@ import time
 import tensorflow as tf
 from tensorflow.python.eager import context  # pylint: disable=g-direct-tensorflow-import
 
-from dist_keras import errors, quiet
+from dist_keras import errors, origins, quiet
 from dist_keras.distribute import peers, tfconfig
 
 # The key each worker of a cluster puts in the coordination service as
@@ -74,7 +74,7 @@ def joined(cluster: tfconfig.ClusterSpec | None) -> None:
 def report(error: BaseException, cluster) -> None:
   """Tells the cluster's other workers that `error`, this worker's own
   one-line error (a UserError no other raised with it, or an error a
-  user's function raised: errors.users_own), stops the job: their
+  user's function raised: origins.users_own), stops the job: their
   collectives fail with its line (peers.stopped). Only where a
   coordination service runs and answers; a report that fails is ignored
   (the others then lose this worker, as before)."""
@@ -105,7 +105,7 @@ def _own(error: BaseException) -> bool:
   contact', exit 200, 16-32 s later: a restart met it again)."""
   if isinstance(error, errors.UserError):
     return not error.every_worker
-  return errors.users_own(error)
+  return origins.users_own(error)
 
 
 def stopped(error: Exception):

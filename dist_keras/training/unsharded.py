@@ -26,7 +26,7 @@ import hashlib
 import numpy as np
 import tensorflow as tf
 
-from dist_keras import errors, quiet
+from dist_keras import origins, quiet
 from dist_keras.contract import imports
 from dist_keras.distribute import leaving, strategies
 from dist_keras.errors import UserError
@@ -60,7 +60,7 @@ def check(strategy, dataset_fn, role: strategies.Role,
   with process_state.undrawn(), quiet.startup_lines_filtered(
       noise=_PARTLY_CACHED):
     for ctx in _contexts(strategy, role, per_replica_pipelines):
-      with errors.raised_in(f"dataset_fn('train', ...) "
+      with origins.raised_in(f"dataset_fn('train', ...) "
                             f"{imports.name_of(dataset_fn)}"):
         ds = dataset_fn("train", ctx)
       mine[ctx.input_pipeline_id] = first_batch(ds)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import helpers
-from dist_keras import errors, installation
+from dist_keras import errors, installation, origins
 
 TINY = ["--config.data.train_size=256", "--config.data.eval_size=64",
         "--config.data.seq_len=8", "--config.model.units=8",
@@ -289,22 +289,21 @@ def test_an_unexpected_tf_error_is_one_line_saying_what_happened():
   message in it even behind tf.data's iterator path."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   error = tf.errors.InvalidArgumentError(None, None, _DATASET_FN_FAILED)
-  assert errors.unexpected(error) == (
+  assert origins.unexpected(error) == (
       "InvalidArgumentError: in a tf.data function (MapDataset): assertion "
       "failed: [feature out of range in my data] [Condition x < y did not "
       "hold element-wise:]")
-  assert errors.unexpected(ValueError("plain\nsecond")) == "ValueError: plain"
+  assert origins.unexpected(ValueError("plain\nsecond")) == "ValueError: plain"
   # The user's map function failed, not dist_keras: the command line does
   # not call it "unexpected" (a bug's word).
-  assert errors.in_users_code(error)
-  assert not errors.in_users_code(tf.errors.InvalidArgumentError(
+  assert origins.in_users_code(error)
+  assert not origins.in_users_code(tf.errors.InvalidArgumentError(
       None, None, "Graph execution error:\n\nsomething of ours"))
 
 
 # What TF 2.21 raised mid-run, 2026-12-07 (str of the error, trimmed): a
 # map's own check failed on one device (the iterator's frames under the
-# failing node), and a layer's own check failed on 2 replicas (the step's
-# frames; the iterator's frame in its second root error is the test's).
+# failing node; a tf.data function's op has no stack).
 _ITERATOR_FAILED = """Graph execution error:
 
 Detected at node CheckNumerics defined at (most recent call last):
@@ -312,45 +311,78 @@ Detected at node CheckNumerics defined at (most recent call last):
 a bad record : Tensor had Inf values
 \t [[{{node CheckNumerics}}]]
 \t [[while/body/_1/while/IteratorGetNext]] [Op:__inference_train_steps_676]"""
-_LAYER_FAILED = """Graph execution error:
 
-Detected at node while/sequential_1/check_1/CheckNumerics defined at (most recent call last):
-  File "/tmp/dry/modeltask.py", line 4, in call
 
-2 root error(s) found.
-  (0) INVALID_ARGUMENT:  the model saw an inf : Tensor had Inf values
-\t [[{{node while/sequential_1/check_1/CheckNumerics}}]]
-\t [[while/loop_body_control/_52/_13]]
-  (1) INVALID_ARGUMENT:  the model saw an inf : Tensor had Inf values
-\t [[{{node while/sequential_1/check_1/CheckNumerics}}]]
-\t [[MultiDeviceIteratorGetNextFromShard]]
-0 successful operations.
-0 derived errors ignored. [Op:__inference_train_steps_1721]"""
+def _step_op_failed(frames: str, iterator_first: bool) -> str:
+  """What TF 2.21 raised, 2026-12-07, when an op of a 2-replica step failed
+  its check (a layer's check_numerics): where it was made (`frames`:
+  "PATH:LINE:FUNCTION" a line, innermost last), then its two root errors,
+  in the order that run gave (either root error can carry an iterator's
+  frame: a bystander, not the failing op)."""
+  node = "while/replica_1/sequential_1/__finite_1/CheckNumerics"
+  stack = "".join('  File "{}", line {}, in {}\n\n'.format(*f.split(":"))
+                  for f in frames.split())
+  roots = [f"\t [[{{{{node {node}}}}}]]\n\t [[{bystander}]]"
+           for bystander in ("MultiDeviceIteratorGetNextFromShard",
+                             "while/body/_1/while/replica_1/mse/Mul/_22")]
+  if not iterator_first:
+    roots.reverse()
+  return (f"Graph execution error:\n\nDetected at node {node} defined at "
+          f"(most recent call last):\n{stack}2 root error(s) found.\n"
+          "  (0) INVALID_ARGUMENT:  the model saw an inf : Tensor had Inf "
+          f"values\n{roots[0]}\n  (1) INVALID_ARGUMENT:  the model saw an "
+          f"inf : Tensor had Inf values\n{roots[1]}\n0 successful "
+          "operations.\n0 derived errors ignored. [Op:__inference_train_"
+          "steps_1665]")
 
 
 def test_a_data_fault_in_the_input_pipeline_is_said_to_be_the_users_data():
   """A record the user's pipeline fails on (its own check, a corrupt file,
   a file gone) is theirs: said where, not called unexpected (a bug's
-  word), and told to a cluster's peers (errors.users_own). A transient
-  read and a step's own failure stay unexpected (2 replicas in process:
+  word), and told to a cluster's peers (origins.users_own). A transient
+  read stays unexpected (2 replicas in process:
   tests/contract/test_user_pipelines.py)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   for kind in (tf.errors.InvalidArgumentError, tf.errors.DataLossError,
                tf.errors.NotFoundError):
     error = kind(None, None, _ITERATOR_FAILED)
-    assert errors.in_users_code(error) and errors.users_own(error)
-    assert errors.unexpected(error) == (
+    assert origins.in_users_code(error) and origins.users_own(error)
+    assert origins.unexpected(error) == (
         f"{kind.__name__}: a bad record : Tensor had Inf values "
-        f"({errors.IN_PIPELINE})")
+        f"({origins.IN_PIPELINE})")
   transient = tf.errors.UnavailableError(None, None, _ITERATOR_FAILED)
-  assert not errors.in_users_code(transient)
-  # A frame of the iterator in the second root error only: the first (the
-  # one said) is the layer's.
-  layer = tf.errors.InvalidArgumentError(None, None, _LAYER_FAILED)
-  assert not errors.in_users_code(layer)
-  assert errors.unexpected(layer, ["unexpected"]) == (
-      "InvalidArgumentError: the model saw an inf : Tensor had Inf values "
-      "(unexpected)")
+  assert not origins.in_users_code(transient)
+
+
+def test_an_op_the_users_own_code_made_is_named_where_it_failed():
+  """A check in the user's layer (loss, train_step) failing mid-run is
+  theirs: the line names the line of their code that made the op (the
+  innermost frame past TF's, Keras' and Python's own), whichever root
+  error an iterator's frame is in. An op dist_keras made stays
+  unexpected, as does the user's op failing otherwise than a check
+  (another error class). 2 replicas in process, its real text:
+  tests/contract/test_model_checks.py."""
+  import keras  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  python = os.path.dirname(os.__file__)
+  ours = os.path.dirname(os.path.dirname(os.path.abspath(errors.__file__)))
+  keras_src = os.path.join(os.path.dirname(keras.__file__), "src")
+  step = (f"{python}/threading.py:1002:_bootstrap "
+          f"{ours}/dist_keras/training/steps.py:82:forward_backward "
+          f"{ours}/dist_keras/contract/model_calls.py:21:forward "
+          f"{keras_src}/layers/layer.py:1002:__call__ ")
+  users = step + f"/home/me/mine/layers.py:4:call {keras_src}/ops/nn.py:9:f"
+  for iterator_first in (True, False):
+    error = tf.errors.InvalidArgumentError(
+        None, None, _step_op_failed(users, iterator_first))
+    assert origins.users_own(error)
+    assert origins.unexpected(error) == (
+        "InvalidArgumentError: the model saw an inf : Tensor had Inf values "
+        "(raised by the op made at /home/me/mine/layers.py:4 in call)")
+    assert not origins.in_users_code(tf.errors.InvalidArgumentError(
+        None, None, _step_op_failed(step, iterator_first)))
+  assert not origins.in_users_code(tf.errors.ResourceExhaustedError(
+      None, None, _step_op_failed(users, True)))
 
 
 def _until_stopped(workdir, log_every: int) -> list:

@@ -16,6 +16,7 @@ import dist_keras
 import helpers
 import parity_task
 import user_task
+from dist_keras import origins
 from dist_keras.contract import saving
 
 STEPS = 4
@@ -269,13 +270,52 @@ def _raising_dataset_fn(split, input_context):
 def test_a_users_function_that_raises_is_named_in_its_error(
     tmp_path, model_fn, dataset_fn, where):
   """The caller gets their own exception, marked with where it came from
-  (the command line's one line says it: errors.unexpected), and nothing is
+  (the command line's one line says it: origins.unexpected), and nothing is
   written."""
   with pytest.raises((ValueError, KeyError)) as raised:
     helpers.fit_fns(model_fn, dataset_fn, tmp_path / "run", CONFIG)
   assert raised.value.__notes__ == [where]
-  assert dist_keras.errors.unexpected(raised.value).endswith(f" ({where})")
+  assert origins.unexpected(raised.value).endswith(f" ({where})")
   assert not os.path.exists(tmp_path / "run")
+
+
+class _Finite(keras.layers.Layer):
+  """A user's own check in a layer's call."""
+
+  def call(self, x):
+    return tf.debugging.check_numerics(x, "the model saw an inf")  # CHECK
+
+
+def _finite_checked():
+  model = keras.Sequential([keras.Input((parity_task.FEATURES,)), _Finite(),
+                            keras.layers.Dense(1)])
+  model.compile(optimizer="sgd", loss="mse")
+  return model
+
+
+def _inf_in_replica_1s_third_batch(split, ctx):
+  """parity_task's train batches, with an inf in the 6th per-replica batch
+  (one pipeline feeds both replicas: step 3's second)."""
+  if split == "eval":
+    return None
+  return parity_task.dataset_fn(split, ctx).enumerate().map(
+      lambda i, xy: (tf.where(i == 5, np.inf, xy[0]), xy[1]))
+
+
+def test_a_check_in_the_users_own_layer_failing_mid_run_is_theirs(
+    tmp_path, mirrored):
+  """fit raises TF's error as it came; the command line's line names the
+  user's line that made the failing op, not "unexpected", and a
+  cluster's worker tells its peers of it (origins.users_own)."""
+  with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+    dist_keras.fit(_finite_checked, _inf_in_replica_1s_third_batch,
+                   workdir=str(tmp_path), config=CONFIG, strategy=mirrored)
+  line = next(n for n, text in enumerate(open(__file__), 1)
+              if text.rstrip().endswith("# CHECK"))
+  assert origins.users_own(raised.value)
+  assert origins.unexpected(raised.value) == (
+      "InvalidArgumentError: the model saw an inf : Tensor had Inf values "
+      f"({origins.MADE_AT}{os.path.abspath(__file__)}:{line} in call)")
 
 
 def test_a_layers_error_under_keras_wrapping_is_said_by_its_own_line():

@@ -16,7 +16,6 @@ import keras
 import numpy as np
 import pytest
 
-import dist_keras
 import helpers
 import parity_task
 from dist_keras.contract import saving

@@ -15,6 +15,7 @@ import user_task
 from dist_keras.configs import base
 
 import dist_keras
+from dist_keras import origins
 from dist_keras.contract import batches, fit_args
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
@@ -324,10 +325,10 @@ def test_a_record_the_pipeline_fails_on_mid_run_is_the_users_data(
   came from the input pipeline, not that it was unexpected."""
   with pytest.raises(tf.errors.InvalidArgumentError) as raised:
     _fit(tmp_path, _failing_at_batch(2), mirrored)
-  assert dist_keras.errors.in_users_code(raised.value)
-  assert dist_keras.errors.unexpected(raised.value) == (
+  assert origins.in_users_code(raised.value)
+  assert origins.unexpected(raised.value) == (
       "InvalidArgumentError: a bad record : Tensor had Inf values "
-      f"({dist_keras.errors.IN_PIPELINE})")
+      f"({origins.IN_PIPELINE})")
 
 
 def test_a_built_model_passed_as_model_fn_is_one_line(tmp_path, mirrored):

@@ -425,10 +425,10 @@ def test_an_error_a_users_function_raised_is_reported_as_its_line(
     monkeypatch):
   """As train.py says it, exit 1, without its hint to rerun with
   --verbose (the traceback is this worker's)."""
-  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  from dist_keras import origins  # pylint: disable=g-import-not-at-top
   service = _reporting(monkeypatch)
   with pytest.raises(RuntimeError) as raised:
-    with errors.raised_in("dataset_fn('train', ...) my.mod:fn"):
+    with origins.raised_in("dataset_fn('train', ...) my.mod:fn"):
       raise RuntimeError("shard missing")
   reports.report(raised.value, _WORKER_1)
   assert service.reported == [(

@@ -20,6 +20,7 @@ LAYERS = {
     "dist_keras.quiet": 1, "dist_keras.validate": 1, "dist_keras.disk": 1,
     "dist_keras.tensorboard_events": 1, "dist_keras.configs": 1,
     "dist_keras.commands": 1, "dist_keras.installation": 1,
+    "dist_keras.origins": 1,
     "dist_keras.contract": 2, "dist_keras.data": 2, "dist_keras.models": 2,
     "dist_keras.measure": 2,
     "dist_keras.distribute": 3,

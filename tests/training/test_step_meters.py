@@ -8,7 +8,6 @@ import time
 
 import keras
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import dist_keras
