@@ -202,8 +202,8 @@ def build(job: Job) -> loop.Trainer:
     feed = pipelines.Feed.from_config(config)
     train_ds, batch_spec, shards = _train_split(strategy, dataset_fn, feed,
                                                 role, resume.step)
-    eval_ds, eval_spec = _eval_split(strategy, dataset_fn, feed, config,
-                                     role.workers)
+    eval_ds, eval_spec, eval_shards = _eval_split(strategy, dataset_fn,
+                                                  feed, config, role)
     evaluates, said = model_checks.against_batches(
         model, strategy, dataset_fn, (batch_spec, eval_spec), config.train)
     model_file, weights_only = run_files.model_file(model)
@@ -217,7 +217,7 @@ def build(job: Job) -> loop.Trainer:
     parts = loop.Parts(role, model, train_ds, eval_ds, saved, rate,
                        optimizers, stop, kept, callbacks, evaluates,
                        batch_spec, model_file)
-    notes += [shards, *said, weights_only, note,
+    notes += [shards, eval_shards, *said, weights_only, note,
               *settings.notes(config, on_tpu), resumed]
     trainer = loop.Trainer(
         parts, settings.Settings.from_config(config, on_tpu), workdir,
@@ -240,20 +240,22 @@ def _train_split(strategy, dataset_fn, feed, role, start_step: int) -> tuple:
       strategy, dataset_fn, role, feed.per_replica_pipelines)
 
 
-def _eval_split(strategy, dataset_fn, feed, config, workers: int) -> tuple:
+def _eval_split(strategy, dataset_fn, feed, config, role) -> tuple:
   """The eval split's distributed dataset and element spec, or (None,
   None): dataset_fn('eval', ...) returned None, no eval split, as Keras'
-  fit without validation_data. Every worker must say the same (one with
-  eval batches would run the eval's collectives alone): a collective
-  under multi-worker.
+  fit without validation_data; and the line said of its pipelines' first
+  batches. Every worker must say the same (one with eval batches would
+  run the eval's collectives alone): a collective under multi-worker.
 
   Raises:
     UserError: workers that disagree; eval.steps set without an eval split
-      (it would be ignored).
+      (it would be ignored); pipelines that read the same split
+      (unsharded.py: each would evaluate every example), on every worker
+      together.
   """
   eval_ds, eval_spec = pipelines.distribute(
       strategy, dataset_fn, "eval", feed, eval_steps=config.eval.steps)
-  if workers > 1:
+  if role.workers > 1:
     replicas = strategy.num_replicas_in_sync
     have = int(allreduce.host_value_sum(strategy)(float(eval_ds is not None)))
     if have not in (0, replicas):
@@ -267,4 +269,6 @@ def _eval_split(strategy, dataset_fn, feed, config, workers: int) -> tuple:
         f"eval.steps={config.eval.steps} but dataset_fn('eval', ...) "
         "returned None (no eval split), so it would be ignored; drop "
         "eval.steps (0), or return an eval split.")
-  return eval_ds, eval_spec
+  shards = "" if eval_ds is None else unsharded.check(  # (Every worker's.)
+      strategy, dataset_fn, role, feed.per_replica_pipelines, "eval")
+  return eval_ds, eval_spec, shards

@@ -9,9 +9,14 @@ other weights than one device's on the same data (2 replicas, 20 SGD
 steps: 0.043 apart where a sharded run is 6e-8 from one device reading
 its global batches).
 
-At 2 or more pipelines each pipeline's FIRST train batch is fingerprinted
-and the fingerprints compared, across workers through one small
-collective (every worker sees the same table, so all refuse together).
+The eval split alike: unsharded, each pipeline evaluates the whole split,
+every example counted N times (eval_examples and counts such as
+TruePositives; means unchanged), no faster than one pipeline.
+
+At 2 or more pipelines each pipeline's FIRST batch of a split is
+fingerprinted and the fingerprints compared, across workers through one
+small collective (every worker sees the same table, so all refuse
+together).
 The batch comes from a second call of dataset_fn for that pipeline: a new
 iterator of the dataset the run trains on would draw the next seeds of its
 shuffle (reshuffle_each_iteration) and shift the run's stream, and exact
@@ -44,10 +49,10 @@ _SHARD = ("ds.shard(input_context.num_input_pipelines, "
 
 
 def check(strategy, dataset_fn, role: strategies.Role,
-          per_replica_pipelines: bool) -> str:
+          per_replica_pipelines: bool, split: str = "train") -> str:
   """Raises UserError (on every worker together) when two input pipelines
-  read the same first train batch of examples that differ; returns the
-  line to say when they read the same batch of repeated examples, else
+  read the same first batch of `split` of examples that differ; returns
+  the line to say when they read the same batch of repeated examples, else
   ''. A collective under multi-worker: every worker calls it at the same
   point (the same config: api.build)."""
   if (role.pipelines < 2 or getattr(dataset_fn, "builtin_data", None) or
@@ -60,15 +65,15 @@ def check(strategy, dataset_fn, role: strategies.Role,
   with process_state.undrawn(), quiet.startup_lines_filtered(
       noise=_PARTLY_CACHED):
     for ctx in _contexts(strategy, role, per_replica_pipelines):
-      with origins.raised_in(f"dataset_fn('train', ...) "
+      with origins.raised_in(f"dataset_fn({split!r}, ...) "
                             f"{imports.name_of(dataset_fn)}"):
-        ds = dataset_fn("train", ctx)
+        ds = dataset_fn(split, ctx)
       mine[ctx.input_pipeline_id] = first_batch(ds)
   seen = _gathered(strategy, role, mine)
   same = _same(seen)
   if not same:
     return ""
-  line = _said(same, seen[same[0]], role.pipelines,
+  line = _said(split, same, seen[same[0]], role.pipelines,
                "replica" if per_replica_pipelines else "worker", replicas)
   if seen[same[0]][1] * 2 <= seen[same[0]][2]:
     return line  # Examples repeated within the batch: maybe by design.
@@ -147,23 +152,31 @@ def _same(seen: dict) -> list:
   return next((group for group in groups.values() if len(group) > 1), [])
 
 
-def _said(same: list, seen: tuple, pipelines: int, per: str,
-         replicas: int) -> str:
-  """The line for pipelines `same` (ids) reading the same first batch
-  (`seen`: its fingerprint) among `pipelines`, one per `per`."""
+def _said(split: str, same: list, seen: tuple, pipelines: int, per: str,
+          replicas: int) -> str:
+  """The line for pipelines `same` (ids) reading the same first batch of
+  `split` (`seen`: its fingerprint) among `pipelines`, one per `per`."""
   _, differ, size = seen
   names = (", ".join(map(str, same[:-1])) + f" and {same[-1]}"
            f" (of {pipelines}, one per {per})")
   times = f"{len(same)} times over"
+  said = f"dataset_fn({split!r}, ...) gives input pipelines {names} the same"
   if differ * 2 <= size:
-    return (f"dataset_fn('train', ...) gives input pipelines {names} the "
-            f"same first batch, of {size} examples of which only {differ} "
+    return (f"{said} first batch, of {size} examples of which only {differ} "
             "differ: if it repeats examples by design, ignore this; if it "
-            "does not shard by input_context, each step trains on those "
-            f"examples {times}, not on one device's: shard it, {_SHARD}.")
-  return (f"dataset_fn('train', ...) gives input pipelines {names} the "
-          f"same first batch ({size} examples): it does not shard by "
-          f"input_context, so every step's global batch of {size * replicas}"
-          f" would hold the same {size} examples {times}, which one device "
-          f"never trains on; shard it in dataset_fn, {_SHARD} (dist_keras "
-          "never auto-shards; Keras' fit does).")
+            "does not shard by input_context, each "
+            + (f"step trains on those examples {times}, not on one "
+               "device's" if split == "train" else
+               f"eval counts its examples {times}")
+            + f": shard it, {_SHARD}.")
+  if split == "train":
+    effect = (f"every step's global batch of {size * replicas} would hold "
+              f"the same {size} examples {times}, which one device never "
+              "trains on")
+  else:
+    effect = (f"every eval would count each example {times} (the same "
+              "means, eval_examples that many times the split's) and take "
+              "as long as one pipeline reading the whole split")
+  return (f"{said} first batch ({size} examples): it does not shard by "
+          f"input_context, so {effect}; shard it in dataset_fn, {_SHARD} "
+          "(dist_keras never auto-shards; Keras' fit does).")

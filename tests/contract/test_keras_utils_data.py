@@ -31,13 +31,13 @@ def _windows(split, batch_size):
 
 
 def dataset_fn(split, ctx):
-  """The train windows re-batched whole and repeated (docs/datasets.md),
-  the eval's as the utility makes them."""
+  """The windows re-batched whole, each pipeline's share, the train
+  split's repeated (docs/datasets.md)."""
   b = ctx.get_per_replica_batch_size(GLOBAL)
-  if split == "eval":
-    return _windows(split, b)
   ds = _windows(split, b).unbatch().shard(ctx.num_input_pipelines,
                                           ctx.input_pipeline_id)
+  if split == "eval":
+    return ds.batch(b)
   return ds.repeat().batch(b, drop_remainder=True)
 
 

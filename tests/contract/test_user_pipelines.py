@@ -118,6 +118,32 @@ def test_a_dataset_fn_that_does_not_shard_is_refused_before_a_step(
   assert not (tmp_path / "run").exists()
 
 
+def _eval_unsharded(split, ctx):
+  """user_task's train split sharded, its eval split not."""
+  if split == "train":
+    return user_task.dataset_fn(split, ctx)
+  return user_task.unsharded_dataset_fn(split, ctx)
+
+
+def test_an_eval_split_that_does_not_shard_is_refused_before_a_step(
+    tmp_path, mirrored):
+  """Each pipeline would evaluate the whole split: the same means, every
+  example counted twice (eval_examples 2x the split's), no faster than
+  one pipeline. Refused in one line, nothing written."""
+  with pytest.raises(UserError) as e:
+    _fit(tmp_path, _eval_unsharded, mirrored)
+  assert str(e.value) == (
+      "dataset_fn('eval', ...) gives input pipelines 0 and 1 (of 2, one per "
+      f"replica) the same first batch ({PER_REPLICA} examples): it does not "
+      "shard by input_context, so every eval would count each example 2 "
+      "times over (the same means, eval_examples that many times the "
+      "split's) and take as long as one pipeline reading the whole split; "
+      "shard it in dataset_fn, ds.shard(input_context.num_input_pipelines, "
+      "input_context.input_pipeline_id) before batching (dist_keras never "
+      "auto-shards; Keras' fit does).")
+  assert not (tmp_path / "run").exists()
+
+
 def _alike(split, ctx):
   """Unsharded batches of one example (zeros) over and over, as tests and
   users write them: pipelines that read them alike train alike."""
@@ -151,6 +177,14 @@ def test_first_batches_alike_or_of_repeated_examples_are_not_refused(
       "design, ignore this; if it does not shard by input_context, each "
       "step trains on those examples 2 times over, not on one device's: "
       "shard it, ds.shard(input_context.num_input_pipelines, "
+      "input_context.input_pipeline_id) before batching.")
+  assert unsharded.check(mirrored, _in_pairs, role, True, "eval") == (
+      "dataset_fn('eval', ...) gives input pipelines 0 and 1 (of 2, one "
+      f"per replica) the same first batch, of {PER_REPLICA} examples of "
+      f"which only {PER_REPLICA // 2} differ: if it repeats examples by "
+      "design, ignore this; if it does not shard by input_context, each "
+      "eval counts its examples 2 times over: shard it, "
+      "ds.shard(input_context.num_input_pipelines, "
       "input_context.input_pipeline_id) before batching.")
   assert _fit(tmp_path, _alike, mirrored).summary["steps"] == CONFIG[
       "train.steps"]
