@@ -70,7 +70,7 @@ def distribute(strategy, dataset_fn, split: str, feed: Feed,
 
   def make(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
     with origins.raised_in(f"dataset_fn({split!r}, ...) "
-                          f"{imports.name_of(dataset_fn)}"):
+                           f"{imports.name_of(dataset_fn)}"):
       ds = dataset_fn(split, ctx)
     if split == "eval" and (ds is None or nones):
       return _no_eval_split(ds, ctx, nones, specs)

@@ -66,7 +66,7 @@ def check(strategy, dataset_fn, role: strategies.Role,
       noise=_PARTLY_CACHED):
     for ctx in _contexts(strategy, role, per_replica_pipelines):
       with origins.raised_in(f"dataset_fn({split!r}, ...) "
-                            f"{imports.name_of(dataset_fn)}"):
+                             f"{imports.name_of(dataset_fn)}"):
         ds = dataset_fn(split, ctx)
       mine[ctx.input_pipeline_id] = first_batch(ds)
   seen = _gathered(strategy, role, mine)
