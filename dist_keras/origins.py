@@ -7,6 +7,7 @@ says "unexpected") and, on a cluster, whether a worker tells its peers
 (users_own) or leaves them to find it lost and restart into it.
 """
 import contextlib
+import functools
 import os
 import re
 import sys
@@ -33,7 +34,11 @@ _FILE_LINE = re.compile(r'^\s+File "([^"]+)", line (\d+), in (\S+)')
 # layer's __call__, a loss wrapper, tf.debugging's own): passed over.
 _LIBRARIES = ("tensorflow", "keras", "tf_keras", "absl", "numpy", "optree",
               "tree")
-_OURS = os.path.dirname(os.path.abspath(__file__))
+_OURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+# Installed packages sit under Python's own folder where no virtualenv
+# separates them (and a virtualenv's platstdlib holds them): not Python's.
+_INSTALLED = (f"{os.sep}site-packages{os.sep}",
+              f"{os.sep}dist-packages{os.sep}")
 _IN = "raised in "
 MADE_AT = "raised by the op made at "
 
@@ -94,7 +99,7 @@ def _said_where(error: Exception) -> list:
     return where
   node, frames = _failed_op(error)
   made_at = _innermost_of_ours_or_users(frames)
-  if (made_at and not made_at[0].startswith(_OURS + os.sep)
+  if (made_at and not made_at[0].startswith(_OURS)
       and type(error).__name__ == "InvalidArgumentError"):
     return [MADE_AT + "{}:{} in {}".format(*made_at)]
   if _in_pipeline(error) and (not frames or "IteratorGetNext" in node):
@@ -128,9 +133,8 @@ def _innermost_of_ours_or_users(frames) -> tuple | None:
   """The innermost of `frames` past TF's, Keras' and Python's own: the
   code that made the op (a user's layer, loss or train_step, a
   check_numerics or tf.debugging assertion there; or dist_keras)."""
-  libraries = _library_folders()
   return next((frame for frame in reversed(frames)
-               if not frame[0].startswith(libraries)), None)
+               if not _in_library(frame[0])), None)
 
 
 def _defined_at(text: str, node: str | None) -> list:
@@ -153,15 +157,33 @@ def _defined_at(text: str, node: str | None) -> list:
   return frames
 
 
-def _library_folders() -> tuple:
-  """The folders of the libraries loaded (_LIBRARIES) and of Python's own
-  modules, each ending in a separator; "<frozen ...>" frames too."""
-  folders = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
-  for name in _LIBRARIES:
-    module = sys.modules.get(name)
-    if getattr(module, "__file__", None):
-      folders.add(os.path.dirname(os.path.abspath(module.__file__)))
-  return ("<", *(os.path.join(f, "") for f in folders))
+def users(path: str) -> bool:
+  """Whether a frame in file `path` is a user's code: neither dist_keras'
+  nor a library's (_in_library). training/random_ops.py places draws so."""
+  return not (path.startswith(_OURS) or _in_library(path))
+
+
+def _in_library(path: str) -> bool:
+  """Whether `path` is in a library loaded (_LIBRARIES) or in Python's own
+  modules (not the packages installed under them), or a "<frozen ...>"
+  frame's."""
+  packages, python = _folders(
+      tuple(name for name in _LIBRARIES if name in sys.modules))
+  return path.startswith(packages) or (
+      path.startswith(python) and not any(d in path for d in _INSTALLED))
+
+
+@functools.lru_cache(maxsize=None)
+def _folders(loaded: tuple) -> tuple:
+  """(the folders of the libraries `loaded` and "<", Python's own), each
+  ending in a separator: read once per set of libraries loaded
+  (sysconfig alone takes ~0.2 ms, and random_ops asks per frame)."""
+  packages = ("<", *(
+      os.path.join(os.path.dirname(os.path.abspath(
+          sys.modules[name].__file__)), "")
+      for name in loaded if getattr(sys.modules[name], "__file__", None)))
+  return packages, tuple(os.path.join(sysconfig.get_paths()[k], "")
+                         for k in ("stdlib", "platstdlib"))
 
 
 def _where(error: Exception) -> list:

@@ -43,7 +43,7 @@ import keras
 import tensorflow as tf
 from keras.src.random import seed_generator
 
-from dist_keras import installation
+from dist_keras import installation, origins
 from dist_keras.contract import model_calls
 from dist_keras.contract.checks import overrides
 from dist_keras.errors import UserError
@@ -73,8 +73,6 @@ _GENERATOR = ("RngReadAndSkip", "RngSkip", "StatefulRandomBinomial",
 _SEEDS = os.path.abspath(inspect.getfile(keras.random.SeedGenerator))
 # Attributes of the ops that call functions of their own.
 _CALLED = ("f", "then_branch", "else_branch", "body", "cond", "branches")
-_LIBRARIES = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                   for m in (tf, keras, installation, os))
 
 
 def note(model, layers: list, strategy, optimizers: dict, batch_spec,
@@ -250,7 +248,7 @@ def _user_frames(stack: list) -> tuple:
   """(the innermost frame of `stack` outside TensorFlow, Keras, dist_keras
   and Python's own modules, the frame it called), each None if none."""
   for i in range(len(stack) - 1, -1, -1):
-    if not os.path.abspath(stack[i].filename).startswith(_LIBRARIES):
+    if origins.users(os.path.abspath(stack[i].filename)):
       return stack[i], stack[i + 1] if i + 1 < len(stack) else None
   return None, None
 

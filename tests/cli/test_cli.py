@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 
 import pytest
@@ -383,6 +384,14 @@ def test_an_op_the_users_own_code_made_is_named_where_it_failed():
         None, None, _step_op_failed(step, iterator_first)))
   assert not origins.in_users_code(tf.errors.ResourceExhaustedError(
       None, None, _step_op_failed(users, True)))
+  # The user's own package installed beside Keras (a virtualenv's
+  # site-packages lies under its platstdlib; without one, under Python's
+  # stdlib) is theirs too.
+  installed = os.path.join(sysconfig.get_paths()["purelib"], "mypkg", "l.py")
+  error = tf.errors.InvalidArgumentError(None, None, _step_op_failed(
+      step + f"{installed}:7:call", True))
+  assert origins.unexpected(error).endswith(
+      f"(raised by the op made at {installed}:7 in call)")
 
 
 def _until_stopped(workdir, log_every: int) -> list:
