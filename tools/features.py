@@ -71,8 +71,10 @@ def run_block(c, strategy) -> dict:
   with tempfile.TemporaryDirectory() as workdir:
     summary = dist_keras.fit(c.model.name, c.data.name, workdir=workdir,
                              config=c, strategy=strategy).summary
-  return {k: summary[k] for k in ("examples_per_sec", "eval_accuracy",
-                                  "train_loss", "sync_fraction")}
+  # A user's model may have no accuracy metric: its eval loss is read then.
+  return {k: summary.get(k) for k in ("examples_per_sec", "eval_accuracy",
+                                      "eval_loss", "train_loss",
+                                      "sync_fraction")}
 
 
 def parse_args(argv=None):
@@ -156,6 +158,7 @@ def report(args, strategy, results):
         "examples_per_sec": statistics.median(rates),
         "examples_per_sec_range": [min(rates), max(rates)],
         "eval_accuracy": [r["eval_accuracy"] for r in runs],
+        "eval_loss": [r["eval_loss"] for r in runs],
         "sync_fraction": statistics.median(
             r["sync_fraction"] or 0.0 for r in runs),
     }
@@ -171,13 +174,22 @@ def report(args, strategy, results):
           f"({low:,.0f}-{high:,.0f})  "
           f"x{row['speed_vs_first']:.2f}  "
           f"sync {100 * row['sync_fraction']:4.1f}%"
-          f"  eval acc {min(row['eval_accuracy']):.3f}")
+          f"  {_eval_figure(row)}")
   if args.out:
     with open(args.out, "w") as f:
       json.dump({"config": args.config, "steps": args.steps,
                  "repeats": args.repeats, "overrides": args.override,
                  "replicas": strategy.num_replicas_in_sync,
                  "variants": table}, f, indent=2)
+
+
+def _eval_figure(row) -> str:
+  """The variant's worst eval accuracy, or its worst eval loss (a model
+  without an accuracy metric)."""
+  if None not in row["eval_accuracy"]:
+    return f"eval acc {min(row['eval_accuracy']):.3f}"
+  losses = [loss for loss in row["eval_loss"] if loss is not None]
+  return f"eval loss {max(losses):.4g}" if losses else "no eval"
 
 
 if __name__ == "__main__":
