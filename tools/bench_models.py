@@ -1,4 +1,4 @@
-"""Three models as users write them, for tools/bench.py against Keras' fit.
+"""Four models as users write them, for tools/bench.py against Keras' fit.
 
 Each is a model_fn (builds and compiles) and a dataset_fn(split,
 input_context) of per-replica batches, on synthetic data shaped like the
@@ -10,8 +10,10 @@ real kind, so the bench runs here without a download
       --override=train.global_batch_size=64 --rounds=3 --epochs=3 --steps=30
 
 text (keras.io's transformer classifier, global batch TEXT_BATCH), cnn
-(BatchNormalization and Dropout on 32x32x3 images, IMG_BATCH) and
-wide_deep (dict features, two Embeddings, AUC, WD_BATCH). The same module
+(BatchNormalization and Dropout on 32x32x3 images, IMG_BATCH),
+wide_deep (dict features, two Embeddings, AUC, WD_BATCH) and deep_mlp (48
+residual blocks, 194 variables in all, MLP_BATCH: small steps, a long
+trace, for start-up: docs/sync_breakdown.md). The same module
 trains from the command line: PYTHONPATH=tools python -m dist_keras.train
 --config.model.name=bench_models:cnn_model_fn ...
 """
@@ -195,3 +197,27 @@ def wide_deep_dataset_fn(split, input_context):
   y = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)[:, None]
   return _pipeline(({"user_id": user, "category": cat, "numeric": num}, y),
                    split, input_context, WD_BATCH, n)
+
+
+# The deep MLP: 48 blocks of Dense 64 (gelu) + a residual + LayerNorm.
+MLP_BLOCKS, MLP_WIDTH, MLP_BATCH = 48, 64, 64
+
+
+def deep_mlp_model_fn():
+  inputs = keras.Input((MLP_WIDTH,))
+  x = inputs
+  for _ in range(MLP_BLOCKS):
+    x = layers.LayerNormalization()(
+        layers.Dense(MLP_WIDTH, activation="gelu")(x) + x)
+  model = keras.Model(inputs, layers.Dense(1)(x))
+  model.compile(optimizer="adamw", loss="mse", metrics=["mae"])
+  return model
+
+
+def deep_mlp_dataset_fn(split, input_context):
+  """Uniform rows; the target is their sum."""
+  n = 4096
+  rng = np.random.default_rng({"train": 0, "eval": 1}[split])
+  x = rng.random((n, MLP_WIDTH), dtype=np.float32)
+  return _pipeline((x, x.sum(1, keepdims=True)), split, input_context,
+                   MLP_BATCH, n)

@@ -184,7 +184,7 @@ def test_a_users_batches_of_another_size_are_refused_whole():
       " its batches of N.")
 
 
-@pytest.mark.parametrize("name", ["text", "cnn", "wide_deep"])
+@pytest.mark.parametrize("name", ["text", "cnn", "wide_deep", "deep_mlp"])
 def test_bench_models_train_on_their_own_batches(name):
   """tools/bench_models.py, which docs/performance.md's own-model figures
   name: each compiled model takes a step on its dataset_fn's batches of
@@ -197,7 +197,8 @@ def test_bench_models_train_on_their_own_batches(name):
   sizes = {t.shape[0] for t in tf.nest.flatten(x)}
   assert sizes == {{"text": bench_models.TEXT_BATCH,
                     "cnn": bench_models.IMG_BATCH,
-                    "wide_deep": bench_models.WD_BATCH}[name]}
+                    "wide_deep": bench_models.WD_BATCH,
+                    "deep_mlp": bench_models.MLP_BATCH}[name]}
   logs = model.train_on_batch(x, y, return_dict=True)
   assert all(float(v) == float(v) for v in logs.values()), logs  # Not NaN.
   eval_ds = dataset_fn("eval", tf.distribute.InputContext())
