@@ -11,7 +11,7 @@ def split_step(step_start: float, inputs_ready: float, stamps,
     step_start: host stamp before asking for the next distributed batch.
     inputs_ready: stamp once every replica's batch is there.
     stamps: [local replicas, 4] array of STAMPS per replica, in seconds.
-    job_durations: [replicas in sync, 5] rows of stamps.gather_durations,
+    job_durations: [replicas in sync, 5] rows of stamps.durations_row,
       EVERY replica of the job's; default: local.
 
   Returns:

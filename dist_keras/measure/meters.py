@@ -89,7 +89,7 @@ class RunMeters:
   def host_figures(self) -> tuple[float, float]:
     """This worker's window so far, for the timed call about to start:
     (host seconds outside the calls, of which in the users' callbacks) per
-    step, that step counted (stamps.gather_durations hands them on)."""
+    step, that step counted (stamps.durations_row hands them on)."""
     return self.window.outside(steps_ahead=1)
 
   def in_callbacks(self, seconds: float) -> None:

@@ -83,17 +83,18 @@ def after_stamp(stamp, tensors):
 # Per-replica stamps, in this order: inputs in hand, gradients computed,
 # gradients all-reduced, update applied.
 STAMPS = ("start", "grads_ready", "reduced", "end")
+# A replica's gathered figures (gather_durations).
+DURATIONS = 5
 
 
-def gather_durations(start, grads_ready, reduced, end, step_start, host):
-  """Every replica's (time in the reduction, compute, input wait, host time
-  outside the calls, of which in the users' callbacks), on every worker (in
-  replica): [replicas in sync, 5] seconds, rows in TF's replica order (the
-  chief's, or worker 0's, first), so the chief can tell which worker is
-  slow, and at what.
+def durations_row(start, grads_ready, reduced, end, step_start, host):
+  """A replica's (time in the reduction, compute, input wait, host time
+  outside the calls, of which in the users' callbacks): [1, DURATIONS]
+  seconds, in replica context, for rows_gatherer to hand the chief, so it
+  can tell which worker is slow, and at what.
 
   Durations, not times of day, so they compare across hosts whose clocks
-  differ; gathered after the step's last stamp so they time nothing
+  differ; taken after the step's last stamp so they time nothing
   themselves. Compute is breakdown.split_step's: until the gradients, plus
   the update after the reduction. The input wait runs from the worker's
   `step_start` to the replica's own start; `host` is its worker's
@@ -104,5 +105,27 @@ def gather_durations(start, grads_ready, reduced, end, step_start, host):
                                    (grads_ready - start) + (end - reduced),
                                    start - step_start]),
                          tf.cast(tf.reshape(host, [2]), tf.float64)], 0)
-  durations = after_stamp(end, tf.reshape(durations, [1, 5]))
-  return tf.distribute.get_replica_context().all_gather(durations, axis=0)
+  return after_stamp(end, tf.reshape(durations, [1, DURATIONS]))
+
+
+def rows_gatherer(strategy):
+  """A tf.function `(rows) -> [replicas in sync, DURATIONS]`: this
+  worker's replicas' durations_row (`rows`, in their local order) and every
+  other worker's, in TF's replica order (the chief's, or worker 0's,
+  first), on every worker. A collective of its own, apart from the step,
+  so that only the timed calls pay it, and every worker calls it after the
+  same ones."""
+  local = len(strategy.extended.worker_devices)
+
+  def gather(rows):
+    replica = tf.distribute.get_replica_context()
+    # A worker's replicas are numbered on from the workers' before it.
+    own = tf.gather(rows, [replica.replica_id_in_sync_group % local])
+    return replica.all_gather(own, axis=0)
+
+  @tf.function(autograph=False)
+  def gathered(rows):
+    return strategy.experimental_local_results(
+        strategy.run(gather, args=(rows,)))[0]
+
+  return gathered

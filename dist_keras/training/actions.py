@@ -70,8 +70,9 @@ class Boundary(keras.callbacks.Callback):
 
 class Progress(keras.callbacks.Callback):
   """The lines between log lines: a call that traced and compiled a step
-  function (the first timed and the first plain call: seconds to minutes
-  for a large model, or under XLA), and a heartbeat whenever
+  function (the first call, and the first plain one where plain steps run
+  a function of their own: seconds to minutes for a large model, or under
+  XLA), and a heartbeat whenever
   `every_seconds` pass without a line, as train.log_every steps of a slow
   model can take minutes. Only the host's clock and step count are read:
   no collective."""

@@ -1,6 +1,8 @@
 """The calls the loop makes: one timed step, or up to n plain steps in one
 tf.function call (an in-graph loop), of dist_keras' step for a compiled
-model (steps.py) or of the model's own train_step (model_step.py).
+model (steps.py) or of the model's own train_step (model_step.py). Where
+both compile alike, one function runs both: a timed call is a call of one
+step whose stamps are read.
 
 One call per n steps instead of per step: host round trips dominate on TPUs
 (and cost ~1 ms of dispatch per step here). A call stops early after a step
@@ -17,22 +19,25 @@ import tensorflow as tf
 from dist_keras.contract import batches
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
+from dist_keras.measure import stamps
 from dist_keras.training import (keras_internals, model_step, steps,
                                  trained_set, watch)
 
 
 class Calls:
-  """`calls(iterator, timed, n) -> dict`: a timed step or n plain ones (a
-  run traces two functions either way)."""
+  """`calls(iterator, timed, n) -> dict`: a timed step or n plain ones,
+  run by one function where both compile alike (one_function), else by
+  two (a model's own train_step, or XLA compiling a plain step whole)."""
 
   def __init__(self, strategy, model, options: steps.StepOptions,
-               own_step: bool, call_watch: watch.CallWatch,
-               host_figures=lambda: (0.0, 0.0)):
+               own_step: bool, call_watch: watch.CallWatch, host_figures):
     self.watch = call_watch  # Lines while a call runs long.
-    # Read as a timed call starts (meters.RunMeters.host_figures).
+    # Read as a timed call starts (meters.RunMeters.host_figures); None
+    # for a run without timed calls (log.sync_timing off).
     self.host_figures = host_figures
     # The variables each trace of dist_keras' step updates (trained_set).
     self.traced, self.said_changed = [], False
+    self.gather_rows = stamps.rows_gatherer(strategy)
     if own_step:
       jit = options.jit is not steps.Jit.OFF
       # The timed trace's logs (a run's first call is timed): the plain
@@ -42,6 +47,14 @@ class Calls:
                                               logs_specs)
       self.plain = _own_steps(model_step.make_train_step(
           strategy, model, jit=jit).python_function, logs_specs)
+    elif host_figures and not steps.compiles_whole(strategy, options.jit):
+      # The plain steps compile as the timed one does: one function runs
+      # both, a timed call being a call of one step. A second function
+      # cost a second trace and compile (a 48-block MLP: 18.9 s of a 50 s
+      # run), and its stamps cost nothing measurable (docs/sync_breakdown.md).
+      self.plain = self.timed = _compiled_steps(steps.make_train_step(
+          strategy, model, options, True, self.traced).python_function,
+          _stamps_start(strategy))
     else:
       self.timed = steps.make_train_step(strategy, model, options, True,
                                          self.traced)
@@ -53,6 +66,11 @@ class Calls:
     # under jit_compile, where the plain step compiles the update too.
     self.warms_up = own_step or not (options.jit is steps.Jit.COMPUTE
                                      and steps.update_compiles(strategy))
+
+  @property
+  def one_function(self) -> bool:
+    """Whether one function runs the timed and the plain calls."""
+    return self.timed is self.plain
 
   def first_timed(self, resumed_at: int) -> int:
     """The process's first step to run the timed function, whose trace
@@ -68,19 +86,26 @@ class Calls:
     return line
 
   def __call__(self, iterator, timed: bool, n: int) -> dict:
-    """The call's results; with 'traced' ("timed" or "plain") when it
+    """The call's results; with 'traced' ("one", "timed" or "plain") when it
     traced and compiled that function (its first call: seconds to
     minutes for a large model, which the loop reports)."""
     function = self.timed if timed else self.plain
     traces = function.experimental_get_tracing_count()
-    argument = tf.constant(self.host_figures(), tf.float64) if timed else (
-        tf.constant(n))
+    host = tf.constant(self.host_figures() if timed else (0.0, 0.0),
+                       tf.float64)
+    arguments = ((tf.constant(n), host) if self.one_function else
+                 (host,) if timed else (tf.constant(n),))
     started = time.perf_counter()
-    kind = "timed" if timed else "plain"
-    with self.watch.call(f"tracing and compiling the {kind} step function"
+    kind = "one" if self.one_function else "timed" if timed else "plain"
+    name = "step" if kind == "one" else f"{kind} step"
+    with self.watch.call(f"tracing and compiling the {name} function"
                          if not traces else
                          f"running a call of {n} step{'s' * (n > 1)}"):
-      out = function(iterator, argument)
+      out = function(iterator, *arguments)
+    if not timed:  # A plain call's last stamps: no breakdown is read.
+      out = {k: v for k, v in out.items() if k not in _STAMPED}
+    elif "job_rows" in out:  # Every worker's, for the chief.
+      out["job_durations"] = self.gather_rows(out.pop("job_rows"))
     if function.experimental_get_tracing_count() > traces:
       out["traced"] = kind
     out["started"] = started  # The call's time (meters.RunMeters.ran).
@@ -94,7 +119,8 @@ def of_trainer(trainer) -> Calls:
       jit=steps.Jit.of(options["jit_compile"]),
       allreduce_dtype=options["allreduce_dtype"],
       bytes_per_pack=options["bytes_per_pack"]), trainer.custom_step,
-      trainer.call_watch, trainer.meters.host_figures)
+      trainer.call_watch, trainer.meters.host_figures
+      if trainer.settings.schedule.sync_timing else None)
 
 
 def run_dry_error(trainer, run, n: int) -> UserError:
@@ -119,20 +145,21 @@ def run_dry_error(trainer, run, n: int) -> UserError:
       "steps.")
 
 
-def _compiled_steps(one_step):
+def _compiled_steps(one_step, stamped: dict | None = None):
   """`(iterator, n) -> dict`: up to n of dist_keras' steps; the summed
   'loss' and 'skipped', the last 'finite_grads' and 'sent_bytes', and
-  'steps' run."""
+  'steps' run. With `stamped` (_stamps_start's zeros) the steps are timed
+  ones, `(iterator, n, host) -> dict` with the last step's stamps too."""
 
-  @tf.function(autograph=False)
-  def train_steps(iterator, n):
+  def train_steps(iterator, n, host=None):
     def run_one(state):
-      out = one_step(iterator)
+      out = one_step(iterator, host) if stamped else one_step(iterator)
       return ({"steps": state["steps"] + 1,
                "loss": state["loss"] + out["loss"],
                "finite_grads": out["finite_grads"],
                "skipped": state["skipped"] + out["skipped"],
-               "sent_bytes": out["sent_bytes"], "stop": _diverged(out)},)
+               "sent_bytes": out["sent_bytes"], "stop": _diverged(out),
+               **{k: out[k] for k in stamped or ()}},)
 
     def keep_going(state):
       return tf.logical_and(state["steps"] < n,
@@ -141,12 +168,27 @@ def _compiled_steps(one_step):
     start = {"steps": tf.constant(0), "loss": tf.constant(0.0),
              "finite_grads": tf.constant(True), "skipped": tf.constant(0),
              "sent_bytes": tf.zeros([2], tf.int64),
-             "stop": tf.constant(False)}
+             "stop": tf.constant(False), **(stamped or {})}
     out, = tf.while_loop(keep_going, run_one, (start,))
     del out["stop"]
     return out
 
-  return keras_internals.made_per_run(train_steps)
+  return keras_internals.made_per_run(tf.function(train_steps,
+                                                  autograph=False))
+
+
+# What a timed step returns besides a plain one's (steps._distributed_step).
+_STAMPED = ("step_start", "inputs_ready", "stamps", "job_rows")
+
+
+def _stamps_start(strategy) -> dict:
+  """Zeros shaped as a timed step's stamps (this worker's replicas'): the
+  while loop's start."""
+  local = len(strategy.extended.worker_devices)
+  zeros = lambda *shape: tf.zeros(shape, tf.float64)  # noqa: E731
+  return {"step_start": zeros(), "inputs_ready": zeros(),
+          "stamps": zeros(local, len(stamps.STAMPS)),
+          "job_rows": zeros(local, stamps.DURATIONS)}
 
 
 def _diverged(out):

@@ -143,7 +143,8 @@ def make_train_step(strategy, model, options: StepOptions = StepOptions(),
   finite) and 'skipped'; the compiled metrics are updated in place. With
   `timed`, the step is instrumented with in-graph stamps (stamps.STAMPS)
   and the dict also holds 'step_start', 'inputs_ready', per-replica
-  'stamps' and every replica's 'job_durations' for breakdown.split_step;
+  'stamps' and this worker's replicas' 'job_rows' (stamps.durations_row;
+  stamps.rows_gatherer makes them breakdown.split_step's job_durations);
   the timed function takes the worker's host figures too (`host`:
   batch_read.read_batch).
   Either way it holds 'sent_bytes' (allreduce.sent_bytes, the first
@@ -214,8 +215,8 @@ def _replica_step(strategy, model, options: StepOptions, timed: bool,
     # Reading every variable orders the last stamp after all their updates.
     end = stamps.stamp_after(
         [finite, *[tf.identity(v.value) for v in variables]], clock)
-    job = stamps.gather_durations(start, grads_ready, reduced, end,
-                                  step_start, host)
+    job = stamps.durations_row(start, grads_ready, reduced, end,
+                               step_start, host)
     return (loss, finite, tf.stack([start, grads_ready, reduced, end]),
             job, sent)
 
@@ -278,8 +279,8 @@ def _distributed_step(strategy, replica_step, optimizer, timed):
         tf.logical_not(out["finite_grads"]), tf.int32))
     if timed:
       out["stamps"] = tf.stack(strategy.experimental_local_results(stamped))
-      # The same gathered rows on every replica: take the first.
-      out["job_durations"] = strategy.experimental_local_results(job)[0]
+      # This worker's replicas' rows (stamps.rows_gatherer gathers all).
+      out["job_rows"] = tf.concat(strategy.experimental_local_results(job), 0)
     out["sent_bytes"] = strategy.experimental_local_results(sent)[0]
     return out
 

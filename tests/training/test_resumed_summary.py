@@ -96,10 +96,10 @@ def test_the_counts_and_rates_of_a_resumed_run_are_the_whole_runs(
   """skipped_steps and tracing_calls_s summed over both processes; the
   throughput and step times over every log window both counted (the
   TensorBoard perf/ points), the sync means over every breakdown both
-  kept (the sync/ points); as summary.json says. The rerun's first timed
-  call (step 8: it traced the function, and its input skipped the steps
-  trained) and its first plain call (step 9) are left out of the rates,
-  as a run's step 1 and first window are."""
+  kept (the sync/ points); as summary.json says. The rerun's first call
+  (step 8: it traced the step function, and its input skipped the steps
+  trained) and its first window are left out of the rates, as a run's
+  step 1 and first window are."""
   summary, out = _resumed(preempted, tmp_path / "run", capsys)
   assert summary["resumed"] == {"segments": 2, "resumed_at": [PREEMPTED_AT],
                                 "counts_from_step": 0, "rates_from_step": 0}
@@ -107,11 +107,10 @@ def test_the_counts_and_rates_of_a_resumed_run_are_the_whole_runs(
   tags = helpers.scalar_tags(str(tmp_path / "run"))
   # The rerun's TensorBoard counts on from the run's, as one run's does.
   assert tags["train/skipped_steps"][-1] == (STEPS, len(OVERFLOWS))
-  # Every log window's but the first of each process (to 2, to 8) and the
-  # one the preemption cut short (6 to 7); the windows to 4 and to 10
-  # count one step, the other (3, 9) the call that traced the plain step
-  # function.
-  counted = {4: 1, 6: 2, 10: 1, 12: 2, 14: 2, 16: 2}
+  # Every log window's but the first of each process (to 2, to 8: the
+  # call that traced the step function runs in them) and the one the
+  # preemption cut short (6 to 7).
+  counted = {4: 2, 6: 2, 10: 2, 12: 2, 14: 2, 16: 2}
   assert [s for s, _ in tags["perf/step_ms"]] == list(counted)
   step_ms = _values(tags, "perf/step_ms")
   assert summary["step_ms_median"] == pytest.approx(np.median(step_ms),
@@ -125,14 +124,15 @@ def test_the_counts_and_rates_of_a_resumed_run_are_the_whole_runs(
   for name in ("step_ms", "compute_ms", "input_wait_ms", "allreduce_ms"):
     assert summary[name] == pytest.approx(
         np.mean(_values(tags, f"sync/{name}")), rel=1e-6), name
-  assert re.search(r"step 9 in \d+\.\d s: traced and compiled the plain", out)
+  assert re.search(r"step 8 in \d+\.\d s: traced and compiled the step "
+                   r"function \(every step runs it\)", out)
   assert re.search(r"step  8/16 .*\(warm-up\)", out), out
   assert re.search(r"step 10/16 .* ex/s", out), out
   assert "over the run's 2 segments" in out
-  # Each process traced its two step functions and its eval pass.
+  # Each process traced its one step function and its eval pass.
   traced = [float(s) for s in re.findall(r" in (\d+\.\d) s: traced",
                                          preempted[1] + out)]
-  assert len(traced) == 6, preempted[1] + out
+  assert len(traced) == 4, preempted[1] + out
   assert summary["tracing_calls_s"] == pytest.approx(sum(traced),
                                                      abs=0.051 * 6)
   # Killed after its last checkpoint: the rerun that finishes it writes

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import dist_keras
 import helpers
+from dist_keras.measure import stamps
 from dist_keras.training import steps
 
 FEATURES, BATCH = 8, 16
@@ -156,7 +157,8 @@ def test_the_timed_step_gathers_each_replicas_input_wait_and_host_figures(
       lambda ctx: _dataset_fn()("train", ctx))
   step = steps.make_train_step(mirrored, model, timed=True)
   out = step(iter(dataset), tf.constant([0.5, 0.25], tf.float64))
-  rows = np.asarray(out["job_durations"])
+  assert out["job_rows"].shape == (2, 5)  # This worker's replicas'.
+  rows = np.asarray(stamps.rows_gatherer(mirrored)(out["job_rows"]))
   assert rows.shape == (2, 5)
   np.testing.assert_array_equal(rows[:, 3:], [[0.5, 0.25]] * 2)
   stamped = np.asarray(out["stamps"])

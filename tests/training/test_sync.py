@@ -85,7 +85,7 @@ def test_breakdown_splits_a_step_exactly():
 
 
 def _job(waits, compute, input_wait=None, outside=None, callbacks=None):
-  """stamps.gather_durations' rows: (time in the reduction, compute, input
+  """stamps.durations_row's rows: (time in the reduction, compute, input
   wait, host time outside the calls, of which in callbacks) of every
   replica of the job, given in ms, in seconds (the last three 0 unless
   given)."""
