@@ -83,7 +83,7 @@ def after_stamp(stamp, tensors):
 # Per-replica stamps, in this order: inputs in hand, gradients computed,
 # gradients all-reduced, update applied.
 STAMPS = ("start", "grads_ready", "reduced", "end")
-# A replica's gathered figures (gather_durations).
+# The figures of a replica's durations_row.
 DURATIONS = 5
 
 
