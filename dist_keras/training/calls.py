@@ -37,7 +37,8 @@ class Calls:
     self.host_figures = host_figures
     # The variables each trace of dist_keras' step updates (trained_set).
     self.traced, self.said_changed = [], False
-    self.gather_rows = stamps.rows_gatherer(strategy)
+    self.gather_rows = keras_internals.made_per_run(
+        stamps.rows_gatherer(strategy))
     if own_step:
       jit = options.jit is not steps.Jit.OFF
       # The timed trace's logs (a run's first call is timed): the plain
