@@ -108,6 +108,11 @@ def durations_row(start, grads_ready, reduced, end, step_start, host):
   return after_stamp(end, tf.reshape(durations, [1, DURATIONS]))
 
 
+def local_replicas(strategy) -> int:
+  """The replicas of this worker: the rows of its timed steps' stamps."""
+  return len(strategy.extended.worker_devices)
+
+
 def rows_gatherer(strategy):
   """A tf.function `(rows) -> [replicas in sync, DURATIONS]`: this
   worker's replicas' durations_row (`rows`, in their local order) and every
@@ -115,7 +120,7 @@ def rows_gatherer(strategy):
   first), on every worker. A collective of its own, apart from the step,
   so that only the timed calls pay it, and every worker calls it after the
   same ones."""
-  local = len(strategy.extended.worker_devices)
+  local = local_replicas(strategy)
 
   def gather(rows):
     replica = tf.distribute.get_replica_context()

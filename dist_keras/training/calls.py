@@ -20,8 +20,8 @@ from dist_keras.contract import batches
 from dist_keras.distribute import strategies
 from dist_keras.errors import UserError
 from dist_keras.measure import stamps
-from dist_keras.training import (keras_internals, model_step, steps,
-                                 trained_set, watch)
+from dist_keras.training import (keras_internals, model_step, report,
+                                 steps, trained_set, watch)
 
 
 class Calls:
@@ -37,6 +37,8 @@ class Calls:
     self.host_figures = host_figures
     # The variables each trace of dist_keras' step updates (trained_set).
     self.traced, self.said_changed = [], False
+    # What a plain call of the one function drops: its last step's stamps.
+    self.stamped = ()
     self.gather_rows = keras_internals.made_per_run(
         stamps.rows_gatherer(strategy))
     if own_step:
@@ -53,9 +55,11 @@ class Calls:
       # both, a timed call being a call of one step. A second function
       # cost a second trace and compile (a 48-block MLP: 18.9 s of a 50 s
       # run), and its stamps cost nothing measurable (docs/sync_breakdown.md).
+      start = _stamps_start(strategy)
+      self.stamped = tuple(start)
       self.plain = self.timed = _compiled_steps(steps.make_train_step(
           strategy, model, options, True, self.traced).python_function,
-          _stamps_start(strategy))
+          start)
     else:
       self.timed = steps.make_train_step(strategy, model, options, True,
                                          self.traced)
@@ -98,13 +102,13 @@ class Calls:
                  (host,) if timed else (tf.constant(n),))
     started = time.perf_counter()
     kind = "one" if self.one_function else "timed" if timed else "plain"
-    name = "step" if kind == "one" else f"{kind} step"
-    with self.watch.call(f"tracing and compiling the {name} function"
+    name = report.FUNCTIONS[kind][0]
+    with self.watch.call(f"tracing and compiling the {name}"
                          if not traces else
                          f"running a call of {n} step{'s' * (n > 1)}"):
       out = function(iterator, *arguments)
     if not timed:  # A plain call's last stamps: no breakdown is read.
-      out = {k: v for k, v in out.items() if k not in _STAMPED}
+      out = {k: v for k, v in out.items() if k not in self.stamped}
     elif "job_rows" in out:  # Every worker's, for the chief.
       out["job_durations"] = self.gather_rows(out.pop("job_rows"))
     if function.experimental_get_tracing_count() > traces:
@@ -178,14 +182,11 @@ def _compiled_steps(one_step, stamped: dict | None = None):
                                                   autograph=False))
 
 
-# What a timed step returns besides a plain one's (steps._distributed_step).
-_STAMPED = ("step_start", "inputs_ready", "stamps", "job_rows")
-
-
 def _stamps_start(strategy) -> dict:
-  """Zeros shaped as a timed step's stamps (this worker's replicas'): the
-  while loop's start."""
-  local = len(strategy.extended.worker_devices)
+  """Zeros shaped as what a timed step returns besides a plain step's
+  (steps._distributed_step; this worker's replicas'): the while loop's
+  start."""
+  local = stamps.local_replicas(strategy)
   zeros = lambda *shape: tf.zeros(shape, tf.float64)  # noqa: E731
   return {"step_start": zeros(), "inputs_ready": zeros(),
           "stamps": zeros(local, len(stamps.STAMPS)),

@@ -44,17 +44,17 @@ def progress_line(step: int, steps: int, values: dict, rate, remaining_s):
           + f"ETA {timing.eta(remaining_s)}")
 
 
-# The step functions a run traces (calls.Calls).
-FUNCTIONS = {"one": "step function (every step runs it)",
-             "timed": "timed step function (logged steps run it)",
-             "plain": "plain step function (the untimed steps run it)"}
+# The step functions a run traces (calls.Calls): name, which steps run it.
+FUNCTIONS = {"one": ("step function", "every step runs it"),
+             "timed": ("timed step function", "logged steps run it"),
+             "plain": ("plain step function", "the untimed steps run it")}
 
 
 def traced_line(first: int, last: int, seconds: float, function: str) -> str:
   """'step 1 in 41.3 s: traced and compiled the timed step function ...'."""
   steps = f"step {first}" if first == last else f"steps {first}-{last}"
   return (f"{steps} in {seconds:.1f} s: traced and compiled the "
-          f"{FUNCTIONS[function]}")
+          "{} ({})".format(*FUNCTIONS[function]))
 
 
 def heartbeat_line(step: int, steps: int, seconds_per_step) -> str:
