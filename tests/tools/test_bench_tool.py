@@ -185,12 +185,15 @@ def test_a_users_batches_of_another_size_are_refused_whole():
 
 
 @pytest.mark.parametrize("name", ["text", "cnn", "wide_deep", "deep_mlp"])
-def test_bench_models_train_on_their_own_batches(name):
+def test_bench_models_train_on_their_own_batches(name, monkeypatch):
   """tools/bench_models.py, which docs/performance.md's own-model figures
   name: each compiled model takes a step on its dataset_fn's batches of
   its global batch (one pipeline), and the eval split ends."""
   import bench_models  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # deep_mlp's 48 blocks are there to be slow to trace (a minute of CI
+  # here); 2 build and train the same way.
+  monkeypatch.setattr(bench_models, "MLP_BLOCKS", 2)
   model = getattr(bench_models, f"{name}_model_fn")()
   dataset_fn = getattr(bench_models, f"{name}_dataset_fn")
   x, y = next(iter(dataset_fn("train", tf.distribute.InputContext())))
