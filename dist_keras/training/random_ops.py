@@ -26,7 +26,7 @@ are said nothing.
 Said, not refused: such a model still trains (its numbers are drawn from
 the same distributions, as fit's are on each of its runs); what it loses
 is the bitwise replay. Traced: the model's own train_step in each replica
-with its optimizers' apply recorded only (step_optimizers.recording); else
+with its optimizers' apply recorded only (step_optimizers.traced_step); else
 Keras' (the call and compute_loss) where the model has its own
 compute_loss; else the training call of a model with a layer of its own (a
 Lambda's included); Keras' own layers draw from SeedGenerators they hold,
@@ -40,10 +40,9 @@ import re
 import traceback
 
 import keras
-import tensorflow as tf
 from keras.src.random import seed_generator
 
-from dist_keras import installation, origins
+from dist_keras import origins
 from dist_keras.contract import model_calls
 from dist_keras.contract.checks import overrides
 from dist_keras.errors import UserError
@@ -91,7 +90,8 @@ def note(model, layers: list, strategy, optimizers: dict, batch_spec,
       if own_step or own_loss:
         replica_fn = (model.train_step if own_step
                       else lambda batch: _keras_step(model, batch))
-        graph = _traced_step(replica_fn, strategy, optimizers, batch_spec)
+        graph = step_optimizers.traced_step(
+            replica_fn, strategy, optimizers.values(), batch_spec)
       elif forward is not None:
         graph = forward.graph
       else:
@@ -157,24 +157,6 @@ def _keras_step(model, batch):
   y_pred = model_calls.forward(model, x, training=True)
   return model_calls.compute_loss(model, x, y, y_pred, sample_weight,
                                   training=True)
-
-
-def _traced_step(replica_fn, strategy, optimizers: dict, batch_spec):
-  """The graph of `replica_fn` (a train_step) traced in each replica on
-  `batch_spec` (as the loop's step calls it), the model's optimizers'
-  apply and build only recording their variables meanwhile: nothing
-  moves."""
-
-  def step(batch):
-    strategy.run(replica_fn, args=(batch,))
-    return tf.constant(0)
-
-  with (strategy.scope(), installation.keras_name_scopes_kept(),
-        contextlib.ExitStack() as stack):
-    for optimizer in optimizers.values():
-      stack.enter_context(step_optimizers.recording(optimizer, {}))
-    function = tf.function(step, autograph=False)
-    return function.get_concrete_function(batch_spec).graph
 
 
 def unkept_draws(graph, kept) -> list:

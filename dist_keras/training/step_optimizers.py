@@ -74,26 +74,36 @@ def _named(variables) -> str:
 
 def _handed(model, strategy, optimizers, batch_spec):
   """({id(optimizer): [variable lists handed to it]}, None) from the
-  model's train_step traced in each replica on `batch_spec`, or ({}, why)
-  where it could not be traced. No AutoGraph, as the loop's step
-  (steps.step_function); the trace is dropped."""
+  model's train_step traced on `batch_spec`, or ({}, why) where it could
+  not be traced."""
   handed = {}
-
-  def step(batch):
-    strategy.run(model.train_step, args=(batch,))
-    return tf.constant(0)
-
   try:
-    with (strategy.scope(), installation.keras_name_scopes_kept(),
-          contextlib.ExitStack() as stack):
-      for optimizer in optimizers:
-        stack.enter_context(recording(optimizer, handed))
-      tf.function(step, autograph=False).get_concrete_function(batch_spec)
+    traced_step(model.train_step, strategy, optimizers, batch_spec, handed)
   except Exception as e:  # pylint: disable=broad-except
     # Whatever stops the trace stops this build only: the refusal says it.
     return {}, ("the model's train_step could not be traced on a batch like"
                 f" the train split's ({errors.first_line(e)})")
   return handed, None
+
+
+def traced_step(replica_fn, strategy, optimizers, batch_spec,
+                handed: dict | None = None):
+  """The graph of `replica_fn` (a train_step) traced in each replica on
+  `batch_spec`, as the loop's step calls it (no AutoGraph), while
+  `optimizers` only record in `handed` the variables they are handed:
+  nothing moves, and the trace is not run."""
+
+  def step(batch):
+    strategy.run(replica_fn, args=(batch,))
+    return tf.constant(0)
+
+  handed = {} if handed is None else handed
+  with (strategy.scope(), installation.keras_name_scopes_kept(),
+        contextlib.ExitStack() as stack):
+    for optimizer in optimizers:
+      stack.enter_context(recording(optimizer, handed))
+    function = tf.function(step, autograph=False)
+    return function.get_concrete_function(batch_spec).graph
 
 
 @contextlib.contextmanager
