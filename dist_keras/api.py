@@ -19,7 +19,8 @@ from dist_keras.distribute import strategies, tfconfig
 from dist_keras.training import allreduce, checkpoints, compiled, loop, lr
 from dist_keras.training import model_checks, preemption, process_state
 from dist_keras.training import ray_report, run_files, same_model, settings
-from dist_keras.training import unsharded, user_callbacks, varying_slices
+from dist_keras.training import step_optimizers, unsharded, user_callbacks
+from dist_keras.training import varying_slices
 
 
 @dataclasses.dataclass
@@ -204,13 +205,13 @@ def build(job: Job) -> loop.Trainer:
                                                 role, resume.step)
     eval_ds, eval_spec, eval_shards = _eval_split(strategy, dataset_fn,
                                                   feed, config, role)
-    evaluates, said = model_checks.against_batches(
-        model, strategy, dataset_fn, (batch_spec, eval_spec), config.train)
-    model_file, weights_only = run_files.model_file(model)
-    # The batch-size rule; every optimizer built in scope (compiled.py).
     optimizers = compiled.optimizers_of(model)
-    rate = lr.apply(optimizers, config.train)
-    compiled.prepare_optimizers(model, strategy, batch_spec, optimizers, kept)
+    step = step_optimizers.StepTrace(model, strategy, optimizers, batch_spec)
+    evaluates, said = model_checks.against_batches(step, dataset_fn,
+                                                   eval_spec, config.train)
+    model_file, weights_only = run_files.model_file(model)
+    rate = lr.apply(optimizers, config.train)  # The batch-size rule.
+    compiled.prepare_optimizers(step, kept)  # Each built in scope.
     saved, resumed = checkpoints.restored(workdir, model, optimizers, role,
                                           config.train.max_checkpoints, resume)
     on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)

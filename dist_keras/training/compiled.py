@@ -147,26 +147,24 @@ def _walk(value, name: str, found: dict, seen: set) -> None:
       _walk(item, f"{name}[{i}]", found, seen)
 
 
-def prepare_optimizers(model, strategy, batch_spec, optimizers: dict,
-                       kept):
+def prepare_optimizers(step: step_optimizers.StepTrace, kept):
   """Builds the compiled optimizer in scope (a replica function may not
-  create its slots), and every other one the model's train_step applies,
-  on the variables it hands it, traced on a batch of `batch_spec` (as its
-  first apply would under fit: step_optimizers.py); then routes the
-  gradient all-reduce: in `apply` for a model's own step, else off (the
-  compiled step reduces itself). `optimizers`: optimizers_of(model);
-  `kept` (an ExitStack, process_state.kept) puts it back as the run
-  ends.
+  create its slots), and every other one of `step.optimizers` the model's
+  train_step applies, on the variables it hands it, traced on a batch of
+  `step.batch_spec` (as its first apply would under fit:
+  step_optimizers.py); then routes the gradient all-reduce: in `apply`
+  for a model's own step, else off (the compiled step reduces itself).
+  `kept` (an ExitStack, process_state.kept) puts it back as the run ends.
 
   Raises:
     UserError: an optimizer attribute that is not built and the trace
       cannot say exactly what to build it on.
   """
+  model, strategy, optimizers = step.model, step.strategy, step.optimizers
   reduce_in_apply = overrides(model, "train_step")
   with strategy.scope():
     model.optimizer.build(model.trainable_variables)
-  unbuilt = step_optimizers.build_applied(model, strategy, optimizers,
-                                          batch_spec)
+  unbuilt = step_optimizers.build_applied(step)
   if unbuilt:
     name, why = next(iter(unbuilt.items()))
     raise UserError(

@@ -28,7 +28,8 @@ from dist_keras import installation
 from dist_keras.contract import checks, probe, traced_limits, xla_limits
 from dist_keras.training import batch_losses, call_losses, compiled
 from dist_keras.training import evaluation, own_losses, random_ops
-from dist_keras.training import state_updates, step_losses, varying_slices
+from dist_keras.training import state_updates, step_losses, step_optimizers
+from dist_keras.training import varying_slices
 
 
 # The start-up line of a dataset_fn whose eval split is None.
@@ -58,13 +59,13 @@ def as_compiled(model, strategy, train_cfg) -> list[str]:
   return [note for note in notes if note]
 
 
-def against_batches(model, strategy, dataset_fn, specs: tuple,
+def against_batches(step: step_optimizers.StepTrace, dataset_fn, eval_spec,
                     train_cfg) -> tuple[bool, list]:
-  """(whether the eval has a loss, the lines to say): the model against
-  the batches of both splits (`specs`: the train and eval element specs
-  of `dataset_fn`'s pipelines; the eval's None: no eval split), met once
-  (its loss and metrics' state built from them); what it made of them read
-  by the checks that follow.
+  """(whether the eval has a loss, the lines to say): `step.model` against
+  the batches of both splits (`step.batch_spec` and `eval_spec`: the train
+  and eval element specs of `dataset_fn`'s pipelines, per replica; the
+  eval's None: no eval split), met once (its loss and metrics' state built
+  from them); what it made of them read by the checks that follow.
   A stateful RNN built for another batch than a replica's is refused
   before the model meets them.
 
@@ -72,7 +73,7 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
     UserError: any of the checks' refusals, and an eval step XLA cannot
       compile under train.jit_compile.
   """
-  batch_spec, eval_spec = specs
+  model, strategy, batch_spec = step.model, step.strategy, step.batch_spec
   replicas = strategy.num_replicas_in_sync
   layers = installation.layers_in(model, include_self=False)
   checks.stateful_batches(model, layers, replicas,
@@ -95,5 +96,4 @@ def against_batches(model, strategy, dataset_fn, specs: tuple,
       updates, call_losses.own_step_note(model, replicas, forward),
       batch_losses.divide_means(model, strategy, met),
       varying_slices.one_step_per_call(model, strategy, met, train_cfg),
-      random_ops.note(model, layers, strategy, compiled.optimizers_of(model),
-                      batch_spec, forward)]
+      random_ops.note(step, layers, forward)]

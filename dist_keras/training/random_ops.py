@@ -26,7 +26,8 @@ are said nothing.
 Said, not refused: such a model still trains (its numbers are drawn from
 the same distributions, as fit's are on each of its runs); what it loses
 is the bitwise replay. Traced: the model's own train_step in each replica
-with its optimizers' apply recorded only (step_optimizers.traced_step); else
+with its optimizers' apply recorded only (step_optimizers.StepTrace: the
+one trace the optimizers' build reads too); else
 Keras' (the call and compute_loss) where the model has its own
 compute_loss; else the training call of a model with a layer of its own (a
 Lambda's included); Keras' own layers draw from SeedGenerators they hold,
@@ -74,28 +75,31 @@ _SEEDS = os.path.abspath(inspect.getfile(keras.random.SeedGenerator))
 _CALLED = ("f", "then_branch", "else_branch", "body", "cond", "branches")
 
 
-def note(model, layers: list, strategy, optimizers: dict, batch_spec,
+def note(step: step_optimizers.StepTrace, layers: list,
          forward=None) -> str | None:
   """The line for the random draws whose state no checkpoint keeps in what
-  the model trains with (its own train_step's, else Keras' with its own
-  compute_loss, else its training call's: `forward`'s graph where
+  `step.model` trains with (its own train_step's, traced once for this
+  and the optimizers' build: `step`; else Keras' with its own
+  compute_loss; else its training call's: `forward`'s graph where
   state_updates.traced traced it already), or None: none, nothing of the
   user's to trace, or a step that cannot be traced (left to its step)."""
+  model, strategy = step.model, step.strategy
   own_step = overrides(model, "train_step")
   own_loss = not own_step and overrides(model, "compute_loss")
   if not (own_step or own_loss or _has_own_layer([model, *layers])):
     return None
   with _global_seed_draws() as drawn:
     try:
-      if own_step or own_loss:
-        replica_fn = (model.train_step if own_step
-                      else lambda batch: _keras_step(model, batch))
+      if own_step:
+        graph = step.own_step()[0]
+      elif own_loss:
         graph = step_optimizers.traced_step(
-            replica_fn, strategy, optimizers.values(), batch_spec)
+            lambda batch: _keras_step(model, batch), strategy,
+            step.optimizers.values(), step.batch_spec)
       elif forward is not None:
         graph = forward.graph
       else:
-        graph = model_calls.traced(model, strategy, batch_spec, True)[0]
+        graph = model_calls.traced(model, strategy, step.batch_spec, True)[0]
     except Exception:  # pylint: disable=broad-except
       _refuse_global_seed_per_replica(drawn, model, strategy)
       return None  # Left as Keras runs it: its own error at its step.

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import dist_keras
 from dist_keras.errors import UserError
-from dist_keras.training import process_state, random_ops
+from dist_keras.training import process_state, random_ops, step_optimizers
 
 LATENT, FEATURES, BATCH = 4, 3, 8
 CONFIG = {"train.global_batch_size": BATCH, "train.steps": 2,
@@ -152,9 +152,10 @@ def test_a_layers_call_is_looked_into(draw, op):
                             keras.layers.Dropout(0.5),
                             keras.layers.Dense(1)], name="noisy")
   model.compile(optimizer="sgd", loss="mse")
-  line = random_ops.note(
-      model, model.layers, tf.distribute.get_strategy(), {},
-      (tf.TensorSpec((BATCH, FEATURES)), tf.TensorSpec((BATCH, 1))))
+  line = random_ops.note(step_optimizers.StepTrace(
+      model, tf.distribute.get_strategy(), {},
+      (tf.TensorSpec((BATCH, FEATURES)), tf.TensorSpec((BATCH, 1)))),
+      model.layers)
   if op is None:
     assert line is None
   else:
@@ -182,9 +183,10 @@ def test_a_call_state_updates_traced_is_read_from_its_graph(
   traced = model_calls.traced
   monkeypatch.setattr(model_calls, "traced",
                       lambda *a: traces.append(a) or traced(*a))
-  line = random_ops.note(model, model.layers, mirrored, {}, spec, forward)
+  step = step_optimizers.StepTrace(model, mirrored, {}, spec)
+  line = random_ops.note(step, model.layers, forward)
   assert not traces
-  assert line == random_ops.note(model, model.layers, mirrored, {}, spec)
+  assert line == random_ops.note(step, model.layers)
   assert len(traces) == 1
   assert "draws with tf.random.uniform" in line, line
 
@@ -259,10 +261,10 @@ def test_draws_from_a_state_no_checkpoint_keeps_are_said(model, said):
   model.compile(optimizer="sgd", loss="mse")
   model(np.zeros((BATCH, FEATURES), "float32"))
   with process_state.seeded(0):  # Keras' global SeedGenerator put back.
-    line = random_ops.note(
-        model, model.layers, tf.distribute.get_strategy(),
-        {"optimizer": model.optimizer},
-        (tf.TensorSpec((BATCH, FEATURES)), tf.TensorSpec((BATCH, 1))))
+    line = random_ops.note(step_optimizers.StepTrace(
+        model, tf.distribute.get_strategy(), {"optimizer": model.optimizer},
+        (tf.TensorSpec((BATCH, FEATURES)), tf.TensorSpec((BATCH, 1)))),
+        model.layers)
   if said is None:
     assert line is None, line
   else:
@@ -283,8 +285,8 @@ def test_keras_random_without_a_seed_at_2_replicas_is_refused_at_start(
   spec = (tf.TensorSpec((BATCH // 2, FEATURES)),
           tf.TensorSpec((BATCH // 2, 1)))
   with process_state.seeded(0), pytest.raises(UserError) as e:
-    random_ops.note(model, model.layers, mirrored,
-                    {"optimizer": model.optimizer}, spec)
+    random_ops.note(step_optimizers.StepTrace(
+        model, mirrored, {"optimizer": model.optimizer}, spec), model.layers)
   assert str(e.value).startswith(
       "pass seed=self.seed_generator, a keras.random.SeedGenerator made in "
       "__init__, to keras.random.*: Drawing draws without seed= "

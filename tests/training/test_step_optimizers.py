@@ -74,8 +74,8 @@ def test_each_optimizer_is_built_on_the_variables_its_apply_is_handed(
   before = _state(model)
   optimizers = compiled.optimizers_of(model)
   assert not model.d_optimizer.built and not model.g_optimizer.built
-  assert step_optimizers.build_applied(model, mirrored, optimizers,
-                                       SPEC) == {}
+  assert step_optimizers.build_applied(step_optimizers.StepTrace(
+      model, mirrored, optimizers, SPEC)) == {}
   for optimizer, network in [(model.d_optimizer, model.discriminator),
                              (model.g_optimizer, model.generator)]:
     assert optimizer.built
@@ -94,10 +94,49 @@ def test_each_optimizer_is_built_on_the_variables_its_apply_is_handed(
     np.testing.assert_array_equal(a, b)
 
 
+def test_the_checks_and_the_build_read_one_trace_of_the_step(
+    tmp_path, mirrored, monkeypatch):
+  """Before training, the model's own train_step is traced once: the
+  random draws' check (random_ops) and the optimizers' build read the
+  same trace, which recorded what each optimizer was handed."""
+  traces = []
+  traced = step_optimizers.traced_step
+  monkeypatch.setattr(step_optimizers, "traced_step",
+                      lambda *a, **k: traces.append(a[0]) or traced(*a, **k))
+
+  def model_fn():
+    model = _Noisy()
+    model.build((None, 2))
+    model.compile()
+    return model
+
+  result = dist_keras.fit(model_fn, parity_task.images_dataset_fn,
+                          workdir=str(tmp_path / "w"), config=CONFIG,
+                          strategy=mirrored)
+  assert [t.__name__ for t in traces] == ["train_step"]
+  assert result.summary["steps"] == 2
+  assert result.model.d_optimizer.iterations.numpy() == 2
+
+
+def test_a_trace_that_failed_fails_each_reader_without_tracing_again(
+    mirrored, monkeypatch):
+  model = _model(_Untraceable, mirrored)
+  step = step_optimizers.StepTrace(model, mirrored,
+                                   compiled.optimizers_of(model), SPEC)
+  traces = []
+  traced = step_optimizers.traced_step
+  monkeypatch.setattr(step_optimizers, "traced_step",
+                      lambda *a, **k: traces.append(a) or traced(*a, **k))
+  for _ in range(2):
+    with pytest.raises(Exception, match="symbolic|Tensor|tensor"):
+      step.own_step()
+  assert len(traces) == 1
+
+
 def test_a_step_that_cannot_be_traced_leaves_them_unbuilt(mirrored):
   model = _model(_Untraceable, mirrored)
-  why = step_optimizers.build_applied(
-      model, mirrored, compiled.optimizers_of(model), SPEC)
+  why = step_optimizers.build_applied(step_optimizers.StepTrace(
+      model, mirrored, compiled.optimizers_of(model), SPEC))
   assert set(why) == {"d_optimizer", "g_optimizer"}
   assert why["d_optimizer"].startswith(
       "the model's train_step could not be traced on a batch like the train "
@@ -166,8 +205,8 @@ def test_held_optimizers_are_built_and_their_rates_logged_by_name(
     mirrored):
   model = _model(parity_task.GanHeld, mirrored)
   d_optimizer, g_optimizer = model.optimizers_of_step()
-  assert step_optimizers.build_applied(
-      model, mirrored, compiled.optimizers_of(model), SPEC) == {}
+  assert step_optimizers.build_applied(step_optimizers.StepTrace(
+      model, mirrored, compiled.optimizers_of(model), SPEC)) == {}
   assert d_optimizer.built and g_optimizer.built
   d_optimizer.iterations.assign(1)
   g_optimizer.iterations.assign(1)
