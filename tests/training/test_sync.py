@@ -237,6 +237,30 @@ def test_sent_bytes_count_dense_gradients_and_gathered_slices():
   np.testing.assert_array_equal(allreduce.sent_bytes([None]), [0, 0])
 
 
+def test_sent_bytes_of_shapes_known_only_as_the_step_runs():
+  """A batch dimension unknown at trace time: its bytes are counted as the
+  step runs, beside the known shapes', summed when traced: a deep model's
+  gradients add no op each (586 ops for 194 gradients, then 3)."""
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 4]),
+                                tf.TensorSpec([None], tf.int64)])
+  def sent(rows, ids):
+    return allreduce.sent_bytes(
+        [rows, tf.ones([2, 4]), tf.IndexedSlices(rows, ids)])
+
+  np.testing.assert_array_equal(
+      sent(tf.ones([3, 4]), tf.range(3, dtype=tf.int64)),
+      [3 * 4 * 4 + 8 * 4, 3 * 4 * 4 + 3 * 8])
+  ops = []
+  for count in (1, 50):
+    with tf.Graph().as_default() as graph:
+      grads = [tf.zeros([2, 4])] * count
+      before = len(graph.get_operations())
+      allreduce.sent_bytes(grads)
+      ops.append(len(graph.get_operations()) - before)
+  assert ops[0] == ops[1], ops
+
+
 def test_host_value_sum_traces_once_per_strategy_and_lets_it_go():
   """Every agreement of a run (each epoch's, with callbacks) had traced a
   tf.function of its own, and TensorFlow warned of retracing."""
