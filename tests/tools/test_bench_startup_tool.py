@@ -17,8 +17,7 @@ TINY = ["data.train_size=512", "data.eval_size=64", "data.seq_len=12",
     (["--rounds=-1"], "--rounds=-1 must be >= 1."),
     (["--only=fat"], "--only=fat: use one of fit, dist_keras, "
      "dist_keras_lean."),
-    (["--override=model.nam=x"], "--override=model.nam names no config key"),
-])
+])  # --config and --override: test_tools.py, as every tool's.
 def test_bad_arguments_are_one_line_and_exit_2(capsys, argv, message):
   import bench_startup  # pylint: disable=g-import-not-at-top
   assert bench_startup.main(argv) == 2

@@ -14,6 +14,7 @@ import os
 import pytest
 
 import bench  # tools/, on sys.path (conftest.py)
+import bench_startup
 import common
 import features
 import grid
@@ -28,8 +29,8 @@ SCRIPTS = sorted(
 
 def test_every_script_is_listed():
   assert SCRIPTS == [
-      "bench.py", "chaos.py", "features.py", "grid.py", "large_batch.py",
-      "launch_local.py", "pin_cores.py", "prepare_data.py",
+      "bench.py", "bench_startup.py", "chaos.py", "features.py", "grid.py",
+      "large_batch.py", "launch_local.py", "pin_cores.py", "prepare_data.py",
       "profile_collectives.py", "scaling.py", "scaling_model.py"]
 
 
@@ -44,7 +45,8 @@ def test_help(script):
 # ---- --config and overrides, the same in every tool --------------------------
 
 
-@pytest.mark.parametrize("tool", [bench, features, large_batch, grid])
+@pytest.mark.parametrize("tool", [bench, bench_startup, features,
+                                  large_batch, grid])
 @pytest.mark.parametrize("args,message", [
     (["--config=lstm"], "--config=lstm could not be loaded"),
     (["--override=model.unitz=3"], "--override=model.unitz names no config "
