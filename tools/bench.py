@@ -50,7 +50,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -249,34 +248,11 @@ def fresh_runner(args, name: str, seen: dict):
              f"--per_call={args.per_call}", f"--only={name}"]
 
   def run():
-    done = subprocess.run(command, capture_output=True, text=True,
-                          check=False)
-    lines = done.stdout.splitlines()
-    results = [line[len(_RESULT):] for line in lines
-               if line.startswith(_RESULT)]
-    if done.returncode or not results:
-      # The run's own error line, else stderr's last (TensorFlow's shutdown
-      # lines can follow a traceback there).
-      errors = [line[len(_ERROR):] for line in lines
-                if line.startswith(_ERROR)]
-      last = (errors or done.stderr.strip().splitlines() or ["no output"])[-1]
-      raise RunFailed(f"its process exited {done.returncode}: {last}")
-    ms, overhead, seen["replicas"] = json.loads(results[-1])
+    ms, overhead, seen["replicas"] = common.child_result(command, _RESULT,
+                                                         _ERROR)
     return ms, overhead
 
   return run
-
-
-class RunFailed(RuntimeError):
-  """A --fresh run's process failed; its text says how."""
-
-
-def _one_line(error: Exception) -> str:
-  """What went wrong, in one line (a TF error's cause, not its "where")."""
-  from dist_keras import errors  # pylint: disable=g-import-not-at-top
-  if isinstance(error, (RunFailed, errors.UserError)):  # Its fix, whole.
-    return str(error)
-  return f"{type(error).__name__}: {errors.cause(str(error))}"
 
 
 def _measure(runners, rounds):
@@ -289,7 +265,7 @@ def _measure(runners, rounds):
       try:
         results[name].append(run())
       except Exception as e:  # pylint: disable=broad-except
-        results[name] = _one_line(e)
+        results[name] = common.one_line(e)
       # Each figure as it comes: a long bench stopped early (a timeout, a
       # Ctrl-C) still leaves its finished rounds on the terminal.
       got = results[name]
@@ -378,7 +354,7 @@ def main(argv=None) -> int:
     try:
       ms, overhead = _runner(args.only, args, places)()
     except Exception as e:  # pylint: disable=broad-except
-      print(_ERROR + _one_line(e), flush=True)
+      print(_ERROR + common.one_line(e), flush=True)
       return 1
     print(_RESULT + json.dumps([ms, overhead, mirrored.num_replicas_in_sync]))
     return 0

@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -113,21 +112,11 @@ def run_side(side: str, args) -> tuple[float, float]:
 
 
 def fresh_run(side: str, args) -> tuple[float, float]:
-  """run_side in a new Python process; RuntimeError with its last line if
-  it failed."""
-  done = subprocess.run(
+  """run_side in a new Python process (common.ChildFailed if it failed)."""
+  return tuple(common.child_result(
       [sys.executable, os.path.abspath(__file__), f"--config={args.config}",
        *[f"--override={o}" for o in args.override], f"--steps={args.steps}",
-       f"--strategy={args.strategy}", f"--only={side}"],
-      capture_output=True, text=True, check=False)
-  lines = done.stdout.splitlines()
-  results = [json.loads(line[len(_RESULT):]) for line in lines
-             if line.startswith(_RESULT)]
-  if done.returncode or not results:
-    said = [line[len(_ERROR):] for line in lines if line.startswith(_ERROR)]
-    last = (said or done.stderr.strip().splitlines() or ["no output"])[-1]
-    raise RuntimeError(f"its process exited {done.returncode}: {last}")
-  return tuple(results[-1])
+       f"--strategy={args.strategy}", f"--only={side}"], _RESULT, _ERROR))
 
 
 def report(results: dict, args) -> dict:
@@ -160,7 +149,7 @@ def main(argv=None) -> int:
     try:
       print(_RESULT + json.dumps(run_side(args.only, args)), flush=True)
     except Exception as e:  # pylint: disable=broad-except
-      print(_ERROR + f"{type(e).__name__}: {str(e).splitlines()[0]}")
+      print(_ERROR + common.one_line(e), flush=True)
       return 1
     return 0
   results = {side: [] for side in SIDES}
@@ -168,7 +157,7 @@ def main(argv=None) -> int:
     for side in SIDES:
       try:
         results[side].append(fresh_run(side, args))
-      except RuntimeError as e:  # The run's own failure: exit 1.
+      except common.ChildFailed as e:  # The run's own failure: exit 1.
         common.say(PROG, f"error: {side}: {e}")
         return 1
       common.say(PROG, f"round {r + 1}/{args.rounds}: {side}: "

@@ -166,6 +166,39 @@ def train(spec: str, workdir: str, overrides, entry=TRAINER):
   return read_summary(workdir), seconds
 
 
+class ChildFailed(RuntimeError):
+  """A tool's own child process (the tool again, with --only) failed; its
+  text says how."""
+
+
+def child_result(command: list, result: str, error: str):
+  """The JSON after `result` on the last stdout line that starts with it,
+  of `command` run to its end in a new process (each run its own, as users
+  start each tool).
+
+  Raises:
+    ChildFailed: it exited non-zero or printed no result; names its own
+      line after `error`, else stderr's last (TensorFlow's shutdown lines
+      can follow a traceback there).
+  """
+  done = subprocess.run(command, capture_output=True, text=True, check=False)
+  lines = done.stdout.splitlines()
+  results = [line[len(result):] for line in lines if line.startswith(result)]
+  if done.returncode or not results:
+    said = [line[len(error):] for line in lines if line.startswith(error)]
+    last = (said or done.stderr.strip().splitlines() or ["no output"])[-1]
+    raise ChildFailed(f"its process exited {done.returncode}: {last}")
+  return json.loads(results[-1])
+
+
+def one_line(error: Exception) -> str:
+  """What went wrong, in one line (a TF error's cause, not its "where")."""
+  from dist_keras import errors  # pylint: disable=g-import-not-at-top
+  if isinstance(error, (ChildFailed, errors.UserError)):  # Its fix, whole.
+    return str(error)
+  return f"{type(error).__name__}: {errors.cause(str(error))}"
+
+
 def read_summary(workdir: str) -> dict:
   """The run's summary.json. Raises ValueError saying what is wrong."""
   path = os.path.join(workdir, "summary.json")

@@ -120,6 +120,7 @@ def test_a_fresh_run_is_one_process_of_this_script(monkeypatch):
   import subprocess  # pylint: disable=g-import-not-at-top
 
   import bench  # pylint: disable=g-import-not-at-top
+  import common  # pylint: disable=g-import-not-at-top
   args = bench.parse_args(["--steps=7", "--override=model.units=8"])
   assert args.fresh and not bench.parse_args(["--no-fresh"]).fresh
   calls = []
@@ -152,7 +153,7 @@ def test_a_fresh_run_is_one_process_of_this_script(monkeypatch):
   with pytest.raises(RuntimeError, match=(
       "its process exited 1: ValueError: no such layer")):
     bench.fresh_runner(args, "dist_keras, defaults, one", seen)()
-  with pytest.raises(bench.RunFailed, match=(
+  with pytest.raises(common.ChildFailed, match=(
       "^its process exited 1: ValueError: bad fit$")):
     bench.fresh_runner(args, "fit, defaults, one", seen)()
   with pytest.raises(Exception, match="--only=fit, defaults, moon: not one"):
@@ -175,7 +176,7 @@ def test_a_users_batches_of_another_size_are_refused_whole():
   with pytest.raises(Exception) as e:
     bench.fit_runner(c, tf.distribute.get_strategy(), args, per_call=False,
                      xla=False, precision="float32")
-  line = bench._one_line(e.value)  # pylint: disable=protected-access
+  line = common.one_line(e.value)
   assert line == (
       "dataset_fn('train', ...) of one input pipeline yields batches of 48 "
       f"examples, not train.global_batch_size={c.train.global_batch_size}; "
