@@ -21,6 +21,9 @@ Exit codes (documented in the README):
       the last checkpoint.
   201 no checkpoint in the workdir reads back (all damaged): RETRYABLE, a
       copy still arriving or a flaky read heals; else restore the folder.
+  A peer lost, or a start past that timeout, while TensorFlow's collective
+  runtime starts ends the process killed (SIGKILL: 137 to a shell), its
+  line said first: no Python runs in that wait (distribute/start_watch.py).
 """
 import re
 

@@ -17,8 +17,8 @@ seen every peer's port answer, that peer's placeholder or TensorFlow's
 server, which takes the port once the placeholder is closed. Nothing of
 training goes through it: TensorFlow's collective runtime is the only
 transport. What it cannot see: a peer that ends between being seen and
-starting its runtime leaves the others in TensorFlow's own wait, as
-before.
+starting its runtime, or another process answering at a peer's port:
+start_watch.py ends TensorFlow's wait then.
 """
 import contextlib
 import select

@@ -18,6 +18,7 @@ from dist_keras.distribute import cluster_start
 from dist_keras.distribute import cpus
 from dist_keras.distribute import rendezvous
 from dist_keras.distribute import sigterm
+from dist_keras.distribute import start_watch
 from dist_keras.distribute import tfconfig
 from dist_keras.distribute import tpus
 from dist_keras.errors import UserError
@@ -247,7 +248,10 @@ def multi_worker(runtime_cfg,
   # TensorFlow's own wait for the peers says nothing, has no deadline and
   # ignores SIGTERM: ours first (rendezvous.py).
   rendezvous.wait_for_peers(cluster, runtime_cfg.peer_start_timeout_seconds)
-  with sigterm.kept():
+  # Its wait has no deadline either, and no Python runs in it (start_watch).
+  with sigterm.kept(), start_watch.watched(
+      f"{cluster.task_type}:{cluster.task_index}", rendezvous.others(cluster),
+      runtime_cfg.peer_start_timeout_seconds):
     return tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=options)
 

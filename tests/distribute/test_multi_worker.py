@@ -584,7 +584,10 @@ def test_a_lost_worker_makes_the_other_exit_retryably_naming_it(tmp_path, how):
         # lost in a training step's collective.
         [sys.executable, *_train_args(tmp_path / "run"),
          "--config.train.steps=100000", "--config.train.log_every=5",
-         "--config.eval.every=0", "--config.train.checkpoint_every=100000"],
+         "--config.eval.every=0", "--config.train.checkpoint_every=100000",
+         # A start that never comes (a peer that ended after it was seen, or
+         # a stranger at its port) ends this soon, its line shown below.
+         "--config.runtime.peer_start_timeout_seconds=120"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=helpers.REPO, env=dict(ENV, TF_CONFIG=tf_config,
                                    PYTHONPATH=helpers.REPO,
@@ -593,6 +596,12 @@ def test_a_lost_worker_makes_the_other_exit_retryably_naming_it(tmp_path, how):
     for line in procs[0].stdout:  # Training is under way on both.
       if line.startswith("step"):
         break
+    else:  # Worker 0 ended before a step: each worker's last words.
+      for p in procs:
+        p.kill()
+      pytest.fail("\n".join(f"worker {i}: exit {p.wait()}: "
+                             f"{p.stderr.read()[-1500:]}"
+                             for i, p in enumerate(procs)))
     os.kill(procs[1].pid, signal.SIGKILL if how == "killed"
             else signal.SIGSTOP)
     killed_at = time.monotonic()
