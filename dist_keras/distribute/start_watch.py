@@ -118,4 +118,7 @@ def _watch(pid: int, me: str, waiting: dict, timeout_seconds: float,
 
 
 if __name__ == "__main__":
+  # Ctrl-C reaches the terminal's whole process group: it is the run's to
+  # take (once TensorFlow's start returns), not a traceback of the watch's.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   _watch(*json.loads(sys.argv[1]))

@@ -93,11 +93,16 @@ def test_the_watch_ends_without_a_word_when_the_start_is_over(
   assert capsys.readouterr() == ("", "")
 
 
-def test_a_watched_block_that_returns_ends_its_watch_process():
+def test_a_watched_block_that_returns_ends_its_watch_process(capfd):
   with start_watch.watched("worker:0", {"worker:1": "127.0.0.1:1"}, 0):
-    watchers = _children("dist_keras.distribute.start_watch")
-    assert len(watchers) == 1
+    (watch,) = _children("dist_keras.distribute.start_watch")
+    time.sleep(0.5)  # (Its handlers set.)
+    # Ctrl-C at a terminal reaches the watch too: the run's, not its own.
+    os.kill(int(watch.split()[0]), signal.SIGINT)
+    time.sleep(0.3)
+    assert _children("dist_keras.distribute.start_watch")
   assert not _children("dist_keras.distribute.start_watch")
+  assert capfd.readouterr() == ("", "")
 
 
 def _children(name: str) -> list[str]:
