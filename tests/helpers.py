@@ -286,8 +286,9 @@ def eval_three_examples(strategy, layer):
 def free_ports(n: int) -> list[int]:
   """`n` distinct ports free on every interface (TensorFlow's server binds
   them all: strategies.check_port_free) for workers a test starts by hand:
-  the launcher's pick (launch/cluster.py), whose sockets stay bound until
-  all `n` are chosen. Not held after: a process may still take one before
+  the launcher's pick (launch/cluster.py), below the ports the system hands
+  out by itself, whose sockets stay bound until all `n` are chosen. Not
+  held after: a process choosing that very port may still take it before
   its worker binds it (the launcher picks again then; such a test fails
   with dist_keras' "port N is in use" line)."""
   from dist_keras.launch import cluster  # pylint: disable=g-import-not-at-top

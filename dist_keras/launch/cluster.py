@@ -7,6 +7,7 @@ is relayed line by line after `[wI] `.
 import functools
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -29,22 +30,60 @@ PORT_IN_USE = re.compile(
     rb"port (\d+) is in use on this machine")
 
 
+# Ports picked for workers: from here up to the OS's ephemeral range
+# (above Ray's worker ports, 10002-19999 by default).
+PICK_FROM = 20000
+_EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+_RANDOM = random.SystemRandom()
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
   """Returns `n` distinct TCP ports that are free on `host` right now.
 
-  All sockets stay bound until every port is chosen, so the OS cannot hand
-  out the same port twice.
+  Picked at random below the OS's ephemeral range where it leaves room:
+  the ports the OS gives to bind(0) and to outgoing connections, which any
+  process may take before the worker binds it (a freed port there was the
+  next connection's source port). All sockets stay bound until every port
+  is chosen, so no port is picked twice.
   """
+  below = range(PICK_FROM, ephemeral_low())
   sockets = []
   try:
-    for _ in range(n):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      sockets.append(s)
-      s.bind((host, 0))
+    # The system's randomness: a process that seeded Python's `random` (a
+    # run's keras.utils.set_random_seed) would pick what its twin picks.
+    for candidate in _RANDOM.sample(below, min(len(below), 50 * n)):
+      if len(sockets) == n:
+        break
+      sockets += _bound(host, candidate)
+    while len(sockets) < n:  # No room below the range: the OS picks.
+      sockets += _bound(host, 0)
     return [s.getsockname()[1] for s in sockets]
   finally:
     for s in sockets:
       s.close()
+
+
+def _bound(host: str, port: int) -> list[socket.socket]:
+  """[a socket bound to (host, port)], or [] if the port is taken."""
+  s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  try:
+    s.bind((host, port))
+  except OSError:
+    s.close()
+    if port == 0:
+      raise
+    return []
+  return [s]
+
+
+def ephemeral_low() -> int:
+  """The first port of the OS's ephemeral range (Linux's setting; else
+  32768, below the IANA range other systems use)."""
+  try:
+    with open(_EPHEMERAL, encoding="ascii") as f:
+      return int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    return 32768
 
 
 def make_tf_config(hosts: list[str], index: int) -> dict:

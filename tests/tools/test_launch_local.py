@@ -6,6 +6,7 @@ well under a second (the grace-period test waits its one second).
 """
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -92,6 +93,38 @@ def test_free_ports_are_distinct_and_bindable(pick):
   finally:
     for server in servers:
       server.close()
+
+
+def test_ports_are_picked_below_the_range_the_os_hands_out():
+  """Not a port the OS may give the next outgoing connection (or bind(0))
+  before the worker binds it."""
+  low = cluster.ephemeral_low()
+  assert low > cluster.PICK_FROM + 1000  # (Linux's default: 32768.)
+  assert all(cluster.PICK_FROM <= p < low for p in cluster.free_ports(50))
+
+
+def test_seeding_pythons_random_does_not_repeat_the_picks():
+  random.seed(0)
+  first = cluster.free_ports(4)
+  random.seed(0)
+  assert cluster.free_ports(4) != first
+
+
+def test_a_taken_port_is_passed_over_and_the_os_picks_when_there_is_no_room(
+    monkeypatch):
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    held = taken.getsockname()[1]
+    picks = iter([held, cluster.PICK_FROM + 7])
+    monkeypatch.setattr(cluster._RANDOM, "sample",  # pylint: disable=protected-access
+                        lambda population, k: list(picks))
+    assert cluster.free_ports(1) == [cluster.PICK_FROM + 7]
+  monkeypatch.undo()
+  low = cluster.ephemeral_low()
+  monkeypatch.setattr(cluster, "ephemeral_low", lambda: cluster.PICK_FROM)
+  ports = cluster.free_ports(3)  # The OS's, from its range.
+  assert len(set(ports)) == 3 and all(p >= low for p in ports)
 
 
 def test_tf_config_names_the_cluster_and_the_task():
