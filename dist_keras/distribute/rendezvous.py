@@ -71,7 +71,7 @@ def wait_for_peers(cluster: tfconfig.ClusterSpec, timeout_seconds: float,
   limit = (f"up to {timeout_seconds:g} s" if timeout_seconds
            else "with no time limit")
   terminal.say(f"dist_keras: {me} waits for the other tasks to start "
-               f"({_listed(waiting)}; {limit}: "
+               f"({listed(waiting)}; {limit}: "
                "runtime.peer_start_timeout_seconds)")
   start = said = time.monotonic()
   try:
@@ -86,7 +86,7 @@ def wait_for_peers(cluster: tfconfig.ClusterSpec, timeout_seconds: float,
         if time.monotonic() - said >= every:
           said = time.monotonic()
           terminal.say(f"dist_keras: {me} still waits for "
-                       f"{_listed(waiting)} ({waited:.0f} s)")
+                       f"{listed(waiting)} ({waited:.0f} s)")
         _pause(server, PROBE_SECONDS)
   except _Stop as stop:
     raise _stopped(stop.signum, me, waiting) from None
@@ -102,12 +102,13 @@ def others(cluster: tfconfig.ClusterSpec) -> dict[str, str]:
           if (kind, i) != (cluster.task_type, cluster.task_index)}
 
 
-def _listed(waiting: dict) -> str:
+def listed(waiting: dict) -> str:
+  """"worker:1 at host:port, ..." for the tasks of `waiting`."""
   return ", ".join(f"{task} at {address}" for task, address in waiting.items())
 
 
 def _never_line(me: str, waiting: dict, waited: float) -> str:
-  return (f"{me} waited {waited:.0f} s for {_listed(waiting)}, which never "
+  return (f"{me} waited {waited:.0f} s for {listed(waiting)}, which never "
           f"started listening: {_FIX[len(waiting) == 1]} (on Kubernetes, "
           "`kubectl describe pod` of a pod not Running says why), or raise "
           "runtime.peer_start_timeout_seconds (0: no limit); nothing was "
@@ -120,7 +121,7 @@ def _stopped(signum, me: str, waiting: dict) -> BaseException:
   kind = (errors.Interrupted if signum == signal.SIGINT
           else errors.Preempted)
   return kind(f"stopped by {name} before training began, while {me} waited "
-              f"for {_listed(waiting)} to start; nothing was written; rerun "
+              f"for {listed(waiting)} to start; nothing was written; rerun "
               "the same command on every worker.")
 
 

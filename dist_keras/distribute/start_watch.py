@@ -26,6 +26,7 @@ import time
 
 from dist_keras import terminal
 from dist_keras.distribute import peers
+from dist_keras.distribute import rendezvous
 
 # A peer whose port has refused connections this long stopped listening:
 # not the moment between its placeholder's close and TensorFlow's server
@@ -80,7 +81,7 @@ def verdict(me: str, waiting: dict, refused_since: dict, waited: float,
   if timeout_seconds and waited >= timeout_seconds:
     return (f"{me}: TensorFlow's collective runtime did not start within "
             f"{waited:.0f} s after every other task's port answered "
-            f"({', '.join(f'{t} at {a}' for t, a in waiting.items())}): a "
+            f"({rendezvous.listed(waiting)}): a "
             "task that ended or hung after it was seen, or another process "
             "listening at its address (read each task's log); this process "
             "is ended (SIGKILL, exit 137: TensorFlow's wait cannot be "
